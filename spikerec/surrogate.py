@@ -59,6 +59,7 @@ class _SpikeFn(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         x, surrogate = inputs
         ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
         ctx.surrogate = surrogate
 
     @staticmethod
@@ -77,7 +78,9 @@ class Surrogate:
     """Base class: ``__call__`` spikes with the surrogate gradient.
 
     Subclasses define ``derivative(x)`` (what backward uses) and ``primitive(x)``
-    (the smooth function whose derivative it is, rising from 0 to ``scale``).
+    (the smooth function whose derivative it is; it rises from 0 to ``scale``, except
+    the fast sigmoid, which spans ``2 scale / slope`` centred on 0, and the multi-Gaussian,
+    whose negative side lobes make it end at ``(1 - height) scale``).
     """
 
     name: str = field(default="", init=False)

@@ -15,8 +15,11 @@ The state holds ``v`` (and ``i``): the membrane *before* the reset, from which t
 spike is recomputed, so ``d state_t / d state_{t-1}`` includes the spike path through
 the surrogate (digest 002 §5.1). These are exactly snnTorch's ``Leaky``/``Synaptic``
 with ``reset_delay=True`` (reset applied at the next step, reset spike detached);
-Norse's ``LIFBox`` (Euler, reset to 0 at once) maps to reset "zero" with
-``alpha = 1 - dt/tau`` and inputs scaled by ``dt/tau`` (see the tests).
+Norse's ``LIFBox`` and current-based ``LIF`` (Euler, reset to 0 at once) map to reset
+"zero" with ``alpha = 1 - dt/tau`` and inputs scaled by ``dt/tau_mem`` (see the tests).
+One exception: snnTorch's ``Synaptic`` with ``reset_mechanism="zero"`` zeroes the *new*
+membrane, dropping that step's input, whereas its ``Leaky`` and Norse zero the old one;
+spikerec's "zero" follows ``Leaky`` and Norse.
 
 Time constants are stored as ``log tau`` (unconstrained, learnable with ``learn_tau``).
 """

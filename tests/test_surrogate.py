@@ -1,0 +1,111 @@
+"""Surrogate derivatives: closed forms, finite differences of their primitives, autograd, torch.func."""
+import math
+
+import pytest
+import torch
+
+from spikerec.surrogate import SURROGATES, get_surrogate, heaviside
+
+ALL = [(name, {}) for name in SURROGATES] + [
+    ("fast_sigmoid", {"slope": 2.0, "scale": 0.5}),
+    ("atan", {"slope": 5.0, "scale": 0.3}),
+    ("triangle", {"width": 0.3, "scale": 2.0}),
+    ("gaussian", {"width": 0.2}),
+    ("sigmoid", {"slope": 10.0, "scale": 0.7}),
+    ("exponential", {"width": 0.1, "scale": 1.5}),
+    ("multi_gaussian", {"width": 0.3}),
+]
+
+
+def closed_form(name, p, x):
+    s, k = p.get("slope"), p.get("scale", 1.0)
+    w = p.get("width")
+    if name == "fast_sigmoid":
+        return k / (1 + s * abs(x)) ** 2
+    if name == "atan":
+        return k * s / 2 / (1 + (math.pi / 2 * s * x) ** 2)
+    if name == "triangle":
+        return k * max(0.0, 1 - abs(x) / w) / w
+    if name == "gaussian":
+        return k * math.exp(-x * x / (2 * w * w)) / (math.sqrt(2 * math.pi) * w)
+    if name == "sigmoid":
+        sg = 1 / (1 + math.exp(-s * x))
+        return k * s * sg * (1 - sg)
+    if name == "exponential":
+        return k * math.exp(-abs(x) / w) / (2 * w)
+    if name == "multi_gaussian":
+        h, c = 0.15, 6.0
+        n = lambda x, m, sd: math.exp(-0.5 * ((x - m) / sd) ** 2) / (math.sqrt(2 * math.pi) * sd)  # noqa: E731
+        return k * ((1 + h) * n(x, 0, w) - h * n(x, w, c * w) - h * n(x, -w, c * w))
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name,opts", ALL)
+def test_derivative_matches_closed_form(name, opts):
+    sur = get_surrogate(name, **opts)
+    full = {**{f: getattr(sur, f) for f in sur.__dataclass_fields__ if f != "name"}}
+    xs = torch.linspace(-3, 3, 61, dtype=torch.float64)
+    got = sur.derivative(xs)
+    want = torch.tensor([closed_form(name, full, float(x)) for x in xs], dtype=torch.float64)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name,opts", ALL)
+def test_derivative_is_finite_difference_of_primitive(name, opts):
+    sur = get_surrogate(name, **opts)
+    x = torch.randn(200, dtype=torch.float64) * 1.5
+    h = 1e-6
+    fd = (sur.primitive(x + h) - sur.primitive(x - h)) / (2 * h)
+    torch.testing.assert_close(sur.derivative(x), fd, rtol=1e-5, atol=1e-6)
+    # the primitive is a smoothed step: 0 far left, `scale` far right
+    ends = sur.primitive(torch.tensor([-1e9, 1e9], dtype=torch.float64))
+    top = sur.scale * (1 - sur.height) if name == "multi_gaussian" else sur.scale  # side lobes integrate to -h
+    if name != "fast_sigmoid":  # x/(1+s|x|) tends to +-scale/s, symmetric about 0
+        torch.testing.assert_close(ends, torch.tensor([0.0, top], dtype=torch.float64), atol=1e-6, rtol=0)
+    else:
+        torch.testing.assert_close(ends[1] - ends[0], torch.tensor(2 * sur.scale / sur.slope, dtype=torch.float64), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("name,opts", ALL)
+def test_spike_forward_is_strict_heaviside_and_backward_is_derivative(name, opts):
+    sur = get_surrogate(name, **opts)
+    x = torch.tensor([-1.0, -1e-9, 0.0, 1e-9, 2.0], dtype=torch.float64, requires_grad=True)
+    z = sur(x)
+    assert z.tolist() == [0.0, 0.0, 0.0, 1.0, 1.0]
+    g = torch.randn(5, dtype=torch.float64)
+    z.backward(g)
+    torch.testing.assert_close(x.grad, g * sur.derivative(x.detach()))
+
+
+def test_lsc_paper_values():
+    # digest 002 §5.1: gamma/(1+|2 omega v|)^2, omega=1, gamma=0.5 -> 0.5, 0.222, 0.125, 0.0556
+    sur = get_surrogate("fast_sigmoid", slope=2.0, scale=0.5)
+    got = sur.derivative(torch.tensor([0.0, 0.25, 0.5, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(got, torch.tensor([0.5, 0.2222222, 0.125, 0.0555556], dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+def test_works_under_torch_func():
+    sur = get_surrogate("atan")
+    x = torch.randn(4, 3, dtype=torch.float64)
+    jac = torch.func.vmap(torch.func.jacrev(lambda v: sur(v)))(x)
+    torch.testing.assert_close(jac, torch.diag_embed(sur.derivative(x)))
+    t = torch.randn_like(x)
+    _, jv = torch.func.jvp(lambda v: sur(v), (x,), (t,))
+    torch.testing.assert_close(jv, t * sur.derivative(x))
+
+
+def test_lookup_and_errors():
+    assert get_surrogate("SuperSpike").name == "fast_sigmoid"
+    assert get_surrogate({"name": "gaussian", "width": 0.3}).width == 0.3
+    s = get_surrogate("triangle")
+    assert get_surrogate(s) is s
+    assert get_surrogate(s.to_config()) == s
+    with pytest.raises(ValueError, match="unknown surrogate 'nope'.*fast_sigmoid"):
+        get_surrogate("nope")
+    with pytest.raises(ValueError, match="unknown option.*'alpha'"):
+        get_surrogate("atan", alpha=2.0)
+    with pytest.raises(ValueError, match="slope must be a positive"):
+        get_surrogate("sigmoid", slope=-1.0)
+    with pytest.raises(ValueError, match="missing 'name'"):
+        get_surrogate({"slope": 1.0})
+    assert heaviside(torch.tensor([0.0, 0.5])).tolist() == [0.0, 1.0]
