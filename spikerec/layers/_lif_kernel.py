@@ -28,7 +28,7 @@ class LIFSequence(torch.autograd.Function):
     def forward(ctx, I, v0, i0, alpha, alpha_s, thr, w_rec, surrogate, reset, detach_reset):
         T = I.shape[0]
         V = torch.empty_like(I)
-        Z = torch.empty_like(I)
+        Zb = torch.empty(I.shape, dtype=torch.bool, device=I.device)
         syn = i0 is not None
         Iseq = torch.empty_like(I) if syn else None
         v = v0.clone()
@@ -36,25 +36,27 @@ class LIFSequence(torch.autograd.Function):
         z = heaviside(v0 - thr)
         z_init = z
         w_t = w_rec.t() if w_rec is not None else None
+        neg_thr = -thr
         for t in range(T):
             J = I[t] if w_t is None else torch.addmm(I[t], z, w_t)
             if syn:
-                i = torch.addcmul(J, alpha_s, i)
-                Iseq[t] = i
-                J = i
+                torch.addcmul(J, alpha_s, i, out=Iseq[t])
+                i = J = Iseq[t]
             if reset == "subtract":
-                v = torch.addcmul(J, alpha, v) - thr * z
+                torch.addcmul(J, alpha, v, out=V[t])
+                V[t].addcmul_(z, neg_thr)
             elif reset == "zero":
-                v = torch.addcmul(J, alpha * (1.0 - z), v)
+                torch.addcmul(J, alpha * (1.0 - z), v, out=V[t])
             else:
-                v = torch.addcmul(J, alpha, v)
-            V[t] = v
-            z = heaviside(v - thr)
-            Z[t] = z
+                torch.addcmul(J, alpha, v, out=V[t])
+            v = V[t]
+            torch.gt(v, thr, out=Zb[t])
+            z = Zb[t].to(I.dtype)
+        Z = Zb.to(I.dtype)
         ctx.save_for_backward(I, v0, i0, alpha, alpha_s, thr, w_rec, V, Z, Iseq, z_init)
         ctx.surrogate, ctx.reset, ctx.detach_reset = surrogate, reset, detach_reset
-        i_final = i if syn else None
-        return Z, v, i_final
+        i_final = i.clone() if syn else None
+        return Z, v.clone(), i_final
 
     @staticmethod
     def backward(ctx, gZ, gvT, giT):
@@ -75,7 +77,17 @@ class LIFSequence(torch.autograd.Function):
         GZ = torch.empty_like(I) if carries else gZ  # dL/dz_t (total)
         decay = alpha * (1.0 - Zprev) if reset == "zero" else None
         carry = None
-        for t in range(T - 1, -1, -1):
+        if not carries and not syn and reset != "zero":
+            # pure reverse linear recurrence: G_t = gZ_t SD_t + alpha G_{t+1}
+            GU = gZ * SD
+            torch.add(GU[T - 1], gv, out=G[T - 1])
+            for t in range(T - 2, -1, -1):
+                torch.addcmul(GU[t], alpha, G[t + 1], out=G[t])
+            gv = alpha * G[0]
+            T_loop = -1
+        else:
+            T_loop = T - 1
+        for t in range(T_loop, -1, -1):
             gz = gZ[t] if carry is None else gZ[t] + carry
             if carries:
                 GZ[t] = gz
