@@ -1,0 +1,11 @@
+"""Deployment: fixed-point export to neuromorphic targets and online learning.
+
+Submodules (imported on use, so ``import spikerec.hardware`` stays light):
+
+* :mod:`~spikerec.hardware.profiles` - target arithmetic as data (``loihi2``, ``xylo``, ``generic``);
+* :mod:`~spikerec.hardware.quantize` - per-layer quantisation, error report, STE fine-tuning;
+* :mod:`~spikerec.hardware.intsim` - integer simulator (and ``intsim_reference``, its plain-Python twin);
+* :mod:`~spikerec.hardware.nir_io` - NIR export/import; :mod:`~spikerec.hardware.netx` - lava-dl netx HDF5;
+* :mod:`~spikerec.hardware.crosscheck` - float vs snnTorch vs Norse vs integer simulator;
+* :mod:`~spikerec.hardware.online` - online (eligibility-trace) learning.
+"""

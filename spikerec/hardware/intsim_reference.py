@@ -1,0 +1,104 @@
+"""Plain-Python reference of the integer simulator: Python ``int`` per neuron, per sample, per step.
+
+Written from the rules in :mod:`spikerec.hardware.profiles` without tensors, so that
+:func:`spikerec.hardware.intsim.simulate` can be checked bit for bit against it. Slow; use small
+networks.
+"""
+from __future__ import annotations
+
+__all__ = ["simulate_reference"]
+
+
+def _ov(x: int, bits: int, mode: str) -> int:
+    if mode == "wrap":
+        m = 1 << bits
+        x = x % m
+        return x - m if x >= (m >> 1) else x
+    lim = (1 << (bits - 1)) - 1
+    return max(-lim, min(lim, x))
+
+
+def _decay(x: int, code: int, p) -> int:
+    if p.decay == "mulshift":
+        mag = (abs(x) * ((1 << p.decay_bits) - code)) >> p.decay_bits
+        return mag if x >= 0 else -mag
+    return x - (x >> code)
+
+
+def _lst(t):
+    return None if t is None else t.tolist()
+
+
+def _dot(row, vec) -> int:
+    return sum(w * s for w, s in zip(row, vec))
+
+
+def simulate_reference(qnet, x) -> tuple[list, list]:
+    """Returns ``(y[T][B][K], spikes[layer][T][B][N])`` as nested lists of Python ints."""
+    p = qnet.profile
+    xs = [[[int(round(float(c))) for c in row] for row in step] for step in x.tolist()]
+    T, B = len(xs), len(xs[0])
+    layers = []
+    for q in qnet.layers:
+        layers.append({k: _lst(getattr(q, k)) for k in ("weight", "recurrent_weight", "bias", "decay_i", "decay_v",
+                                                         "threshold", "reset_amount", "decay_a", "adapt_inc", "b", "beta")}
+                      | {"kind": q.kind, "shift": q.shift, "reset": q.reset, "n": q.size})
+    hidden, ro = layers[:-1], layers[-1]
+    ys = []
+    spikes = [[] for _ in hidden]
+    for b in range(B):
+        st = [{"i": [0] * L["n"], "v": [0] * L["n"], "z": [0] * L["n"], "a": [0] * L["n"]} for L in hidden]
+        y = [0] * ro["n"]
+        for t in range(T):
+            h = xs[t][b]
+            for k, L in enumerate(hidden):
+                S = st[k]
+                new = {"i": [], "v": [], "z": [], "a": []}
+                for j in range(L["n"]):
+                    acc = _dot(L["weight"][j], h)
+                    if L["recurrent_weight"] is not None:
+                        acc += _dot(L["recurrent_weight"][j], S["z"])
+                    acc <<= L["shift"]
+                    if p.bias_into == "current":
+                        acc += L["bias"][j]
+                    i = _ov(_decay(S["i"][j], L["decay_i"][j], p) + acc, p.current_bits, p.current_overflow)
+                    drive = i if p.bias_into == "current" else i + L["bias"][j]
+                    zp = S["z"][j]
+                    a = S["a"][j]
+                    if L["kind"] == "alif":
+                        a = _ov(_decay(a, L["decay_a"][j], p) + L["adapt_inc"][j] * zp, p.state_bits, p.state_overflow)
+                        theta = L["b"][j] + ((L["beta"][j] * a) >> p.adapt_frac_bits)
+                        v = _ov(_decay(S["v"][j], L["decay_v"][j], p) + drive - theta * zp, p.state_bits, p.state_overflow)
+                        z = 1 if v > theta else 0
+                    else:
+                        v = S["v"][j]
+                        R = L["reset_amount"][j]
+                        if L["reset"] == "zero" and zp:
+                            v = 0
+                        if L["reset"] == "subtract" and p.reset_timing == "immediate":
+                            v -= R * zp
+                        v = _decay(v, L["decay_v"][j], p) + drive
+                        if L["reset"] == "subtract" and p.reset_timing == "next_step":
+                            v -= R * zp
+                        v = _ov(v, p.state_bits, p.state_overflow)
+                        z = 1 if v > L["threshold"][j] else 0
+                    for key, val in (("i", i), ("v", v), ("z", z), ("a", a)):
+                        new[key].append(val)
+                st[k] = new
+                h = new["z"]
+                if b == 0:
+                    spikes[k].append([])
+                spikes[k][t].append(list(h))
+            out = []
+            for j in range(ro["n"]):
+                acc = _dot(ro["weight"][j], h) << ro["shift"]
+                if p.bias_into == "current":
+                    i = _ov(acc + ro["bias"][j], p.current_bits, p.current_overflow)
+                else:
+                    i = _ov(acc, p.current_bits, p.current_overflow) + ro["bias"][j]
+                out.append(_ov(_decay(y[j], ro["decay_v"][j], p) + i, p.state_bits, p.state_overflow))
+            y = out
+            if b == 0:
+                ys.append([])
+            ys[t].append(list(y))
+    return ys, spikes

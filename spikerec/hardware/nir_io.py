@@ -1,0 +1,422 @@
+"""NIR export and import of spikerec models (``nir`` 1.0 graphs, HDF5 files).
+
+**dt mapping** (the snnTorch convention, digest ``results_and_refs.md`` §4.2). NIR neurons are
+continuous: ``tau dv/dt = (v_leak - v) + r I``. A reader integrating with forward Euler at step
+``dt`` gets ``v <- (1 - dt/tau) v + (dt/tau) r I``. spikerec's discrete ``v <- alpha v + J`` with
+``alpha = exp(-dt_model / tau_model)`` is therefore written as::
+
+    LIF:      tau = dt / (1 - alpha),  r = tau / dt = 1 / (1 - alpha),  v_leak = 0, v_reset = 0
+    CubaLIF:  tau_syn = dt / (1 - alpha_syn), w_in = tau_syn / dt, tau_mem = dt / (1 - alpha), r = tau_mem / dt
+    LI:       tau = dt / (1 - alpha), r = tau / dt (leaky readout; a plain readout is just the Affine)
+
+with ``dt = 1e-4`` by default: snnTorch's importer hard-codes ``dt = 1e-4``; Norse's ``from_nir`` takes
+``dt=`` and must be given the same value (and ignores ``r`` of ``LIF`` nodes, see
+:func:`fold_lif_r`). The bias is the ``Affine`` bias (inside ``J``, filtered by the synapse for
+CubaLIF, exactly as spikerec). Graph metadata holds ``dt``; every neuron node's metadata holds
+``reset`` (``zero``/``subtract``/``none``: NIR itself only has reset-to-``v_reset``, i.e. ``zero``),
+``reset_timing`` and ``spikerec_kind``.
+
+**Reset timing.** spikerec's state ``v`` is the membrane before the reset; the reset is applied at
+the next step (snnTorch ``reset_delay=True``). For reset ``zero`` this gives the same spikes as
+NIR's immediate reset to ``v_reset = 0``. For ``subtract`` it is snnTorch's ``reset_delay=True``
+(the subtraction is not decayed), which NIR cannot express: metadata only.
+
+**Recurrence**: ``layer{k}.lif -> layer{k}.w_rec -> layer{k}.lif`` (a cycle of two edges; the
+``w_rec`` Linear holds the effective matrix with its zero diagonal), the form snnTorch reads.
+
+**ALIF** is a spikerec extension: a ``LIF`` node (``tau`` = membrane, ``v_threshold = b``) whose
+metadata has ``spikerec_kind = "alif"``, ``tau_adapt`` (same dt mapping: ``dt / (1 - rho)``) and
+``beta``. :func:`from_nir` restores it exactly; readers that ignore metadata would run a plain
+LIF, so :mod:`spikerec.hardware.crosscheck` refuses to run such graphs in snnTorch/Norse.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+__all__ = ["to_nir", "write_nir", "read_nir", "from_nir", "fold_lif_r", "NIRImportError", "DEFAULT_DT", "flatten_graph"]
+
+DEFAULT_DT = 1e-4
+FORMAT = "spikerec-nir-1"
+
+
+class NIRImportError(ValueError):
+    """A NIR graph (or file) spikerec cannot read; the message names the node."""
+
+
+def _np(t) -> np.ndarray:
+    return t.detach().cpu().double().numpy().astype(np.float32)
+
+
+def _tau(alpha: np.ndarray, dt: float) -> np.ndarray:
+    return (dt / np.clip(1.0 - alpha, 1e-12, None)).astype(np.float32)
+
+
+def to_nir(model, *, dt: float = DEFAULT_DT):
+    """The :class:`nir.NIRGraph` of a :class:`~spikerec.models.RecurrentStack` of LIF/ALIF cells and a
+    ``LeakyReadout`` (see the module docstring for the mapping)."""
+    import nir
+
+    from ..layers.alif import ALIF
+    from ..layers.lif import LIF
+
+    if not (dt > 0):
+        raise ValueError(f"to_nir: dt must be > 0, got {dt!r}")
+    nodes = {"input": nir.Input(input_type=np.array([model.input_size]))}
+    edges = []
+    prev = "input"
+    for k, cell in enumerate(model.cells):
+        pre = f"layer{k}"
+        n = cell.hidden_size
+        W = _np(cell.weight)
+        if getattr(cell, "bias", None) is not None:
+            nodes[f"{pre}.affine"] = nir.Affine(weight=W, bias=_np(cell.bias))
+        else:
+            nodes[f"{pre}.affine"] = nir.Linear(weight=W)
+        meta = {"dt": dt, "model_dt": float(cell.dt), "reset_timing": "next_step"}
+        zeros = np.zeros(n, np.float32)
+        if isinstance(cell, LIF):
+            alpha, alpha_s = (None if a is None else a.detach().double().numpy() for a in cell.decays())
+            thr = _np(cell.threshold)
+            meta |= {"reset": cell.reset, "spikerec_kind": "cuba" if cell.cuba else "lif"}
+            tau_m = _tau(alpha, dt)
+            if cell.cuba:
+                tau_s = _tau(alpha_s, dt)
+                neuron = nir.CubaLIF(tau_syn=tau_s, tau_mem=tau_m, r=(tau_m / dt).astype(np.float32), v_leak=zeros,
+                                     v_threshold=thr, v_reset=zeros.copy(), w_in=(tau_s / dt).astype(np.float32), metadata=meta)
+            else:
+                neuron = nir.LIF(tau=tau_m, r=(tau_m / dt).astype(np.float32), v_leak=zeros, v_threshold=thr,
+                                 v_reset=zeros.copy(), metadata=meta)
+        elif isinstance(cell, ALIF):
+            alpha, rho = (a.detach().double().numpy() for a in cell.decays())
+            tau_m = _tau(alpha, dt)
+            meta |= {"reset": "subtract", "spikerec_kind": "alif", "extension": "spikerec.alif",
+                     "tau_adapt": _tau(rho, dt), "beta": _np(cell.beta), "b": _np(cell.b)}
+            neuron = nir.LIF(tau=tau_m, r=(tau_m / dt).astype(np.float32), v_leak=zeros, v_threshold=_np(cell.b),
+                             v_reset=zeros.copy(), metadata=meta)
+        else:
+            raise ValueError(f"to_nir: layer cells.{k} ({type(cell).__name__}) has no NIR form (only LIF and ALIF)")
+        nodes[f"{pre}.lif"] = neuron
+        edges += [(prev, f"{pre}.affine"), (f"{pre}.affine", f"{pre}.lif")]
+        w_rec = cell.effective_recurrent_weight()
+        if w_rec is not None:
+            nodes[f"{pre}.w_rec"] = nir.Linear(weight=_np(w_rec))
+            edges += [(f"{pre}.lif", f"{pre}.w_rec"), (f"{pre}.w_rec", f"{pre}.lif")]
+        prev = f"{pre}.lif"
+    ro = model.readout
+    W = _np(ro.weight)
+    nodes["readout.affine"] = nir.Affine(weight=W, bias=_np(ro.bias)) if ro.bias is not None else nir.Linear(weight=W)
+    edges.append((prev, "readout.affine"))
+    prev = "readout.affine"
+    if ro.leaky:
+        tau = _tau(ro.alpha().detach().double().numpy(), dt)
+        nodes["readout.li"] = nir.LI(tau=tau, r=(tau / dt).astype(np.float32), v_leak=np.zeros(ro.output_size, np.float32),
+                                     metadata={"dt": dt, "model_dt": float(ro.dt)})
+        edges.append((prev, "readout.li"))
+        prev = "readout.li"
+    nodes["output"] = nir.Output(output_type=np.array([ro.output_size]))
+    edges.append((prev, "output"))
+    meta = {"format": FORMAT, "producer": "spikerec", "dt": dt, "readout_mode": model.readout_mode,
+            "discretisation": "forward Euler: v <- (1 - dt/tau) v + (dt/tau) (v_leak + r I)"}
+    return nir.NIRGraph(nodes=nodes, edges=edges, metadata=meta)
+
+
+def write_nir(model_or_graph, path: str, *, dt: float = DEFAULT_DT) -> str:
+    """Write a model (or a graph) to a NIR HDF5 file, through a temporary file and a rename."""
+    import nir
+
+    graph = model_or_graph if isinstance(model_or_graph, nir.NIRGraph) else to_nir(model_or_graph, dt=dt)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
+    try:
+        nir.write(tmp, graph)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_nir(path: str):
+    """Read a NIR file; a clear error for a missing, corrupt or foreign file."""
+    import nir
+
+    if not os.path.exists(path):
+        raise NIRImportError(f"NIR file '{path}': no such file")
+    try:
+        g = nir.read(path)
+    except Exception as e:  # h5py raises OSError, KeyError, ValueError ... for broken files
+        raise NIRImportError(f"NIR file '{path}': not a readable NIR graph ({type(e).__name__}: {e})") from None
+    if not isinstance(g, nir.NIRGraph):
+        raise NIRImportError(f"NIR file '{path}': holds a single {type(g).__name__} node, not a graph")
+    return g
+
+
+# --- import ----------------------------------------------------------------------------------
+def flatten_graph(graph):
+    """Inline nested sub-graphs (snnTorch writes recurrent layers as ``NIRGraph`` nodes holding
+    ``input -> lif <-> w_rec -> output``); returns ``(nodes, edges)`` of the flat graph."""
+    import nir
+
+    nodes, edges = {}, []
+    inner_in, inner_out = {}, {}
+    for name, node in graph.nodes.items():
+        if isinstance(node, nir.NIRGraph):
+            sub_nodes, sub_edges = flatten_graph(node)
+            ins = [k for k, v in sub_nodes.items() if isinstance(v, nir.Input)]
+            outs = [k for k, v in sub_nodes.items() if isinstance(v, nir.Output)]
+            if len(ins) != 1 or len(outs) != 1:
+                raise NIRImportError(f"node '{name}': sub-graph needs one Input and one Output node")
+            for k, v in sub_nodes.items():
+                if k not in ins + outs:
+                    nodes[f"{name}/{k}"] = v
+            inner_in[name] = [f"{name}/{d}" for s, d in sub_edges if s == ins[0]]
+            inner_out[name] = [f"{name}/{s}" for s, d in sub_edges if d == outs[0]]
+            edges += [(f"{name}/{s}", f"{name}/{d}") for s, d in sub_edges if s not in ins and d not in outs]
+        else:
+            nodes[name] = node
+    for s, d in graph.edges:
+        for ss in inner_out.get(s, [s]):
+            for dd in inner_in.get(d, [d]):
+                edges.append((ss, dd))
+    # snnTorch's sub-graphs wire their Input to w_rec; an input edge into w_rec of a lif<->w_rec pair
+    # belongs to the lif node.
+    fixed = []
+    for s, d in edges:
+        node = nodes.get(d)
+        if isinstance(node, (nir.Linear, nir.Affine)):
+            outs = [dd for ss, dd in edges if ss == d]
+            if len(outs) == 1 and (outs[0], d) in edges and s != outs[0]:
+                fixed.append((s, outs[0]))
+                continue
+        fixed.append((s, d))
+    return nodes, list(dict.fromkeys(fixed))
+
+
+def _arr(node, name, field, n=None):
+    v = getattr(node, field, None)
+    if v is None:
+        raise NIRImportError(f"node '{name}': missing field '{field}'")
+    a = np.asarray(v, dtype=np.float64).reshape(-1)
+    if n is not None and a.size == 1:
+        a = np.full(n, a.item())
+    if n is not None and a.size != n:
+        raise NIRImportError(f"node '{name}': field '{field}' has {a.size} values, expected {n}")
+    if not np.all(np.isfinite(a)) and field not in ("tau", "tau_mem", "tau_syn"):
+        raise NIRImportError(f"node '{name}': field '{field}' has non-finite values")
+    return a
+
+
+def _alpha(tau: np.ndarray, dt: float, name: str) -> np.ndarray:
+    a = 1.0 - dt / tau
+    if np.any(a < -1e-6) or np.any(a > 1.0):
+        raise NIRImportError(f"node '{name}': tau {tau.min():.3g} is shorter than dt {dt:.3g}; forward Euler is unstable "
+                             f"(pass the dt the graph was written for)")
+    return np.clip(a, 0.0, 1.0)
+
+
+def _model_tau(alpha: np.ndarray) -> torch.Tensor:
+    """tau in steps (dt_model = 1) with ``exp(-1/tau) = alpha``; alpha 0 -> a tiny tau, alpha 1 -> a huge one."""
+    a = np.clip(alpha, 1e-300, 1.0 - 1e-15)
+    return torch.tensor(np.clip(-1.0 / np.log(a), 1e-3, 1e12), dtype=torch.get_default_dtype())
+
+
+def _weight_of(node, name):
+    import nir
+
+    if isinstance(node, nir.Affine):
+        b = node.bias if node.bias is not None else np.zeros(np.asarray(node.weight).shape[0])
+        return np.asarray(node.weight, np.float64), np.asarray(b, np.float64).reshape(-1)
+    if isinstance(node, nir.Linear):
+        w = np.asarray(node.weight, np.float64)
+        return w, np.zeros(w.shape[0])
+    raise NIRImportError(f"node '{name}': expected an Affine or Linear node, got {type(node).__name__}")
+
+
+def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None = None):
+    """A :class:`~spikerec.models.RecurrentStack` from a NIR graph (or file).
+
+    Reads graphs of the form ``Input -> (Affine|Linear -> LIF|CubaLIF|IF [<-> Linear])* ->
+    Affine|Linear [-> LI] -> Output`` as written by spikerec, snnTorch (``export_to_nir``) and Norse
+    (``to_nir``), including snnTorch's recurrent sub-graphs. ``dt``: the integration step the graph
+    was written for (default: the graph's ``dt`` metadata, else 1e-4 as snnTorch). Norse 1.1's
+    ``to_nir`` writes ``tau = dt / tau_mem_inv`` (``dt * tau``, Norse issue #411) with ``r = 1``; its
+    discrete decay ``1 - dt tau_mem_inv`` equals ``1 - dt^2 / tau``, so read such graphs with
+    ``dt = dt_norse ** 2`` (``1e-6`` for Norse's default ``dt = 1e-3``). Each NIR neuron becomes the exact discrete update ``v <- (1 - dt/tau) v + (dt/tau) r I``;
+    ``(dt/tau) r`` is folded into the incoming weights. A graph that ends in a spiking layer gets an
+    identity readout (``y_t = z_t``, mode ``mean``: spike counts).
+    """
+    import nir
+
+    from ..layers.alif import ALIF
+    from ..layers.lif import LIF
+    from ..layers.readout import LeakyReadout
+    from ..models import RecurrentStack
+
+    graph = read_nir(graph_or_path) if isinstance(graph_or_path, (str, os.PathLike)) else graph_or_path
+    if not isinstance(graph, nir.NIRGraph):
+        raise NIRImportError(f"from_nir: expected a nir.NIRGraph or a file path, got {type(graph).__name__}")
+    gmeta = dict(getattr(graph, "metadata", {}) or {})
+    dt = float(dt if dt is not None else gmeta.get("dt", DEFAULT_DT))
+    nodes, edges = flatten_graph(graph)
+    supported = (nir.Input, nir.Output, nir.Affine, nir.Linear, nir.LIF, nir.CubaLIF, nir.IF, nir.LI)
+    for name, node in nodes.items():
+        if not isinstance(node, supported):
+            raise NIRImportError(f"node '{name}': NIR {type(node).__name__} is not supported by spikerec "
+                                 f"(Affine/Linear, LIF, CubaLIF, IF, LI and recurrent cycles only)")
+    succ = {k: [d for s, d in edges if s == k] for k in nodes}
+    pred = {k: [s for s, d in edges if d == k] for k in nodes}
+    for s, d in edges:
+        if s not in nodes or d not in nodes:
+            raise NIRImportError(f"edge ({s!r}, {d!r}) refers to a node that does not exist")
+    inputs = [k for k, v in nodes.items() if isinstance(v, nir.Input)]
+    if len(inputs) != 1:
+        raise NIRImportError(f"graph needs exactly one Input node, found {inputs}")
+    neuron_t = (nir.LIF, nir.CubaLIF, nir.IF)
+
+    def rec_partner(name):
+        for w in succ[name]:
+            if isinstance(nodes[w], (nir.Linear, nir.Affine)) and succ[w] == [name] and pred[w] == [name]:
+                return w
+        return None
+
+    cells = []
+    cur = inputs[0]
+    width = None
+    ro_cell = None
+    while True:
+        nxt = [d for d in succ[cur] if d != rec_partner(cur)] if isinstance(nodes[cur], neuron_t) else succ[cur]
+        if len(nxt) != 1:
+            raise NIRImportError(f"node '{cur}': expected one successor in a feed-forward chain, found {nxt or 'none'}")
+        wname = nxt[0]
+        if isinstance(nodes[wname], nir.Output):
+            if not cells:
+                raise NIRImportError("graph has no spiking layer")
+            n = cells[-1].hidden_size
+            ro_cell = LeakyReadout(n, n, tau=None, bias=False)
+            with torch.no_grad():
+                ro_cell.weight.copy_(torch.eye(n))
+            readout_mode = readout_mode or "mean"
+            break
+        W, b = _weight_of(nodes[wname], wname)
+        if width is None:
+            width = W.shape[1]
+        if len(succ[wname]) != 1:
+            raise NIRImportError(f"node '{wname}': expected one successor, found {succ[wname]}")
+        nname = succ[wname][0]
+        node = nodes[nname]
+        n = W.shape[0]
+        if isinstance(node, nir.Output) or isinstance(node, nir.LI):
+            if isinstance(node, nir.LI):
+                tau, r = _arr(node, nname, "tau", n), _arr(node, nname, "r", n)
+                v_leak = _arr(node, nname, "v_leak", n)
+                alpha = _alpha(tau, dt, nname)
+                g = r * dt / tau
+                W, b = W * g[:, None], b * g + dt / tau * v_leak
+                leaky = bool(np.any(alpha > 0))
+                ro_cell = LeakyReadout(W.shape[1], n, tau=_model_tau(alpha) if leaky else None)
+                if len(succ[nname]) != 1 or not isinstance(nodes[succ[nname][0]], nir.Output):
+                    raise NIRImportError(f"node '{nname}': an LI readout must be followed by the Output node")
+            else:
+                ro_cell = LeakyReadout(W.shape[1], n, tau=None)
+            with torch.no_grad():
+                ro_cell.weight.copy_(torch.tensor(W))
+                ro_cell.bias.copy_(torch.tensor(b))
+            readout_mode = readout_mode or gmeta.get("readout_mode", "mean")
+            break
+        if not isinstance(node, neuron_t):
+            raise NIRImportError(f"node '{nname}': expected a neuron (LIF, CubaLIF, IF) after '{wname}', got {type(node).__name__}")
+        meta = dict(getattr(node, "metadata", {}) or {})
+        reset = meta.get("reset", "zero")
+        thr = _arr(node, nname, "v_threshold", n)
+        v_reset = _arr(node, nname, "v_reset", n) if getattr(node, "v_reset", None) is not None else np.zeros(n)
+        if np.any(v_reset != 0):
+            raise NIRImportError(f"node '{nname}': v_reset != 0 is not supported (spikerec resets to 0 or subtracts)")
+        tau_syn = None
+        if isinstance(node, nir.IF):
+            r = _arr(node, nname, "r", n)
+            alpha, g, v_leak_term = np.ones(n), r, np.zeros(n)
+        elif isinstance(node, nir.LIF):
+            tau, r, v_leak = _arr(node, nname, "tau", n), _arr(node, nname, "r", n), _arr(node, nname, "v_leak", n)
+            alpha, g, v_leak_term = _alpha(tau, dt, nname), r * dt / tau, dt / tau * v_leak
+        else:
+            ts, tm = _arr(node, nname, "tau_syn", n), _arr(node, nname, "tau_mem", n)
+            r, w_in = _arr(node, nname, "r", n), _arr(node, nname, "w_in", n)
+            if np.any(_arr(node, nname, "v_leak", n) != 0):
+                raise NIRImportError(f"node '{nname}': CubaLIF with v_leak != 0 is not supported")
+            alpha, alpha_s = _alpha(tm, dt, nname), _alpha(ts, dt, nname)
+            g, v_leak_term = (r * dt / tm) * (w_in * dt / ts), np.zeros(n)
+            tau_syn = _model_tau(alpha_s)
+        W, b = W * g[:, None], b * g + v_leak_term
+        wr_name = rec_partner(nname)
+        Wr = None
+        if wr_name is not None:
+            Wr, br = _weight_of(nodes[wr_name], wr_name)
+            if Wr.shape != (n, n):
+                raise NIRImportError(f"node '{wr_name}': recurrent weight shape {Wr.shape}, expected {(n, n)}")
+            if np.any(br != 0):
+                raise NIRImportError(f"node '{wr_name}': a recurrent bias is not supported")
+            Wr = Wr * g[:, None]
+        extra = [p for p in pred[nname] if p not in (wname, wr_name)]
+        if extra:
+            raise NIRImportError(f"node '{nname}': unsupported extra inputs {extra}")
+        common = dict(recurrent=Wr is not None, zero_diagonal=False)
+        if meta.get("spikerec_kind") == "alif":
+            rho = _alpha(np.asarray(meta["tau_adapt"], np.float64).reshape(-1), dt, nname)
+            cell = ALIF(W.shape[1], n, init_spread=0.0, bias=bool(np.any(b != 0)), **common)
+            with torch.no_grad():
+                cell.log_tau_mem.copy_(_model_tau(alpha).log())
+                cell.log_tau_adapt.copy_(_model_tau(rho).log())
+                cell.b.copy_(torch.tensor(np.asarray(meta["b"], np.float64).reshape(-1)))
+                cell.beta.copy_(torch.tensor(np.asarray(meta["beta"], np.float64).reshape(-1)))
+        else:
+            if reset not in ("zero", "subtract", "none"):
+                raise NIRImportError(f"node '{nname}': unknown reset '{reset}' in metadata")
+            cell = LIF(W.shape[1], n, tau_mem=_model_tau(alpha), tau_syn=tau_syn, threshold=torch.tensor(thr, dtype=torch.get_default_dtype()),
+                       reset=reset, bias=True, **common)
+        with torch.no_grad():
+            cell.weight.copy_(torch.tensor(W))
+            if cell.bias is not None:
+                cell.bias.copy_(torch.tensor(b))
+            if Wr is not None:
+                cell.recurrent_weight.copy_(torch.tensor(Wr))
+        if cells and cells[-1].hidden_size != W.shape[1]:
+            raise NIRImportError(f"node '{wname}': takes {W.shape[1]} inputs but the previous layer has {cells[-1].hidden_size}")
+        cells.append(cell)
+        cur = nname
+    if not cells:
+        raise NIRImportError("graph has no spiking layer between Input and the readout")
+    return RecurrentStack(cells, ro_cell, readout_mode=readout_mode)
+
+
+def fold_lif_r(graph):
+    """A copy of ``graph`` with each ``LIF`` node's ``r`` folded into its incoming Affine/Linear
+    weights (``r = 1`` afterwards). Equivalent NIR semantics; needed by readers that ignore ``r``
+    of ``LIF`` (Norse 1.1's ``from_nir`` warns and drops it)."""
+    import copy
+
+    import nir
+
+    g = copy.deepcopy(graph)
+    nodes = g.nodes
+    for name, node in list(nodes.items()):
+        if isinstance(node, nir.NIRGraph):
+            nodes[name] = fold_lif_r(node)
+            continue
+        if not isinstance(node, nir.LIF):
+            continue
+        r = np.asarray(node.r, np.float64).reshape(-1)
+        for s, d in g.edges:
+            if d == name:
+                w = nodes[s]
+                if not isinstance(w, (nir.Affine, nir.Linear)):
+                    raise NIRImportError(f"node '{name}': cannot fold r into input '{s}' ({type(w).__name__})")
+                w.weight = (np.asarray(w.weight, np.float64) * r[:, None]).astype(np.float32)
+                if isinstance(w, nir.Affine) and w.bias is not None:
+                    w.bias = (np.asarray(w.bias, np.float64) * r).astype(np.float32)
+        node.r = np.ones_like(np.asarray(node.r))
+    return g
+

@@ -1,0 +1,149 @@
+"""Export: netx HDF5 layout, `spikerec export RUN --target T`, accuracy after export per profile."""
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from spikerec.hardware import export_command
+from spikerec.hardware.intsim import evaluate
+from spikerec.hardware.netx import NetxExportError, write_netx
+from spikerec.hardware.quantize import finetune, quantize
+from spikerec.models import build_model
+
+CFG = {"input_size": 10, "layers": [{"kind": "lif", "size": 16, "recurrent": True, "reset": "zero", "tau_syn": 4.0,
+                                     "threshold": 0.5}, {"kind": "lif", "size": 8, "reset": "zero", "threshold": 0.4}],
+       "readout": {"size": 3, "tau": 6.0, "mode": "mean"}}
+
+
+def _model(cfg=CFG):
+    torch.manual_seed(0)
+    m = build_model(cfg)
+    with torch.no_grad():
+        for c in m.cells:
+            c.weight.mul_(1.5)
+            c.bias.uniform_(0.0, 0.1)
+    return m
+
+
+def test_netx_layout(tmp_path):
+    m = _model()
+    q, _ = quantize(m, "loihi2")
+    rep = write_netx(q, str(tmp_path / "net.h5"))
+    with h5py.File(tmp_path / "net.h5", "r") as f:
+        layers = f["layer"]
+        assert sorted(layers.keys(), key=int) == ["0", "1", "2", "3"]
+        assert layers["0/type"][()] == b"input" and list(layers["0/shape"][()]) == [10]
+        l1 = layers["1"]
+        assert l1["type"][()] == b"dense_rec" and layers["2/type"][()] == b"dense"
+        assert l1["inFeatures"][()] == 10 and l1["outFeatures"][()] == 16
+        ql = q.layers[0]
+        # stored weight << 6 (Lava's alignment) == the simulator's mantissa << shift
+        assert np.array_equal(l1["weight"][()].astype(np.int64) << 6, (ql.weight << ql.shift).numpy())
+        assert np.array_equal(l1["weight_rec"][()].astype(np.int64) << 6, (ql.recurrent_weight << ql.shift).numpy())
+        n = l1["neuron"]
+        assert n["type"][()] == b"CUBA"
+        assert np.array_equal(n["iDecay"][()], ql.decay_i.numpy()) and np.array_equal(n["vDecay"][()], ql.decay_v.numpy())
+        assert np.array_equal(n["vThMant"][()].astype(np.int64) << 6, ql.reset_amount.numpy())
+        assert layers["3/neuron/vThMant"][()].min() == 2**17 - 1  # the readout does not fire
+    assert rep["bias_rounding_max_state_units"] <= 32
+    qx, _ = quantize(m, "xylo", adapt_reset=True)
+    with pytest.raises(NetxExportError, match="loihi2"):
+        write_netx(qx, str(tmp_path / "x.h5"))
+
+
+def _run_folder(tmp_path, cfg=CFG):
+    m = _model(cfg)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": cfg, "data": {"name": "digits"}}))
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(run / "model.safetensors"))
+    return run, m
+
+
+@pytest.mark.parametrize("target", ["loihi2", "xylo", "generic"])
+def test_export_command_writes_files_and_cross_checks(tmp_path, capsys, target):
+    run, m = _run_folder(tmp_path)
+    args = [str(run), "--target", target, "--random-input"] + (["--adapt-reset"] if target == "xylo" else [])
+    assert export_command.main(args) == 0
+    out = run / "export" / target
+    assert (out / "model.nir").exists() and (out / "quantized.safetensors").exists()
+    assert (out / "netx.h5").exists() == (target == "loihi2")
+    rep = json.loads((out / "report.json").read_text())
+    sims = rep["simulators"]
+    assert sims["snntorch"]["matched"] >= 0.99 and sims["norse"]["matched"] >= 0.99
+    assert sims["snntorch"]["layers"][0]["spikes_float"] > 100
+    assert 0.0 < sims["intsim"]["matched"] <= 1.0
+    if target == "generic":
+        assert sims["intsim"]["matched"] > 0.9
+    assert "snntorch" in capsys.readouterr().out
+
+
+def test_export_command_errors(tmp_path, capsys):
+    assert export_command.main([str(tmp_path / "nope"), "--target", "generic", "--random-input"]) == 2
+    assert "config.json" in capsys.readouterr().err
+    run, _ = _run_folder(tmp_path)
+    cfg = dict(CFG, layers=[dict(CFG["layers"][0], kind="alif", b=0.3)])
+    cfg["layers"][0] = {"kind": "alif", "size": 16, "b": 0.3}
+    (run / "config.json").write_text(json.dumps({"model": cfg}))
+    save_file({k: v.contiguous() for k, v in build_model(cfg).state_dict().items()}, str(run / "model.safetensors"))
+    assert export_command.main([str(run), "--target", "loihi2", "--random-input"]) == 2
+    assert "does not support 'alif'" in capsys.readouterr().err
+
+
+# --- accuracy after export (the quickstart-sized digits model) -----------------------------------
+@pytest.fixture(scope="module")
+def digits_model():
+    from sklearn.datasets import load_digits
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        d = load_digits()
+        X, Y = d.data / 16.0, torch.tensor(d.target)
+        T = 16
+        t = np.round((1 - X) * (T - 1)).astype(int)  # latency code: brighter pixels spike earlier
+        S = np.zeros((T, len(X), 64), np.float32)
+        idx = np.nonzero(X > 0.1)
+        S[t[idx], idx[0], idx[1]] = 1.0
+        S = torch.tensor(S)
+        perm = torch.randperm(len(Y))
+        tr, te = perm[:1400], perm[1400:]
+        m = build_model({"input_size": 64, "layers": [{"kind": "lif", "size": 64, "tau_mem": 10.0, "reset": "zero"}],
+                         "readout": {"size": 10, "tau": None, "mode": "mean"}})
+        opt = torch.optim.Adam(m.parameters(), lr=5e-3)
+        batches = [(S[:, tr[i:i + 100]], Y[tr[i:i + 100]]) for i in range(0, 1400, 100)]
+        for _ in range(10):
+            for x, y in batches:
+                out, _ = m(x)
+                loss = torch.nn.functional.cross_entropy(m.logits(out), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        m.eval()
+        with torch.no_grad():
+            out, _ = m(S[:, te])
+        acc = float((m.logits(out).argmax(-1) == Y[te]).double().mean())
+        yield m, batches, (S[:, te], Y[te]), acc
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("target", ["generic", "loihi2", "xylo"])
+def test_accuracy_after_export_within_2pp(digits_model, target):
+    m, train, test, acc_float = digits_model
+    assert acc_float > 0.75
+    adapt = target == "xylo"  # Xylo has only the subtractive reset: switch and fine-tune (STE)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if adapt:
+            m = finetune(m, target, train, epochs=3, lr=3e-3, adapt_reset=True)
+        q, rep = quantize(m, target, calibration=train[0][0], adapt_reset=adapt)
+        acc = evaluate(q, [test])["accuracy"]
+    finally:
+        torch.set_num_threads(threads)
+    assert acc >= acc_float - 0.02, (target, acc, acc_float, rep.table())
