@@ -1,0 +1,114 @@
+"""``spikerec datasets``: what is available, what is missing and exactly how to get it.
+
+    spikerec datasets            # table of data sets and their state
+    spikerec datasets --verify   # also check checksums of the files found
+    spikerec datasets --json     # machine-readable
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .home import data_home, dataset_dir
+
+__all__ = ["main", "status", "KNOWN_SUMS"]
+
+
+def _known_sums() -> dict[str, str]:
+    from .digits import DIGITS_SHA256
+    from .mnist import MNIST_MD5
+    from .shd_file import SHD_ZIP_MD5
+
+    sums = {f"shd/{k}": f"md5:{v}" for k, v in SHD_ZIP_MD5.items()}
+    sums.update({f"mnist/{k}": f"md5:{v}" for k, v in MNIST_MD5.items()})
+    sums["sklearn:digits"] = f"sha256:{DIGITS_SHA256}"
+    return sums
+
+
+KNOWN_SUMS = _known_sums()
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    """``{relative path: 'algo:hex'}`` from a manifest (``algo:hex  path`` per line, ``#`` comments)."""
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                digest, rel = line.split(None, 1)
+                out[rel.strip()] = digest
+    return out
+
+
+def _verify(path: Path, rel: str, sums: dict[str, str]) -> str:
+    from .fileio import file_digest
+
+    want = sums.get(rel)
+    if want is None:
+        return f"sha256:{file_digest(path)} (no published sum to compare)"
+    algo, hexd = want.split(":", 1)
+    got = file_digest(path, algo)
+    return "checksum ok" if got == hexd else f"CHECKSUM MISMATCH ({algo} {got}, expected {hexd})"
+
+
+def status(verify: bool = False) -> list[dict]:
+    home = data_home()
+    sums = {**KNOWN_SUMS, **read_manifest(home / "manifest")}
+    rows = []
+    try:
+        from .digits import load_digits_arrays
+
+        load_digits_arrays()
+        rows.append(dict(name="digits", state="available", detail="embedded in scikit-learn (content sha256 verified)"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(dict(name="digits", state="missing", detail=f"{e}; install scikit-learn"))
+    from .shd_file import shd_missing_message
+
+    shd = dataset_dir("shd")
+    for part in ("train", "test"):
+        hits = [d / f"shd_{part}.h5{ext}" for d in (shd, shd / "SHD") for ext in ("", ".gz", ".zip")]
+        hits = [h for h in hits if h.is_file()]
+        if hits:
+            detail = ", ".join(str(h) for h in hits)
+            if verify:
+                detail += "; " + "; ".join(_verify(h, str(h.relative_to(home)) if h.is_relative_to(home) else h.name, sums)
+                                           for h in hits)
+            rows.append(dict(name=f"shd ({part})", state="available", detail=detail))
+        else:
+            rows.append(dict(name=f"shd ({part})", state="missing", detail=shd_missing_message(part)))
+    from .mnist import find_mnist, missing_message
+
+    files = find_mnist()
+    if files:
+        detail = ", ".join(str(p) for p in files.values())
+        if verify:
+            detail += "; " + "; ".join(_verify(p, f"mnist/{p.name}", sums) for p in files.values())
+        rows.append(dict(name="slmnist / smnist / psmnist", state="available", detail=detail))
+    else:
+        rows.append(dict(name="slmnist / smnist / psmnist", state="missing", detail=missing_message()))
+    for n in ("copy", "adding", "teacher_student"):
+        rows.append(dict(name=n, state="available", detail="generated from a seed"))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="spikerec datasets", description=__doc__.split("\n")[0])
+    p.add_argument("--verify", action="store_true", help="compute checksums of the files found")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    a = p.parse_args(argv)
+    rows = status(a.verify)
+    if a.json:
+        print(json.dumps(dict(data_home=str(data_home()), datasets=rows), indent=2))
+        return 0
+    print(f"data home: {data_home()}  (set SPIKEREC_DATA to change it)\n")
+    for r in rows:
+        print(f"{r['name']:<28} {r['state']}")
+        for line in r["detail"].splitlines():
+            print(f"    {line}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The embedded offline default: spike-latency digits.
+
+scikit-learn ships the UCI optical digits (1797 images, 8x8 pixels, intensities 0..16,
+10 classes) inside the package, so this set needs no download. Each pixel ``x = I / 16``
+fires at most one spike with the latency code of :mod:`spikerec.data.latency`:
+
+    T(x) = tau_eff ln(x / (x - theta)),  step = round(T / dt),  dropped when >= steps.
+
+Defaults: ``tau_eff = 5`` steps, ``theta = 0.05`` (every non-zero pixel spikes: the
+smallest intensity 1/16 = 0.0625 lies above theta), ``dt = 1``, ``steps = 12`` -> input
+``[12, 64]``; pixels with ``x >= 9/16`` fire at step 0, fainter ones later, the faintest
+(1/16) at step 8; steps 9-11 are silent (time for the network to settle). A logistic
+regression on the flattened raster reaches about 95% test accuracy, a 1x64 ALIF network
+about 90% after a few epochs.
+
+``population = k`` spreads each pixel over ``k`` channels whose thresholds are
+``theta_j = theta + j (1 - theta) / k`` (``j = 0..k-1``; channel ``p * k + j``): a spatial
+population code with one spike per channel. ``time_repeat = r`` repeats every step ``r`` times.
+
+Split: stratified 60/20/20 train/valid/test (1078/360/359 samples) with a fixed seed (0),
+identical on every machine (numpy PCG64).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .core import LatencyDataset
+from .home import DataError
+from .latency import LatencyCode, latency_steps
+from .splits import stratified_split
+
+__all__ = ["digits_dataset", "digits_info", "DIGITS_DEFAULTS", "DIGITS_SHA256", "load_digits_arrays"]
+
+# sha256 of the decoded set: images as uint8 (1797*64 bytes, values 0..16) then labels as uint8.
+DIGITS_SHA256 = "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
+DIGITS_DEFAULTS = dict(tau_eff=5.0, theta=0.05, dt=1.0, steps=12, population=1, time_repeat=1, split_seed=0)
+
+
+def load_digits_arrays():
+    """``(images[1797, 64] float64 in [0, 1], labels[1797] int64)`` from scikit-learn (offline)."""
+    images, labels = _load_digits_cached()
+    return images.copy(), labels.copy()
+
+
+@functools.lru_cache(maxsize=1)
+def _load_digits_cached():
+    import hashlib
+
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    digest = hashlib.sha256(d.data.astype(np.uint8).tobytes() + d.target.astype(np.uint8).tobytes()).hexdigest()
+    if digest != DIGITS_SHA256 or d.data.shape != (1797, 64):
+        raise DataError(f"scikit-learn's digits data differ from the expected set (sha256 {digest}, expected "
+                        f"{DIGITS_SHA256}, shape {d.data.shape}); the 'digits' splits would not be reproducible")
+    return d.data.astype(np.float64) / 16.0, d.target.astype(np.int64)
+
+
+def _options(options: dict) -> dict:
+    unknown = sorted(set(options) - set(DIGITS_DEFAULTS))
+    if unknown:
+        raise ValueError(f"dataset 'digits': unknown option(s) {unknown}; valid: {sorted(DIGITS_DEFAULTS)}")
+    o = {**DIGITS_DEFAULTS, **options}
+    if int(o["population"]) < 1:
+        raise ValueError(f"dataset 'digits': population must be >= 1, got {o['population']!r}")
+    return o
+
+
+def digits_info(**options) -> dict:
+    o = _options(options)
+    return dict(input_size=64 * int(o["population"]), num_classes=10, steps=int(o["steps"]) * int(o["time_repeat"]),
+                task="classification", samples=dict(train=1078, valid=360, test=359))
+
+
+def encode_digits(images: np.ndarray, o: dict) -> torch.Tensor:
+    """Spike steps ``[N, 64 * population]`` (``-1`` = none) of images in ``[0, 1]``."""
+    x = torch.as_tensor(images, dtype=torch.float64)
+    k = int(o["population"])
+    cols = []
+    for j in range(k):
+        th = o["theta"] + j * (1.0 - o["theta"]) / k
+        code = LatencyCode(tau_eff=o["tau_eff"], theta=th, dt=o["dt"], steps=int(o["steps"]))
+        cols.append(latency_steps(x, code))
+    return torch.stack(cols, dim=-1).reshape(len(x), -1)
+
+
+def digits_dataset(split: str, **options) -> LatencyDataset:
+    o = _options(options)
+    images, labels = load_digits_arrays()
+    idx = stratified_split(labels, (0.6, 0.2, 0.2), seed=int(o["split_seed"]))[split]
+    times = encode_digits(images[idx], o)
+    return LatencyDataset(times, torch.as_tensor(labels[idx]), int(o["steps"]), time_repeat=int(o["time_repeat"]),
+                          info=digits_info(**options))
