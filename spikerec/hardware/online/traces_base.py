@@ -1,0 +1,299 @@
+"""Eligibility traces of independent recurrent modules (the shared engine).
+
+A layer of independent modules has, per neuron ``n``, a small state ``s_t[n]`` of ``k``
+real numbers (LIF: ``v``; CUBA: ``(i, v)``; ALIF: ``(v, a)``; LRU: ``(Re h, Im h)``), and
+every parameter acts on one neuron only. Then RTRL is cheap (digest 003 §3.11):
+
+    eps^p_t = J_t eps^p_{t-1} + d s_t / d p |immediate          J_t = d s_t[n] / d s_{t-1}[n]  (k x k)
+    dL/dp  += sum_t g_t . eps^p_t                                g_t = d l_t / d s_t  (spatial backward at t)
+
+Per-neuron parameters ``p[N]`` keep ``eps[B, N, k]``; matrix parameters ``P[N, H]`` whose
+immediate partial factorises as ``c_t[b, n, :] * pre_t[b, h]`` keep ``eps[B, N, k, H]``.
+
+``stream_*`` run these recursions forward (memory independent of T). ``chunk_*`` compute
+the *same* sums over a block of K steps with the layer-local reverse filter (digest 003
+§6 identity 6): ``gh_k = g_k + J_{k+1}^T gh_{k+1}``, then
+``sum_t g_t . eps_t = sum_k gh_k . imm_k + (J_{t0}^T gh_{t0}) . eps_{t0-1}``, and carry
+``eps_{t1}`` to the next block with products of the J's (no per-step trace is stored).
+
+Rules (digest 003 §3.7): ``full`` / ``snap1`` use the recursion above (on independent
+modules extended SnAp-1 *is* this rule); ``trunc1`` sets ``J = 0`` (traces are the
+immediate partials); ``spatial`` also cuts every path through ``s_{t-1}``, so only the
+input parameters keep their immediate partials (``lambda``, time constants, thresholds,
+lateral weights get no state gradient).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Partials", "TraceState", "LayerTrace", "stream_step", "chunk_contract", "stack_partials", "advance_and_contract"]
+
+
+@dataclass
+class Partials:
+    """One step's Jacobian and immediate partials of one layer.
+
+    ``J``: ``[B or 1, N, k, k]`` (``None`` means zero); ``vec[name]``: ``[B, N, k]``;
+    ``mat[name] = (c [B, N, k], pre [B, H])``.
+    """
+
+    J: torch.Tensor | None
+    vec: dict[str, torch.Tensor] = field(default_factory=dict)
+    mat: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+class LayerTrace:
+    """Online form of one cell kind. Subclasses implement :meth:`step` (the state update with
+    every parameter detached: gradients reach parameters through the traces only, and the
+    layer input through the graph) and :meth:`partials`; ``output`` is the cell's own output
+    map with live parameters (their spatial gradient comes from autograd).
+
+    ``shared`` maps a matrix parameter to ``(base, M)`` when its trace is ``M @ eps[base]``
+    (the LRU's ``B_im`` trace is ``i * eps[B_re]``); ``M`` must commute with every ``J``.
+    ``mask`` maps a matrix parameter to a fixed mask of its gradient.
+    """
+
+    kind = "?"
+    rules = ("full", "spatial", "trunc1", "snap1", "bptt")
+    k = 1
+    input_params: tuple[str, ...] = ()
+    shared: dict[str, tuple[str, torch.Tensor]] = {}
+
+    def __init__(self, cell, rule: str):
+        self.cell = cell
+        self.rule = rule
+        self.params = dict(cell.named_parameters())
+        traced = [n for n in self.state_params() if self.params.get(n) is not None and self.params[n].requires_grad]
+        if rule == "spatial":
+            traced = [n for n in traced if n in self.input_params]
+        self.traced = traced
+        self.mask: dict[str, torch.Tensor] = {}
+
+    # --- per kind ---------------------------------------------------------------------------
+    def state_params(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def step(self, x_t: torch.Tensor, prev):
+        raise NotImplementedError
+
+    def partials(self, x_t: torch.Tensor, prev, new) -> Partials:
+        raise NotImplementedError
+
+    def output(self, x_t, new):
+        return self.cell.output(x_t, new)
+
+    # --- helpers ------------------------------------------------------------------------------
+    def use_J(self) -> bool:
+        return self.rule in ("full", "snap1")
+
+    def vec_names(self, P: Partials):
+        return [n for n in P.vec if n in self.traced]
+
+    def mat_readers(self, P: Partials):
+        """``(base, reader, M or None)`` for every traced matrix parameter."""
+        out = []
+        for base in P.mat:
+            if base in self.traced:
+                out.append((base, base, None))
+            for name, (b, M) in self.shared.items():
+                if b == base and name in self.traced:
+                    out.append((base, name, M))
+        return out
+
+    def stack_state(self, state) -> torch.Tensor:
+        return torch.stack(tuple(state), dim=-1)
+
+
+class TraceState:
+    """Traces and gradient accumulators of one layer."""
+
+    def __init__(self, tr: LayerTrace):
+        self.tr = tr
+        self.vec: dict[str, torch.Tensor] = {}
+        self.mat: dict[str, torch.Tensor] = {}
+        self.G: dict[str, torch.Tensor] = {}
+
+    def add(self, name: str, value: torch.Tensor) -> None:
+        if name in self.tr.mask:
+            value = value * self.tr.mask[name]
+        p = self.tr.params[name]
+        value = value.reshape(p.shape).to(p.dtype)
+        if name in self.G:
+            self.G[name] += value
+        else:
+            self.G[name] = value.clone()
+
+
+def _mv(J, v):
+    """``J @ v`` over the last axis: ``[.., k, k] x [.., k]``."""
+    return (J @ v.unsqueeze(-1)).squeeze(-1)
+
+
+def _mtv(J, v):
+    return (J.transpose(-1, -2) @ v.unsqueeze(-1)).squeeze(-1)
+
+
+def _mat_contract_g(g, M):
+    return g if M is None else _mtv(M, g)
+
+
+def stream_step(ts: TraceState, P: Partials, g: torch.Tensor | None, kernel=None) -> None:
+    """Advance the traces of one layer by one step and add ``g_t . eps_t`` to the accumulators.
+
+    ``g``: ``[B, N, k]`` or ``None`` (no loss at this step: traces still advance).
+    ``kernel``: optional fused matrix-trace update (see :mod:`.triton_kernels`).
+    """
+    tr = ts.tr
+    J = P.J if tr.use_J() else None
+    for name in tr.vec_names(P):
+        imm = P.vec[name]
+        if J is not None:
+            e = ts.vec.get(name)
+            e = imm if e is None else _mv(J, e) + imm
+            ts.vec[name] = e
+        else:
+            e = imm
+        if g is not None:
+            ts.add(name, (g * e).sum(dim=(0, 2)))
+    for base, (c, pre) in P.mat.items():
+        readers = [(r, M) for b, r, M in tr.mat_readers(P) if b == base]
+        if not readers:
+            continue
+        if J is None:  # no memory: contract the immediate partial directly
+            if g is not None:
+                for r, M in readers:
+                    a = (_mat_contract_g(g, M) * c).sum(-1)  # [B, N]
+                    ts.add(r, a.t() @ pre)
+            continue
+        e = ts.mat.get(base)
+        if e is None:  # neuron-major [N, B, k, H]: the batch+field reduction is one bmm per neuron
+            B_, N_, k_ = c.shape
+            e = torch.zeros((N_, B_, k_, pre.shape[-1]), dtype=c.dtype, device=c.device)
+            ts.mat[base] = e
+        gs = [None if g is None else _mat_contract_g(g, M) for _, M in readers]
+        outs = (kernel or advance_and_contract)(e, J, c, pre, gs)
+        if g is not None:
+            for (r, _), G in zip(readers, outs):
+                ts.add(r, G)
+
+
+def advance_and_contract(e, J, c, pre, gs):
+    """torch path of the matrix trace step, in place on ``e [N, B, k, H]``:
+    ``e <- J e + c (x) pre`` and ``G_r = sum_{b,f} g_r[b, n, f] e[n, b, f, h]`` for each ``g_r``."""
+    N, B, k, H = e.shape
+    Jn = J.transpose(0, 1)  # [N, B or 1, k, k]
+    cn = c.transpose(0, 1)  # [N, B, k]
+    x = pre.unsqueeze(0)  # [1, B, H]
+    if k == 1:
+        e0 = e[:, :, 0]
+        e0.mul_(Jn[..., 0, 0, None])
+        e0.addcmul_(cn[..., 0, None], x)
+    elif k == 2:
+        e0, e1 = e[:, :, 0], e[:, :, 1]
+        t0 = e0 * Jn[..., 0, 0, None]
+        t0.addcmul_(e1, Jn[..., 0, 1, None]).addcmul_(cn[..., 0, None], x)
+        e1.mul_(Jn[..., 1, 1, None]).addcmul_(e0, Jn[..., 1, 0, None]).addcmul_(cn[..., 1, None], x)
+        e0.copy_(t0)
+    else:
+        e.copy_(torch.einsum("nbij,nbjh->nbih", Jn.expand(N, B, k, k), e) + cn.unsqueeze(-1) * x.unsqueeze(2))
+    out = []
+    for g in gs:
+        if g is None:
+            out.append(None)
+            continue
+        gn = g.transpose(0, 1).reshape(N, 1, B * k)
+        out.append(torch.bmm(gn, e.reshape(N, B * k, H)).squeeze(1))
+    return out
+
+
+def stack_partials(P: Partials, K: int, B: int) -> Partials:
+    """View the partials of K steps computed in one call on ``[K*B, ...]`` inputs as ``[K, B, ...]``."""
+    J = P.J
+    if J is not None:
+        J = J.reshape(K, B, *J.shape[1:]) if J.shape[0] == K * B else J.unsqueeze(0)
+    vec = {n: v.reshape(K, B, *v.shape[1:]) for n, v in P.vec.items()}
+    mat = {n: (c.reshape(K, B, *c.shape[1:]), pre.reshape(K, B, *pre.shape[1:])) for n, (c, pre) in P.mat.items()}
+    return Partials(J, vec, mat)
+
+
+def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: bool) -> None:
+    """Add ``sum_t g_t . eps_t`` over a block of K steps with the reverse filter, then (``carry``)
+    advance the stored traces to the block's last step.
+
+    ``P``: stacked partials (``J [K, B or 1, N, k, k]`` or ``[1, ...]``, ``vec [K, B, N, k]``,
+    ``mat (c [K, B, N, k], pre [K, B, H])``); ``G [K, B, N, k]`` (``None``: no loss in the block).
+    """
+    tr = ts.tr
+    use_J = tr.use_J()
+    vnames = tr.vec_names(P)
+    readers = tr.mat_readers(P)
+    if not vnames and not readers:
+        return
+    K = (next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]).shape[0]
+    J = P.J
+    Jk = (lambda k: J[k] if J.shape[0] == K else J[0]) if J is not None else None
+    if G is not None:
+        if use_J:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
+            GH = torch.empty_like(G)
+            acc = G[K - 1]
+            GH[K - 1] = acc
+            for k in range(K - 2, -1, -1):
+                acc = G[k] + _mtv(Jk(k + 1), acc)
+                GH[k] = acc
+        else:
+            GH = G
+        for name in vnames:
+            ts.add(name, (GH * P.vec[name]).sum(dim=(0, 1, 3)))
+        for base, r, M in readers:
+            c, pre = P.mat[base]
+            a = (_mat_contract_g(GH, M) * c).sum(-1)  # [K, B, N]
+            ts.add(r, torch.einsum("kbn,kbh->nh", a, pre))
+        if use_J:  # boundary term with the traces carried from the previous block
+            b0 = _mtv(Jk(0), GH[0])
+            for name in vnames:
+                e = ts.vec.get(name)
+                if e is not None:
+                    ts.add(name, (b0 * e).sum(dim=(0, 2)))
+            for base, r, M in readers:
+                e = ts.mat.get(base)
+                if e is not None:
+                    ts.add(r, torch.einsum("bnf,nbfh->nh", _mat_contract_g(b0, M), e))
+    if not (carry and use_J):
+        return
+    # eps_{t1} = Phi_{t1,t0-1} eps_{t0-1} + sum_k Phi_{t1,k} imm_k,  Phi_{t1,k} = J_{t1} ... J_{k+1}
+    ref = next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]
+    _, Bsz, N, k_ = ref.shape
+    phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bsz, N, k_, k_)
+    PH = torch.empty((K, Bsz, N, k_, k_), dtype=ref.dtype, device=ref.device)
+    for k in range(K - 1, -1, -1):
+        PH[k] = phi
+        phi = phi @ Jk(k)  # becomes Phi_{t1, k-1}
+    for name in vnames:
+        new = _mv(PH, P.vec[name]).sum(0)
+        e = ts.vec.get(name)
+        ts.vec[name] = new if e is None else new + _mv(phi, e)
+    for base in {b for b, _, _ in readers}:
+        c, pre = P.mat[base]
+        new = torch.einsum("kbnf,kbh->nbfh", _mv(PH, c), pre)
+        e = ts.mat.get(base)
+        if e is not None:
+            new = new + torch.einsum("bnij,nbjh->nbih", phi, e)
+        ts.mat[base] = new
+
+
+def ref_dtype(P: Partials):
+    for v in P.vec.values():
+        return v.dtype
+    for c, _ in P.mat.values():
+        return c.dtype
+    return torch.get_default_dtype()
+
+
+def ref_device(P: Partials):
+    for v in P.vec.values():
+        return v.device
+    for c, _ in P.mat.values():
+        return c.device
+    return None

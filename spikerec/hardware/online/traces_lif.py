@@ -1,0 +1,227 @@
+"""e-prop-style eligibility traces of LIF, ALIF and leaky-readout layers.
+
+Each neuron is a module with state ``s = v`` (LIF), ``(i, v)`` (CUBA LIF), ``(v, a)``
+(ALIF) or ``y`` (leaky readout). The 1- or 2-dimensional Jacobian ``J_t = d s_t / d s_{t-1}``
+includes the spike path through the surrogate ``psi = sigma'(v_{t-1} - thr)``: the reset
+(when ``detach_reset=False``) and the adaptation. Without lateral weights the modules are
+independent and the traces give the surrogate-gradient BPTT gradient exactly (digest 003
+§3.11, e-prop eligibility vectors of Bellec et al. 2020). Lateral weights ``W_rec`` get
+e-prop traces with presynaptic ``z_{t-1}``; the lateral paths between neurons are dropped
+(the e-prop approximation), the self-connection (``zero_diagonal=False``) stays in J.
+
+The formulas follow :meth:`spikerec.layers.lif.LIF.step` and
+:meth:`spikerec.layers.alif.ALIF.step` term by term (tests compare them with autograd).
+"""
+from __future__ import annotations
+
+import torch
+
+from ...layers.alif import ALIFState
+from ...layers.lif import CubaLIFState, LIFState
+from ...layers.readout import ReadoutState
+from ...surrogate import heaviside
+from .traces_base import LayerTrace, Partials
+
+__all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
+
+
+def _dalpha(log_tau, dt):
+    """``alpha = exp(-dt e^{-log tau})`` and ``d alpha / d log tau = alpha dt e^{-log tau}``."""
+    r = dt * torch.exp(-log_tau)
+    a = torch.exp(-r)
+    return a, a * r
+
+
+def _self_weight(cell):
+    """Diagonal of the effective lateral matrix (0 with ``zero_diagonal``)."""
+    w = cell.effective_recurrent_weight()
+    return None if w is None else torch.diagonal(w.detach())
+
+
+class LIFTrace(LayerTrace):
+    kind = "LIF"
+    input_params = ("weight", "bias")
+
+    def __init__(self, cell, rule):
+        super().__init__(cell, rule)
+        self.k = 2 if cell.cuba else 1
+        if cell.recurrent_weight is not None and cell.zero_diagonal:
+            self.mask["recurrent_weight"] = cell.rec_mask
+
+    def state_params(self):
+        return ("weight", "bias", "recurrent_weight", "log_tau_mem", "log_tau_syn", "threshold")
+
+    def _current(self, x, zp):
+        c = self.cell
+        I = x @ c.weight.detach().t()
+        if c.bias is not None:
+            I = I + c.bias.detach()
+        w = c.effective_recurrent_weight()
+        if w is not None:
+            I = I + zp @ w.detach().t()
+        return I
+
+    def step(self, x, prev):
+        c = self.cell
+        alpha, alpha_s = (d.detach() if d is not None else None for d in c.decays())
+        thr = c.threshold.detach()
+        zp = heaviside(prev.v - thr)
+        drive = self._current(x, zp)
+        if c.cuba:
+            i = alpha_s * prev.i + drive
+            drive = i
+        if c.reset == "subtract":
+            v = alpha * prev.v + drive - thr * zp
+        elif c.reset == "zero":
+            v = alpha * (1.0 - zp) * prev.v + drive
+        else:
+            v = alpha * prev.v + drive
+        return CubaLIFState(i, v) if c.cuba else LIFState(v)
+
+    def partials(self, x, prev, new):
+        c = self.cell
+        thr = c.threshold.detach()
+        v0 = prev.v
+        u = v0 - thr
+        zp = heaviside(u)
+        psi = c.surrogate.derivative(u)
+        alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
+        dzr = torch.zeros_like(psi) if c.detach_reset else psi  # d z_reset / d v_{t-1}
+        Rd = _self_weight(c)
+        dI_dv = Rd * psi if Rd is not None else torch.zeros_like(psi)
+        if c.reset == "subtract":
+            dA_dv, dA_dthr, dA_da = alpha - thr * dzr, -zp + thr * dzr, v0
+        elif c.reset == "zero":
+            dA_dv, dA_dthr, dA_da = alpha * (1 - zp) - alpha * v0 * dzr, alpha * v0 * dzr, (1 - zp) * v0
+        else:
+            dA_dv, dA_dthr, dA_da = alpha.expand_as(v0), torch.zeros_like(v0), v0
+        dI_dthr = -dI_dv
+        one = torch.ones_like(v0)
+        vec: dict[str, torch.Tensor] = {}
+        if not c.cuba:
+            J = (dA_dv + dI_dv)[..., None, None]
+            vec["log_tau_mem"] = (dA_da * dalpha)[..., None]
+            vec["threshold"] = (dA_dthr + dI_dthr)[..., None]
+            vec["bias"] = one[..., None]
+            cvec = one[..., None]
+        else:
+            alpha_s, dalpha_s = _dalpha(c.log_tau_syn.detach(), c.dt)
+            a_s = alpha_s.expand_as(v0)
+            J = torch.stack([torch.stack([a_s, dI_dv], -1), torch.stack([a_s, dA_dv + dI_dv], -1)], -2)
+            zero = torch.zeros_like(v0)
+            ds = dalpha_s * prev.i
+            vec["log_tau_syn"] = torch.stack([ds, ds], -1)
+            vec["log_tau_mem"] = torch.stack([zero, dA_da * dalpha], -1)
+            vec["threshold"] = torch.stack([dI_dthr, dI_dthr + dA_dthr], -1)
+            vec["bias"] = torch.stack([one, one], -1)
+            cvec = torch.stack([one, one], -1)
+        mat = {"weight": (cvec, x)}
+        if c.recurrent_weight is not None:
+            mat["recurrent_weight"] = (cvec, zp)
+        vec = {k: v for k, v in vec.items() if self.params.get(k) is not None}
+        return Partials(J, vec, mat)
+
+
+class ALIFTrace(LayerTrace):
+    kind = "ALIF"
+    k = 2
+    input_params = ("weight", "bias")
+
+    def __init__(self, cell, rule):
+        super().__init__(cell, rule)
+        if cell.recurrent_weight is not None and cell.zero_diagonal:
+            self.mask["recurrent_weight"] = cell.rec_mask
+
+    def state_params(self):
+        return ("weight", "bias", "recurrent_weight", "log_tau_mem", "log_tau_adapt", "b", "beta")
+
+    def step(self, x, prev):
+        c = self.cell
+        alpha, rho = (d.detach() for d in c.decays())
+        b, beta = c.b.detach(), c.beta.detach()
+        zp = heaviside(prev.v - (b + beta * prev.a))
+        a = rho * prev.a + (1.0 - rho) * zp
+        theta = b + beta * a
+        I = x @ c.weight.detach().t()
+        if c.bias is not None:
+            I = I + c.bias.detach()
+        w = c.effective_recurrent_weight()
+        if w is not None:
+            I = I + zp @ w.detach().t()
+        v = alpha * prev.v + I - theta * zp
+        return ALIFState(v, a)
+
+    def partials(self, x, prev, new):
+        c = self.cell
+        b, beta = c.b.detach(), c.beta.detach()
+        alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
+        rho, drho = _dalpha(c.log_tau_adapt.detach(), c.dt)
+        v0, a0 = prev.v, prev.a
+        u = v0 - (b + beta * a0)
+        zp = heaviside(u)
+        psi = c.surrogate.derivative(u)
+        # z_{t-1} = H(v - b - beta a): derivatives w.r.t. v, a, b, beta
+        dz = {"v": psi, "a": -beta * psi, "b": -psi.expand_as(v0), "beta": -a0 * psi}
+        a1 = rho * a0 + (1 - rho) * zp
+        da = {k: (1 - rho) * d for k, d in dz.items()}
+        da["a"] = da["a"] + rho
+        da_rho = a0 - zp
+        dth = {k: beta * d for k, d in da.items()}
+        dth["b"] = dth["b"] + 1
+        dth["beta"] = dth["beta"] + a1
+        dth_rho = beta * da_rho
+        theta = b + beta * a1
+        if c.detach_reset:
+            dR = {k: torch.zeros_like(v0) for k in dz}
+            dR_rho = torch.zeros_like(v0)
+        else:
+            dR = {k: theta * dz[k] + zp * dth[k] for k in dz}
+            dR_rho = zp * dth_rho
+        Rd = _self_weight(c)
+        dI = {k: (Rd * d if Rd is not None else torch.zeros_like(v0)) for k, d in dz.items()}
+        dv = {k: dI[k] - dR[k] for k in dz}
+        dv["v"] = dv["v"] + alpha
+        J = torch.stack([torch.stack([dv["v"], dv["a"]], -1), torch.stack([da["v"], da["a"]], -1)], -2)
+        zero = torch.zeros_like(v0)
+        one = torch.ones_like(v0)
+        vec = {
+            "log_tau_mem": torch.stack([v0 * dalpha, zero], -1),
+            "log_tau_adapt": torch.stack([-dR_rho * drho, da_rho * drho], -1),
+            "b": torch.stack([dv["b"], da["b"]], -1),
+            "beta": torch.stack([dv["beta"], da["beta"]], -1),
+            "bias": torch.stack([one, zero], -1),
+        }
+        vec = {k: v for k, v in vec.items() if self.params.get(k) is not None}
+        cvec = torch.stack([one, zero], -1)
+        mat = {"weight": (cvec, x)}
+        if c.recurrent_weight is not None:
+            mat["recurrent_weight"] = (cvec, zp)
+        return Partials(J, vec, mat)
+
+
+class ReadoutTrace(LayerTrace):
+    """Leaky-integrator readout ``y_t = alpha y_{t-1} + W x_t + b``: a layer of 1-d linear modules."""
+
+    kind = "LeakyReadout"
+    input_params = ("weight", "bias")
+
+    def state_params(self):
+        return ("weight", "bias", "log_tau")
+
+    def step(self, x, prev):
+        c = self.cell
+        y = x @ c.weight.detach().t()
+        if c.bias is not None:
+            y = y + c.bias.detach()
+        return ReadoutState(c.alpha().detach() * prev.y + y)
+
+    def partials(self, x, prev, new):
+        c = self.cell
+        alpha, dalpha = _dalpha(c.log_tau.detach(), c.dt)
+        y0 = prev.y
+        one = torch.ones_like(y0)
+        vec = {"log_tau": (y0 * dalpha)[..., None]}
+        if c.bias is not None:
+            vec["bias"] = one[..., None]
+        J = alpha.expand_as(y0)[..., None, None]
+        return Partials(J, vec, {"weight": (one[..., None], x)})

@@ -1,0 +1,328 @@
+"""Online eligibility-trace learning vs autograd BPTT (float64), rules, modes, errors."""
+import math
+
+import pytest
+import torch
+
+from spikerec.hardware.online import OnlineLearner, classification_loss, mse_loss
+from spikerec.layers import ALIF, LIF, LeakyReadout
+from spikerec.models import RecurrentStack
+
+SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
+
+
+@pytest.fixture(autouse=True)
+def _fp64_one_thread():
+    """float64 for the exactness claims; one intra-op thread (these are many tiny ops, and on a
+    shared 2-core machine spinning OpenMP workers make them ~10x slower)."""
+    old, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(old)
+    torch.set_num_threads(threads)
+
+
+def named(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def bptt_grads(model, x, target, loss_fn, detach_state=False):
+    """Autograd through the model's ``step`` loop; ``detach_state`` cuts every recurrent edge
+    (the 1-step truncation oracle)."""
+    states = model.initial_state(x.shape[1], x.device, x.dtype)
+    total = 0.0
+    for t in range(x.shape[0]):
+        if detach_state:
+            states = tuple(type(s)(*(v.detach() for v in s)) for s in states)
+        y, states = model.step(x[t], states)
+        l = loss_fn(y, target, t)
+        if l is not None:
+            total = total + l
+    ps = named(model)
+    gs = torch.autograd.grad(total, [p for _, p in ps], allow_unused=True)
+    return {n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(ps, gs)}
+
+
+def online_grads(model, x, target, loss_fn, **kw):
+    model.zero_grad()
+    OnlineLearner(model, **kw).backward(x, target, loss_fn)
+    out = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in named(model)}
+    model.zero_grad()
+    return out
+
+
+def rel(a, b):
+    return float((a - b).norm() / (b.norm() + 1e-300))
+
+
+def cos(a, b):
+    return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+def spiking_cell(kind, H, N, **kw):
+    cell = (LIF if kind == "lif" else ALIF)(H, N, surrogate=SURR, **kw)
+    with torch.no_grad():
+        cell.weight.mul_(3.0)
+    return cell
+
+
+CONFIGS = [
+    ("lif", dict(reset="subtract", detach_reset=False, learn_threshold=True, tau_mem=5.0)),
+    ("lif", dict(reset="zero", detach_reset=True, learn_threshold=True, tau_mem=5.0)),
+    ("lif", dict(reset="none", tau_syn=3.0, tau_mem=5.0)),
+    ("lif", dict(reset="subtract", tau_syn=3.0, tau_mem=5.0, detach_reset=False, learn_threshold=True)),
+    ("alif", dict(recurrent=False, detach_reset=False, tau_mem=5.0, tau_adapt=10.0, b=0.5, beta=0.5)),
+    ("alif", dict(recurrent=False, detach_reset=True, tau_mem=5.0, tau_adapt=10.0, b=0.5, beta=0.5)),
+]
+
+
+@pytest.mark.parametrize("kind,kw", CONFIGS)
+def test_spiking_layer_without_lateral_weights_equals_bptt(kind, kw):
+    """Digest 003 §3.11: e-prop traces with the reset path in J are exact without lateral weights,
+    for either detach_reset setting (the traces follow the cell's own reset gradient)."""
+    T, B, H, N = int(torch.randint(12, 25, ())), 3, 4, 6
+    model = RecurrentStack([spiking_cell(kind, H, N, **kw)], LeakyReadout(N, 2))
+    x, tgt = torch.rand(T, B, H), torch.randn(T, B, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss)
+    assert sum(float(g.abs().sum()) for g in ref.values()) > 0
+    for n in ref:
+        assert rel(est[n], ref[n]) < 1e-10, n
+        assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
+
+
+def test_lateral_weights_are_eprop_approximate():
+    """With lateral weights the modules interact: recurrent weights get e-prop traces
+    (biased, yet aligned), the readout stays exact."""
+    T, B, H, N = 20, 4, 4, 6
+    cell = spiking_cell("alif", H, N, recurrent=True, tau_mem=5.0, tau_adapt=10.0, b=0.5, beta=0.5)
+    with torch.no_grad():
+        cell.recurrent_weight.mul_(2.0)
+    model = RecurrentStack([cell], LeakyReadout(N, 2))
+    x, tgt = torch.rand(T, B, H), torch.randn(T, B, 2)
+    ref, est = bptt_grads(model, x, tgt, mse_loss), online_grads(model, x, tgt, mse_loss)
+    assert rel(est["readout.weight"], ref["readout.weight"]) < 1e-10
+    assert rel(est["cells.0.recurrent_weight"], ref["cells.0.recurrent_weight"]) > 1e-3
+    assert cos(est["cells.0.recurrent_weight"], ref["cells.0.recurrent_weight"]) > 0.5
+    assert float(est["cells.0.recurrent_weight"].diagonal().abs().max()) == 0.0  # zero-diagonal mask
+
+
+def deep_spiking_model(H=4, N=6):
+    cells = [spiking_cell("alif", H, N, recurrent=False, tau_mem=5.0, tau_adapt=10.0, b=0.3, beta=0.5),
+             spiking_cell("lif", N, N, tau_syn=3.0, tau_mem=5.0, learn_threshold=True, detach_reset=False)]
+    return RecurrentStack(cells, LeakyReadout(N, 2))
+
+
+def test_deep_spiking_last_layer_exact_earlier_biased_but_aligned():
+    torch.manual_seed(3)
+    T, B = 30, 4
+    model = deep_spiking_model()
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    ref, est = bptt_grads(model, x, tgt, mse_loss), online_grads(model, x, tgt, mse_loss)
+    for n in ref:
+        if n.startswith("cells.1") or n.startswith("readout"):
+            assert rel(est[n], ref[n]) < 1e-10, n
+    w_est, w_ref = est["cells.0.weight"], ref["cells.0.weight"]
+    assert rel(w_est, w_ref) > 1e-3  # would catch an accidental BPTT
+    assert cos(w_est, w_ref) > 0.5
+
+
+@pytest.mark.parametrize("K", [1, 3, 7, 20])
+def test_modes_agree(K):
+    """stream == chunked(K) == parallel for every parameter (T = 20 not divisible by 3 or 7),
+    including the biased first layer and a leaky (traced) readout."""
+    torch.manual_seed(5)
+    T, B = 20, 3
+    model = RecurrentStack(deep_spiking_model().cells, LeakyReadout(6, 2, tau=4.0, learn_tau=True))
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    s = online_grads(model, x, tgt, mse_loss, mode="stream")
+    c = online_grads(model, x, tgt, mse_loss, mode="chunked", chunk=K)
+    p = online_grads(model, x, tgt, mse_loss, mode="parallel")
+    for n in s:
+        assert s[n].abs().sum() > 0, n
+        assert rel(c[n], s[n]) < 1e-10, n
+        assert rel(p[n], s[n]) < 1e-10, n
+
+
+def test_leaky_readout_is_exact_last_layer():
+    """A leaky readout is a traced recurrent layer: exact, and the cells below become biased."""
+    torch.manual_seed(2)
+    T, B = 25, 3
+    cell = spiking_cell("lif", 4, 6, tau_mem=5.0)
+    model = RecurrentStack([cell], LeakyReadout(6, 2, tau=5.0, learn_tau=True))
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    ref, est = bptt_grads(model, x, tgt, mse_loss), online_grads(model, x, tgt, mse_loss)
+    for n in ("readout.weight", "readout.bias", "readout.log_tau"):
+        assert rel(est[n], ref[n]) < 1e-10, n
+    assert rel(est["cells.0.weight"], ref["cells.0.weight"]) > 1e-3
+    assert cos(est["cells.0.weight"], ref["cells.0.weight"]) > 0.5
+
+
+def test_trunc1_equals_autograd_with_detached_states():
+    """``trunc1`` = instantaneous partials: autograd of sum_t l_t with every previous state detached."""
+    T, B = 15, 3
+    model = deep_spiking_model()
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss, detach_state=True)
+    est = online_grads(model, x, tgt, mse_loss, rule="trunc1")
+    for n in ref:
+        assert rel(est[n], ref[n]) < 1e-10, n
+
+
+def test_spatial_and_snap1_rules():
+    T, B = 15, 3
+    model = deep_spiking_model()
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    tr = online_grads(model, x, tgt, mse_loss, rule="trunc1")
+    sp = online_grads(model, x, tgt, mse_loss, rule="spatial")
+    full = online_grads(model, x, tgt, mse_loss, rule="full")
+    snap = online_grads(model, x, tgt, mse_loss, rule="snap1")
+    for n in full:
+        assert torch.equal(full[n], snap[n]), n  # extended SnAp-1 == the rule on independent modules
+    # spatial: time constants get no gradient, input weights keep their immediate partial
+    for n in ("cells.0.log_tau_mem", "cells.0.log_tau_adapt", "cells.1.log_tau_mem", "cells.1.log_tau_syn"):
+        assert float(sp[n].abs().max()) == 0.0, n
+        assert float(tr[n].abs().max()) > 0.0, n
+    for n in ("cells.0.weight", "cells.1.weight", "readout.weight"):
+        assert rel(sp[n], tr[n]) < 1e-12, n
+
+
+def test_bptt_rule_matches_autograd():
+    T, B = 12, 2
+    model = deep_spiking_model()
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, rule="bptt")
+    for n in ref:
+        assert rel(est[n], ref[n]) < 1e-10, n
+
+
+def test_classification_losses_and_return_value():
+    T, B = 10, 4
+    cell = spiking_cell("lif", 4, 6, tau_mem=5.0)
+    model = RecurrentStack([cell], LeakyReadout(6, 3), readout_mode="mean")
+    x, y = torch.rand(T, B, 4), torch.randint(0, 3, (B,))
+    for mode in ("mean", "last"):
+        fn = classification_loss(mode, T)
+        ref = bptt_grads(model, x, y, fn)
+        model.zero_grad()
+        L = OnlineLearner(model).backward(x, y, fn)
+        out = model(x)[0]
+        expect = (torch.nn.functional.cross_entropy(out.reshape(T * B, 3), y.repeat(T)) if mode == "mean"
+                  else torch.nn.functional.cross_entropy(out[-1], y))
+        assert math.isclose(L, float(expect.detach()), rel_tol=1e-12)
+        for n, p in named(model):
+            assert rel(p.grad, ref[n]) < 1e-10, (mode, n)
+    with pytest.raises(ValueError, match="per-step"):
+        classification_loss("max", T)
+
+
+def test_per_step_update_sees_every_step():
+    """With a flush-and-zero callback the per-step pieces add up to the whole estimate."""
+    T, B = 11, 2
+    model = deep_spiking_model()
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    whole = online_grads(model, x, tgt, mse_loss)
+    for mode, chunk, calls in (("stream", None, T), ("chunked", 4, 3)):
+        acc = {n: torch.zeros_like(p) for n, p in named(model)}
+        seen = []
+
+        def cb():
+            seen.append(1)
+            for n, p in named(model):
+                if p.grad is not None:
+                    acc[n] += p.grad
+            model.zero_grad()
+
+        model.zero_grad()
+        OnlineLearner(model, mode=mode, chunk=chunk, per_step_update=cb).backward(x, tgt, mse_loss)
+        assert len(seen) == calls
+        for n in whole:
+            assert rel(acc[n], whole[n]) < 1e-10, n
+
+
+def test_backward_accumulates_like_autograd():
+    model = deep_spiking_model()
+    x, tgt = torch.rand(8, 2, 4), torch.randn(8, 2, 2)
+    once = online_grads(model, x, tgt, mse_loss)
+    model.zero_grad()
+    lr = OnlineLearner(model)
+    lr.backward(x, tgt, mse_loss)
+    lr.backward(x, tgt, mse_loss)
+    for n, p in named(model):
+        assert rel(p.grad, 2 * once[n]) < 1e-12
+
+
+def test_bad_input_errors():
+    model = deep_spiking_model()
+    with pytest.raises(ValueError, match="rule must be one of"):
+        OnlineLearner(model, rule="eprop2")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        OnlineLearner(model, mode="batch")
+    with pytest.raises(ValueError, match="chunk >= 1"):
+        OnlineLearner(model, mode="chunked")
+    with pytest.raises(ValueError, match="OnlineLearner input x"):
+        OnlineLearner(model).backward(torch.rand(5, 2, 3), None, mse_loss)
+    with pytest.raises(TypeError, match="RecurrentStack"):
+        OnlineLearner(torch.nn.Linear(2, 2))
+
+
+class _DenseRNNCell(torch.nn.Module):
+    """A dense recurrent cell without traces (stands in for a GRU)."""
+
+    def __init__(self, H, N):
+        super().__init__()
+        from typing import NamedTuple
+
+        class S(NamedTuple):
+            h: torch.Tensor
+
+        self.S, self.input_size, self.output_size = S, H, N
+        self.w = torch.nn.Linear(H, N)
+        self.u = torch.nn.Linear(N, N, bias=False)
+
+    def initial_state(self, batch, device=None, dtype=None):
+        return self.S(torch.zeros(batch, self.output_size, device=device, dtype=dtype))
+
+    def step(self, x, s):
+        h = torch.tanh(self.w(x) + self.u(s.h))
+        return h, self.S(h)
+
+    def forward(self, x, state=None):
+        state = state or self.initial_state(x.shape[1], x.device, x.dtype)
+        outs = []
+        for t in range(x.shape[0]):
+            o, state = self.step(x[t], state)
+            outs.append(o)
+        return torch.stack(outs), state
+
+    def output(self, x, s):
+        return s.h
+
+    def state_vector(self, s):
+        return s.h
+
+    def stability_groups(self):
+        return {"time": [self.u.weight], "depth": [self.w.weight]}
+
+
+def test_layer_without_traces_names_layer_and_rules():
+    try:
+        from spikerec.layers.gru import GRU
+    except ImportError:
+        GRU = None
+    if GRU is not None:
+        gru_model = RecurrentStack([GRU(3, 5)], LeakyReadout(5, 2))
+        with pytest.raises(ValueError, match=r"layer 0 \(GRU\).*rules supported for GRU: trunc1, bptt"):
+            OnlineLearner(gru_model, rule="full")
+    model = RecurrentStack([_DenseRNNCell(3, 5)], LeakyReadout(5, 2))
+    for rule in ("full", "spatial", "snap1"):
+        with pytest.raises(ValueError, match=r"layer 0 \(_DenseRNNCell\).*rules supported for _DenseRNNCell: trunc1, bptt"):
+            OnlineLearner(model, rule=rule)
+    # trunc1 works: the dense cell gets its instantaneous partials
+    x, tgt = torch.randn(9, 2, 3), torch.randn(9, 2, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss, detach_state=True)
+    est = online_grads(model, x, tgt, mse_loss, rule="trunc1")
+    for n in ref:
+        assert rel(est[n], ref[n]) < 1e-10, n
