@@ -1,0 +1,198 @@
+"""``spikerec train``: train a model from a preset (default ``quickstart``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+EPILOG = """\
+examples:
+  spikerec train                                  quickstart: ALIF + LSC on the embedded digits (offline, ~2 min on 2 CPU cores)
+  spikerec train shd-alif-lsc                     the LSC paper's 2-layer ALIF on SHD (needs the SHD files: spikerec datasets)
+  spikerec train quickstart --set train.epochs=5 --set model.layers.0.size=64
+  spikerec train quickstart --lsc target=0.5      LSC pre-training towards radius 0.5 first
+  spikerec train copy-online --learning online    eligibility-trace learning instead of BPTT
+  spikerec train quickstart --nproc-per-node 2    data-parallel with torchrun (gloo on CPU, NCCL on GPU)
+  spikerec train --resume runs/quickstart-20250101-120000
+  spikerec train --list                           the presets
+
+A run folder holds config.json, model.safetensors + model.json, metrics.jsonl/.csv,
+checkpoints/, curves.png, raster.png and summary.json; 'spikerec evaluate RUN' re-tests it.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spikerec train", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+        description="Train a spiking or recurrent network from a TOML preset: optional LSC pre-training, then "
+                    "BPTT (or online) training, evaluation on the test split, and a run folder with everything.")
+    p.add_argument("preset", nargs="?", default=None,
+                   help="preset name (see --list) or path to a .toml config (default: quickstart)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=3e-3 (repeatable)")
+    p.add_argument("--lsc", nargs="*", metavar="KEY=VALUE", default=None,
+                   help="enable LSC pre-training, optionally with options (e.g. --lsc target=1 max_steps=200); "
+                        "'--lsc off' disables it")
+    p.add_argument("--learning", choices=("bptt", "online"), help="learning rule (overrides train.learning)")
+    p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
+    p.add_argument("--seed", type=int, help="shortcut for --set train.seed=N")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (shortcut for --set train.device=...)")
+    p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its newest checkpoint (same result as uninterrupted)")
+    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                   help="launch N data-parallel processes with torchrun (the global batch is split)")
+    p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
+                   help="stop after N optimiser steps as if killed (no final checkpoint; to test --resume)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars; one line per epoch (for logs)")
+    p.add_argument("--list", action="store_true", help="list the presets and exit")
+    p.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
+    return p
+
+
+def _overrides(args) -> list[str]:
+    o = list(args.overrides)
+    if args.lsc is not None:
+        if args.lsc == ["off"]:
+            o.append("lsc.enabled=false")
+        else:
+            o.append("lsc.enabled=true")
+            for kv in args.lsc:
+                if "=" not in kv:
+                    from .config import ConfigError
+
+                    raise ConfigError(f"--lsc expects KEY=VALUE pairs (e.g. --lsc target=1), got {kv!r}")
+                o.append(f"lsc.{kv}")
+    if args.learning:
+        o.append(f"train.learning=\"{args.learning}\"")
+    if args.epochs is not None:
+        o.append(f"train.epochs={args.epochs}")
+    if args.seed is not None:
+        o.append(f"train.seed={args.seed}")
+    if args.device:
+        o.append(f"train.device=\"{args.device}\"")
+    return o
+
+
+def _strip_launch_args(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc-per-node":
+            skip = True
+            continue
+        if a.startswith("--nproc-per-node="):
+            continue
+        out.append(a)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    from .config import ConfigError, list_presets, load_config, resolve_sizes, validate_config
+
+    if args.list:
+        for name, desc in list_presets().items():
+            print(f"  {name:<22} {desc}")
+        return 0
+    if args.nproc_per_node < 1:
+        print("spikerec train: --nproc-per-node must be >= 1", file=sys.stderr)
+        return 2
+    if args.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        from .distributed import launch
+
+        rest = _strip_launch_args(argv)
+        if not args.out and not args.resume:  # every process must write to the same folder
+            from .runs import new_run_dir
+
+            rest += ["--out", str(new_run_dir(args.preset or "quickstart"))]
+        return launch(rest, args.nproc_per_node)
+
+    try:
+        overrides = _overrides(args)
+        if args.resume:
+            if args.preset or overrides:
+                print("spikerec train: --resume continues a run with its own config.json; "
+                      "do not give a preset or overrides", file=sys.stderr)
+                return 2
+            from .runs import read_config
+
+            cfg = read_config(args.resume)
+            validate_config(cfg)
+            run_dir = Path(args.resume)
+        else:
+            cfg = load_config(args.preset or "quickstart", overrides)
+            from ..data import dataset_info
+
+            info = dataset_info(cfg["data"]["name"], **cfg["data"]["options"])
+            resolve_sizes(cfg, info)
+            if args.show_config:
+                print(json.dumps(cfg, indent=1))
+                return 0
+            from .runs import new_run_dir
+
+            run_dir = None
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"spikerec train: {e}", file=sys.stderr)
+        return 2
+
+    from ..data import DataError, DatasetMissingError
+    from .trainer import NonFiniteLoss, Trainer
+
+    main_proc = int(os.environ.get("RANK", "0")) == 0
+    if run_dir is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
+        print("spikerec train: under torchrun give --out DIR (every process must use the same run folder)",
+              file=sys.stderr)
+        return 2
+    if run_dir is None:
+        run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
+    trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume), stop_after_steps=args.stop_after_steps,
+                      echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None))
+    try:
+        summary = trainer.fit()
+    except (DatasetMissingError, DataError) as e:
+        _remove_if_empty(run_dir)
+        print(f"spikerec train: data set '{cfg['data']['name']}' is not available:\n{e}\n"
+              f"(see 'spikerec datasets' for what is installed and how to get the rest)", file=sys.stderr)
+        return 3
+    except NonFiniteLoss as e:
+        print(f"spikerec train: {e}", file=sys.stderr)
+        return 4
+    if "stopped_at_step" in summary or not main_proc:
+        return 0
+    _print_summary(summary)
+    return 0
+
+
+def _remove_if_empty(run_dir: Path) -> None:
+    """Leave nothing behind when a run could not start."""
+    try:
+        run_dir.rmdir()
+        parent = run_dir.parent
+        if parent.name == "runs":
+            parent.rmdir()
+    except OSError:
+        pass
+
+
+def _print_summary(s: dict) -> None:
+    acc = s.get("test_accuracy")
+    what = f"{100 * acc:.1f}%" if acc is not None else "n/a (regression)"
+    print(f"\ntest accuracy: {what}  (loss {s['test_loss']:.4f}; {s['test_samples']} test samples of "
+          f"'{s['data']}', {s['weights']} weights; {s['steps']} steps in {s['wall_time_s']:.0f} s)")
+    d = s["run_dir"]
+    print(f"run folder:    {d}")
+    files = [f for f in ("model.safetensors", "config.json", "metrics.csv", "curves.png", "raster.png", "lsc.png",
+                         "summary.json") if (Path(d) / f).exists()]
+    print(f"               {', '.join(files)}")
+    print(f"re-evaluate:   spikerec evaluate {d}")
+
+
+if __name__ == "__main__":  # torchrun entry point
+    sys.exit(main())

@@ -1,0 +1,546 @@
+"""The training loop: optional LSC pre-training, then BPTT (or online) training.
+
+Per step: forward the batch ``x[T, B, C]`` through the model, the loss of
+:mod:`spikerec.train.metrics`, backward (or :class:`spikerec.hardware.online.OnlineLearner`
+with ``learning = "online"``), gradient clipping of the global norm, Adam/AdamW with two
+parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
+``lr * f(step)`` with a linear warm-up over ``warmup`` of all steps and a cosine to
+``lr * min_lr_factor`` (LRU recipe, digest 001 §4.2).
+
+Resuming is exact: the batch order depends only on ``(seed, epoch)``
+(:func:`spikerec.data.make_loader`), and a checkpoint stores the weights, the optimiser
+moments, the step, the position in the epoch, the running sums of the epoch, the best
+weights and the RNG states; a resumed run replays the same arithmetic as an uninterrupted
+one. A non-finite loss stops the run at once: no checkpoint is written for that step and
+the error names the step and the last good checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from . import distributed as ddp
+from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
+from .runs import build_from_config, save_model, write_config
+
+__all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "build_from_config", "lr_factor", "param_groups",
+           "select_device", "seed_everything", "forward_sequence", "evaluate"]
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf; the message names the step and the last good checkpoint."""
+
+    def __init__(self, msg: str, step: int):
+        super().__init__(msg)
+        self.step = step
+
+
+class StopRequested(Exception):
+    """``--stop-after-steps`` reached: the run stops as if it were killed (for resume tests)."""
+
+
+# --- building blocks ---------------------------------------------------------------------------
+def select_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"train.device = '{name}' but CUDA is not available; use 'cpu' or 'auto'")
+        if name == "cuda":
+            name = f"cuda:{local_rank}"
+    return torch.device(name)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+
+
+def _recurrent_names(model) -> set[str]:
+    """Parameters that get the reduced learning rate: the LRU's ``nu, theta, gamma, B``
+    (digest 001 §4.2); otherwise each cell's ``stability_groups()["time"]`` (recurrent
+    weights and time constants)."""
+    from ..layers.lru import RECURRENT_PARAMS
+
+    ids = set()
+    for mod in model.modules():
+        if type(mod).__name__ == "LRU":
+            ids |= {id(getattr(mod, n)) for n in RECURRENT_PARAMS if isinstance(getattr(mod, n, None), torch.nn.Parameter)}
+        elif hasattr(mod, "stability_groups") and mod is not getattr(model, "readout", None):
+            try:
+                ids |= {id(p) for p in mod.stability_groups()["time"]}
+            except (NotImplementedError, KeyError):
+                pass
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
+def param_groups(model, tc: dict) -> list[dict]:
+    rec = _recurrent_names(model)
+    g_rec = [p for n, p in model.named_parameters() if p.requires_grad and n in rec]
+    g_oth = [p for n, p in model.named_parameters() if p.requires_grad and n not in rec]
+    groups = []
+    if g_rec:
+        groups.append({"params": g_rec, "lr": tc["lr"] * tc["recurrent_lr_factor"],
+                       "weight_decay": tc["recurrent_weight_decay"], "name": "recurrent"})
+    if g_oth:
+        groups.append({"params": g_oth, "lr": tc["lr"], "weight_decay": tc["weight_decay"], "name": "other"})
+    return groups
+
+
+def make_optimizer(model, tc: dict) -> torch.optim.Optimizer:
+    cls = torch.optim.AdamW if tc["optimizer"] == "adamw" else torch.optim.Adam
+    opt = cls(param_groups(model, tc), lr=tc["lr"], betas=tuple(tc["betas"]), eps=tc["eps"])
+    for g in opt.param_groups:
+        g["base_lr"] = g["lr"]
+    return opt
+
+
+def lr_factor(step: int, total: int, warmup: float, schedule: str, min_factor: float) -> float:
+    """Multiplier of the base lr before update ``step`` (0-based): linear warm-up over
+    ``round(warmup * total)`` steps, then cosine from 1 to ``min_factor`` (or constant)."""
+    w = int(round(warmup * total))
+    if step < w:
+        return (step + 1) / w
+    if schedule == "constant":
+        return 1.0
+    prog = min(1.0, (step - w) / max(1, total - w))
+    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * prog))
+
+
+def forward_sequence(model, x: torch.Tensor, record: bool = False):
+    """``(y[T', B, K], hidden list)``; an ``LRUModel``'s pooled logits count as one step."""
+    if hasattr(getattr(model, "module", model), "cells"):  # a stack, maybe inside DDP
+        if record:
+            y, _, hidden = model(x, record=True)
+            return y, hidden
+        y, _ = model(x)
+        return y, []
+    out = model(x)
+    return (out.unsqueeze(0) if out.dim() == 2 else out), []
+
+
+def _readout_mode(model) -> str:
+    return getattr(model, "readout_mode", "last")
+
+
+@torch.no_grad()
+def evaluate(model, loader, tc: dict, device, info: ddp.DistInfo | None = None, amp=None) -> dict:
+    """Mean loss, accuracy and firing rates of ``model`` over ``loader`` (sharded with DDP)."""
+    info = info or ddp.DistInfo()
+    was = model.training
+    model.eval()
+    tot = [0.0, 0.0, 0.0, 0.0]  # loss sum, samples, correct, counted
+    rates: dict[str, float] = {}
+    batches = 0
+    cells = list(getattr(model, "cells", []))
+    for x, y in loader:
+        x, y = ddp.shard(x.to(device), y.to(device), info)
+        if x.shape[1] == 0:
+            continue
+        with _autocast(device, amp):
+            ys, hidden = forward_sequence(model, x, record=bool(cells))
+        ys = ys.float()
+        tot[0] += float(sequence_loss(ys, y, loss=tc["loss"], loss_on=tc["loss_on"],
+                                      readout_mode=_readout_mode(model), reduction="sum"))
+        tot[1] += x.shape[1]
+        c, n = accuracy_counts(ys, y, kind=tc["accuracy"], readout_mode=_readout_mode(model), loss=tc["loss"])
+        tot[2] += c
+        tot[3] += n
+        for k, v in firing_rates(hidden, cells).items():
+            rates[k] = rates.get(k, 0.0) + v * x.shape[1]
+        batches += 1
+    keys = sorted(rates)
+    red = ddp.all_reduce_sum(tot + [rates[k] for k in keys], info, device)
+    model.train(was)
+    out = {"loss": red[0] / max(red[1], 1), "samples": int(red[1])}
+    out["accuracy"] = red[2] / red[3] if red[3] else None
+    for i, k in enumerate(keys):
+        out[k] = red[4 + i] / max(red[1], 1)
+    return out
+
+
+def _autocast(device, amp):
+    if amp in ("bf16", "fp16") and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+# --- the trainer -------------------------------------------------------------------------------
+class Trainer:
+    """Train the model of a resolved config into ``run_dir``.
+
+    Args:
+        cfg: resolved config (:func:`spikerec.train.config.load_config` + sizes filled).
+        run_dir: the run folder (created by the caller).
+        quiet: no progress bars (one line per epoch).
+        resume: continue from the newest checkpoint in ``run_dir/checkpoints``.
+        stop_after_steps: stop (as if killed: no final checkpoint) after this many steps.
+        echo: where progress lines go (``print``-like callable).
+    """
+
+    def __init__(self, cfg: dict, run_dir, *, quiet: bool = False, resume: bool = False,
+                 stop_after_steps: int | None = None, echo=None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.quiet = quiet
+        self.resume = resume
+        self.stop_after = stop_after_steps
+        self.echo = echo or (lambda s: print(s, flush=True))
+        self.tc = cfg["train"]
+        self.dc = cfg["data"]
+
+    # ------------------------------------------------------------------ setup
+    def _setup(self):
+        from ..data import dataset_info, get_dataset, make_loader
+
+        tc, dc = self.tc, self.dc
+        self.device = select_device(tc["device"], int(os.environ.get("LOCAL_RANK", "0")))
+        self.dist = ddp.init_distributed(self.device)
+        self.main = self.dist.main
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if tc["threads"]:
+            torch.set_num_threads(int(tc["threads"]))
+        seed_everything(int(tc["seed"]), bool(tc["deterministic"]))
+        self.amp = tc["amp"] if self.device.type == "cuda" else "off"
+        if tc["amp"] != "off" and self.device.type != "cuda" and self.main:
+            self.echo(f"note: train.amp = '{tc['amp']}' is for CUDA only; training in float32 on {self.device}")
+        opts = dict(dc["options"])
+        self.info = dataset_info(dc["name"], **opts)
+        self.train_set = get_dataset(dc["name"], "train", **opts)
+        self.valid_set = get_dataset(dc["name"], dc["valid_split"], **opts) if dc["valid_split"] else None
+        self.test_set = get_dataset(dc["name"], "test", **opts)
+        seed = int(tc["seed"])
+        kw = {"num_workers": int(dc["num_workers"])} if dc["num_workers"] else {}
+        self.train_loader = make_loader(self.train_set, dc["batch_size"], True, seed, **kw)
+        ev = dc["eval_batch_size"]
+        self.valid_loader = make_loader(self.valid_set, ev, False, seed, **kw) if self.valid_set is not None else None
+        self.test_loader = make_loader(self.test_set, ev, False, seed, **kw)
+        self.model = build_from_config(self.cfg["model"]).to(self.device)
+        self.cells = list(getattr(self.model, "cells", []))
+        self.opt = make_optimizer(self.model, tc)
+        self.steps_per_epoch = len(self.train_loader)
+        self.total_steps = max(1, self.steps_per_epoch * int(tc["epochs"]))
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp == "fp16" else None
+        self.metrics = MetricsLogger(self.run_dir, enabled=self.main)
+        self.fwd = self.model
+        if self.dist.enabled and tc["learning"] == "bptt":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.fwd = DDP(self.model, device_ids=ids, find_unused_parameters=True)
+        elif self.dist.enabled:
+            ddp.broadcast_parameters(self.model, self.dist)
+        self.learner = None
+        if tc["learning"] == "online":
+            from ..hardware.online import OnlineLearner
+
+            oc = self.cfg["online"]
+            self.learner = OnlineLearner(self.model, rule=oc["rule"], mode=oc["mode"], chunk=oc["chunk"] or None)
+        # state
+        self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
+        self.running = [0.0, 0.0, 0.0, 0.0]
+        self.run_rates: dict[str, float] = {}
+        self.best = None
+        self.best_loss = math.inf
+        self.bad_epochs = 0
+        self.lsc_done = False
+        self.last_ckpt: str | None = None
+        self.rng_pending = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self) -> None:
+        if not self.main:
+            return
+        tensors = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        if self.best is not None:
+            tensors.update({f"best/{k}": v for k, v in self.best.items()})
+        ot, ometa = ckpt.pack_optimizer(self.opt)
+        tensors.update(ot)
+        rt, rmeta = ckpt.get_rng_state()
+        tensors.update(rt)
+        meta = {
+            "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "running": self.running,
+            "running_rates": self.run_rates, "best_loss": self.best_loss if math.isfinite(self.best_loss) else None,
+            "has_best": self.best is not None, "bad_epochs": self.bad_epochs, "lsc_done": self.lsc_done,
+            "optimizer": ometa, "rng": rmeta, "metrics_offsets": self.metrics.offsets(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+        path = ckpt.save_checkpoint(self.run_dir / "checkpoints", self.step, tensors, meta,
+                                    keep=int(self.tc["keep_checkpoints"]))
+        self.last_ckpt = str(path)
+
+    def _restore(self) -> bool:
+        root = self.run_dir / "checkpoints"
+        if ckpt.latest_checkpoint(root) is None:
+            return False
+        tensors, meta = ckpt.load_checkpoint(root)
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
+        if meta["has_best"]:
+            self.best = {k[5:]: v.to(self.device) for k, v in tensors.items() if k.startswith("best/")}
+        ckpt.unpack_optimizer(self.opt, {k: v.to(self.device) for k, v in tensors.items() if k.startswith("optim/")},
+                              meta["optimizer"])
+        self.step, self.epoch, self.batch_in_epoch = int(meta["step"]), int(meta["epoch"]), int(meta["batch_in_epoch"])
+        self.running = list(meta["running"])
+        self.run_rates = dict(meta["running_rates"])
+        self.best_loss = math.inf if meta["best_loss"] is None else float(meta["best_loss"])
+        self.bad_epochs = int(meta["bad_epochs"])
+        self.lsc_done = bool(meta["lsc_done"])
+        if self.scaler is not None and meta.get("scaler"):
+            self.scaler.load_state_dict(meta["scaler"])
+        self.metrics.truncate(meta["metrics_offsets"])
+        self.rng_pending = ({k: v for k, v in tensors.items() if k.startswith("rng/")}, meta["rng"])
+        self.last_ckpt = meta["path"]
+        return True
+
+    # ------------------------------------------------------------------ LSC phase
+    def _lsc(self) -> None:
+        from ..data import make_loader
+        from ..stability import lsc_pretrain
+
+        lc = {k: v for k, v in self.cfg["lsc"].items() if k not in ("enabled", "batch_size", "batches")}
+        if not self.cells:
+            raise ValueError("LSC pre-training needs a stack of cells ([model] layers); this model has none")
+        report = None
+        if self.main:
+            bs = int(self.cfg["lsc"]["batch_size"]) or int(self.dc["batch_size"])
+            loader = make_loader(self.train_set, bs, True, int(self.tc["seed"]) + 7919)
+            n = int(self.cfg["lsc"]["batches"])
+            data = [b for _, b in zip(range(n), loader)] if n else loader
+            t0 = time.perf_counter()
+            if not self.quiet:
+                self.echo(f"LSC pre-training (target radius {lc.get('target', 1.0)}) ...")
+            report = lsc_pretrain(self.model, data, lc)
+            hist = report.history
+            for i, s in enumerate(hist.get("step", [])):
+                rec = {"kind": "lsc", "step": s, "loss": hist["loss"][i], "deviation": hist["deviation"][i]}
+                rec.update({f"radius_{k.replace('/', '_')}": v[i] for k, v in hist["radius"].items()})
+                self.metrics.log(rec)
+            report.save(self.run_dir / "lsc.json")
+            try:
+                report.plot(self.run_dir / "lsc.png")
+            except Exception as e:  # noqa: BLE001 - a plot must not end the run
+                self.echo(f"note: LSC plot failed: {e}")
+            radii = ", ".join(f"{k} {v:.3f}" for k, v in (report.best_radii or {}).items())
+            self.echo(f"LSC: {report.stop_reason or 'done'} after {report.steps} steps "
+                      f"({time.perf_counter() - t0:.1f} s); radii: {radii}")
+            self.lsc_report = report
+        ddp.broadcast_parameters(self.model, self.dist)
+        self.lsc_done = True
+
+    # ------------------------------------------------------------------ one step
+    def _train_step(self, x, y) -> tuple[float, int, int, int, dict]:
+        tc = self.tc
+        B_global = x.shape[1]
+        x, y = ddp.shard(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), self.dist)
+        scale = self.dist.world_size / B_global  # per-process sum -> global mean after DDP's average
+        rates: dict[str, float] = {}
+        correct = counted = 0
+        mode = _readout_mode(self.model)
+        if self.learner is not None:
+            fn = step_loss_fn(loss=tc["loss"], loss_on=tc["loss_on"], readout_mode=mode, steps=x.shape[0],
+                              scale=x.shape[1] * scale)
+            loss_val = float(self.learner.backward(x, y, fn)) / scale  # back to a per-process sum
+            ddp.all_reduce_grads(self.model.parameters(), self.dist)
+        else:
+            with _autocast(self.device, self.amp):
+                ys, hidden = forward_sequence(self.fwd, x, record=bool(self.cells))
+            ys = ys.float()
+            loss_sum = sequence_loss(ys, y, loss=tc["loss"], loss_on=tc["loss_on"], readout_mode=mode, reduction="sum")
+            loss = loss_sum * scale
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            loss_val = float(loss_sum.detach())
+            correct, counted = accuracy_counts(ys.detach(), y, kind=tc["accuracy"], readout_mode=mode, loss=tc["loss"])
+            rates = {k: v * x.shape[1] for k, v in firing_rates(hidden, self.cells).items()}
+        keys = sorted(rates)
+        red = ddp.all_reduce_sum([loss_val, float(x.shape[1]), float(correct), float(counted)] + [rates[k] for k in keys],
+                                 self.dist, self.device)
+        if not math.isfinite(red[0]):
+            self.opt.zero_grad(set_to_none=True)
+            where = f"the last good checkpoint is {self.last_ckpt}" if self.last_ckpt else "no checkpoint was written yet"
+            raise NonFiniteLoss(f"training loss became {red[0]} at step {self.step + 1} (epoch {self.epoch + 1}, "
+                                f"batch {self.batch_in_epoch + 1}); stopped; {where}. Try a lower train.lr, "
+                                f"train.grad_clip > 0 or LSC pre-training.", self.step + 1)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
+        if tc["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_([p for g in self.opt.param_groups for p in g["params"]], tc["grad_clip"])
+        f = lr_factor(self.step, self.total_steps, tc["warmup"], tc["schedule"], tc["min_lr_factor"])
+        for g in self.opt.param_groups:
+            g["lr"] = g["base_lr"] * f
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return red[0], int(red[1]), int(red[2]), int(red[3]), {k: red[4 + i] for i, k in enumerate(keys)}
+
+    # ------------------------------------------------------------------ main loop
+    def fit(self) -> dict:
+        """Run the whole job; returns the summary dict (also written to ``summary.json``)."""
+        threads = torch.get_num_threads()
+        try:
+            return self._fit()
+        finally:
+            torch.set_num_threads(threads)  # train.threads applies to this run only
+
+    def _fit(self) -> dict:
+        self._setup()
+        t_start = time.perf_counter()
+        resumed = self.resume and self._restore()
+        if self.main:
+            write_config(self.run_dir, self.cfg)
+            if resumed:
+                self.echo(f"resuming {self.run_dir} at step {self.step} (epoch {self.epoch + 1}, "
+                          f"batch {self.batch_in_epoch}) from {self.last_ckpt}")
+        if self.cfg["lsc"]["enabled"] and not self.lsc_done:
+            self._lsc()
+            if self.stop_after is None or self.stop_after > 0:
+                self._checkpoint()
+        from tqdm.auto import tqdm
+
+        tc = self.tc
+        epochs = int(tc["epochs"])
+        try:
+            while self.epoch < epochs:
+                self.train_loader.set_epoch(self.epoch)
+                it = iter(self.train_loader)
+                skip = self.batch_in_epoch
+                for _ in range(skip):
+                    next(it)
+                if self.rng_pending is not None:  # after the iterator exists, as in the original run
+                    ckpt.set_rng_state(*self.rng_pending)
+                    self.rng_pending = None
+                if skip == 0:
+                    self.running, self.run_rates = [0.0, 0.0, 0.0, 0.0], {}
+                bar = tqdm(total=self.steps_per_epoch, initial=skip, desc=f"epoch {self.epoch + 1}/{epochs}",
+                           disable=self.quiet or not self.main, leave=False, dynamic_ncols=True, file=sys.stderr)
+                self.fwd.train()
+                for x, y in it:
+                    if self.stop_after is not None and self.step >= self.stop_after:
+                        bar.close()
+                        raise StopRequested()
+                    lsum, n, c, k, rates = self._train_step(x, y)
+                    self.step += 1
+                    self.batch_in_epoch += 1
+                    r = self.running
+                    r[0] += lsum; r[1] += n; r[2] += c; r[3] += k
+                    for kk, v in rates.items():
+                        self.run_rates[kk] = self.run_rates.get(kk, 0.0) + v
+                    post = {"loss": f"{r[0] / max(r[1], 1):.4f}"}
+                    if r[3]:
+                        post["acc"] = f"{r[2] / r[3]:.3f}"
+                    bar.set_postfix(post, refresh=False)
+                    bar.update(1)
+                    if tc["log_every"] and self.step % int(tc["log_every"]) == 0:
+                        self.metrics.log({"kind": "step", "step": self.step, "epoch": self.epoch + 1,
+                                          "loss": lsum / max(n, 1), "lr": self.opt.param_groups[-1]["lr"]})
+                    if tc["checkpoint_every"] and self.step % int(tc["checkpoint_every"]) == 0 \
+                            and self.batch_in_epoch < self.steps_per_epoch:
+                        self._checkpoint()
+                bar.close()
+                if self._end_epoch(time.perf_counter() - t_start):
+                    break
+        except StopRequested:
+            if self.main:
+                self.echo(f"stopped after {self.step} steps (--stop-after-steps), as if killed; "
+                          f"continue with: spikerec train --resume {self.run_dir}")
+            self.metrics.close()
+            ddp.cleanup(self.dist)
+            return {"stopped_at_step": self.step, "run_dir": str(self.run_dir)}
+        except NonFiniteLoss:
+            self.metrics.close()
+            ddp.cleanup(self.dist)
+            raise
+        summary = self._finish(time.perf_counter() - t_start)
+        ddp.cleanup(self.dist)
+        return summary
+
+    def _end_epoch(self, elapsed: float) -> bool:
+        """Validation, epoch record, best weights, early stopping, checkpoint. True = stop."""
+        tc = self.tc
+        r = self.running
+        rec = {"kind": "epoch", "epoch": self.epoch + 1, "step": self.step, "train_loss": r[0] / max(r[1], 1),
+               "train_acc": (r[2] / r[3]) if r[3] else None, "lr": self.opt.param_groups[-1]["lr"]}
+        rec.update({k: v / max(r[1], 1) for k, v in sorted(self.run_rates.items())})
+        stop = False
+        if self.valid_loader is not None:
+            ev = evaluate(self.model, self.valid_loader, tc, self.device, self.dist, self.amp)
+            rec["valid_loss"], rec["valid_acc"] = ev["loss"], ev["accuracy"]
+            if ev["loss"] < self.best_loss:
+                self.best_loss, self.bad_epochs = ev["loss"], 0
+                if tc["keep_best"]:
+                    self.best = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            else:
+                self.bad_epochs += 1
+                if tc["early_stop_patience"] and self.bad_epochs >= int(tc["early_stop_patience"]):
+                    stop = True
+        rec["time_s"] = round(elapsed, 3)
+        self.metrics.log(rec)
+        if self.main:
+            acc = f", train acc {rec['train_acc']:.3f}" if rec["train_acc"] is not None else ""
+            val = ""
+            if "valid_loss" in rec:
+                val = f" | valid loss {rec['valid_loss']:.4f}" + (f", acc {rec['valid_acc']:.3f}" if rec["valid_acc"] is not None else "")
+            self.echo(f"epoch {self.epoch + 1}/{tc['epochs']}: train loss {rec['train_loss']:.4f}{acc}{val} "
+                      f"({elapsed:.0f} s)")
+            if stop:
+                self.echo(f"early stop: validation loss did not improve for {tc['early_stop_patience']} epochs")
+        self.epoch += 1
+        self.batch_in_epoch = 0
+        self.running, self.run_rates = [0.0, 0.0, 0.0, 0.0], {}
+        if self.stop_after is None or self.step < self.stop_after:
+            self._checkpoint()
+        return stop
+
+    def _finish(self, elapsed: float) -> dict:
+        if self.best is not None and self.tc["keep_best"]:
+            self.model.load_state_dict(self.best)
+        test = evaluate(self.model, self.test_loader, self.tc, self.device, self.dist, self.amp)
+        summary = {
+            "run_dir": str(self.run_dir), "preset": self.cfg.get("preset", ""), "data": self.dc["name"],
+            "steps": self.step, "epochs": self.epoch, "wall_time_s": round(elapsed, 2),
+            "test_loss": test["loss"], "test_accuracy": test["accuracy"], "test_samples": test["samples"],
+            "best_valid_loss": self.best_loss if math.isfinite(self.best_loss) else None,
+            "weights": "best validation loss" if (self.best is not None and self.tc["keep_best"]) else "last",
+            "world_size": self.dist.world_size, "device": str(self.device), "learning": self.tc["learning"],
+            "lsc": bool(self.cfg["lsc"]["enabled"]),
+        }
+        summary.update({f"test_{k}": v for k, v in test.items() if k.startswith("rate_")})
+        if not self.main:
+            return summary
+        self.metrics.log({"kind": "test", "step": self.step, **{k: v for k, v in test.items()}})
+        save_model(self.run_dir, self.model, self.cfg, extra={"test_accuracy": test["accuracy"],
+                                                              "test_loss": test["loss"], "steps": self.step})
+        from .plots import plot_curves, plot_raster
+
+        try:
+            plot_curves(self.metrics.records, self.run_dir / "curves.png")
+            if self.cells:
+                x0, y0 = self.test_set[0]
+                plot_raster(self.model, x0.to(self.device), self.run_dir / "raster.png", label=y0 if isinstance(y0, int) else None)
+        except Exception as e:  # noqa: BLE001 - plots must not lose a finished run
+            self.echo(f"note: plotting failed: {e}")
+        ckpt.atomic_write_json(self.run_dir / "summary.json", summary)
+        self.metrics.close()
+        return summary
