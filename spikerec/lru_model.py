@@ -1,0 +1,177 @@
+"""Deep LRU network (Orvieto et al. 2023, Fig. 1, §2.2, App. D) and its optimiser recipe.
+
+Architecture, time-first ``x[T, B, C]``::
+
+    h = Linear_enc(x)                                     encoder to H features
+    repeat n_layers:  h = h + Mix(LRU(Norm(h)))            pre-norm residual block
+    logits = Head(Pool_t(h))                               mean / last pooling, linear head
+
+``Norm`` is BatchNorm over (batch, time) per channel (the paper's default) or
+LayerNorm. ``Mix`` (digest 001 §1.6, S5's definitions since the paper is terse):
+
+* ``glu``:      ``z = drop(gelu(v)); z = W1 z * sigmoid(W2 z); z = drop(z)``
+* ``half_glu``: ``z = drop(gelu(v)); z = z * sigmoid(W2 z); z = drop(z)`` (PathX)
+* ``mlp``:      ``z = drop(W2 drop(gelu(W1 v)))``
+
+Dropout masks are element-wise (PyTorch ``Dropout``). Optimiser (App. D.2, Table 9):
+AdamW; ``nu_log, theta_log, gamma_log, B_re, B_im`` get ``lr * lr_factor`` and no weight
+decay, everything else ``lr`` and ``weight_decay`` (:func:`lru_param_groups`); the learning
+rate warms up linearly from 1e-7 over the first 10% of the steps, then follows a cosine
+down to 1e-7 (:func:`warmup_cosine`).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .layers.base import check_sequence
+from .layers.lru import LRU, RECURRENT_PARAMS
+
+__all__ = ["LRUBlock", "LRUModel", "lru_param_groups", "warmup_cosine", "NORMS", "MIXES", "POOLS"]
+
+NORMS = ("batch", "layer")
+MIXES = ("glu", "half_glu", "mlp")
+POOLS = ("mean", "last", "none")
+
+
+class _Norm(nn.Module):
+    """BatchNorm1d over (time, batch) per channel, or LayerNorm, on ``[T, B, H]``."""
+
+    def __init__(self, kind: str, d: int):
+        super().__init__()
+        if kind not in NORMS:
+            raise ValueError(f"LRU block: norm must be one of {NORMS}, got {kind!r}")
+        self.kind = kind
+        self.norm = nn.BatchNorm1d(d) if kind == "batch" else nn.LayerNorm(d)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layer":
+            return self.norm(h)
+        T, B, H = h.shape
+        return self.norm(h.reshape(T * B, H)).reshape(T, B, H)
+
+
+class _Mix(nn.Module):
+    def __init__(self, kind: str, d: int, dropout: float):
+        super().__init__()
+        if kind not in MIXES:
+            raise ValueError(f"LRU block: mix must be one of {MIXES}, got {kind!r}")
+        self.kind = kind
+        self.drop = nn.Dropout(dropout)
+        self.W1 = nn.Linear(d, d) if kind in ("glu", "mlp") else None
+        self.W2 = nn.Linear(d, d)
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        if self.kind == "mlp":
+            return self.drop(self.W2(self.drop(F.gelu(self.W1(v)))))
+        z = self.drop(F.gelu(v))
+        gate = torch.sigmoid(self.W2(z))
+        z = self.W1(z) * gate if self.kind == "glu" else z * gate
+        return self.drop(z)
+
+
+class LRUBlock(nn.Module):
+    """``h + Mix(LRU(Norm(h)))`` (pre-norm residual block, Fig. 1)."""
+
+    def __init__(self, d_model: int, d_state: int, *, norm: str = "batch", mix: str = "glu", dropout: float = 0.0,
+                 r_min: float = 0.0, r_max: float = 1.0, max_phase: float = 6.28, impl: str = "auto"):
+        super().__init__()
+        self.norm = _Norm(norm, d_model)
+        self.lru = LRU(d_model, d_state, r_min=r_min, r_max=r_max, max_phase=max_phase, impl=impl)
+        self.mix = _Mix(mix, d_model, dropout)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lru(self.norm(h))
+        return h + self.mix(y)
+
+
+class LRUModel(nn.Module):
+    """Encoder, ``n_layers`` LRU blocks, pooling over time, linear head.
+
+    Args:
+        input_size: input features ``C``.
+        output_size: classes (or regression outputs).
+        d_model, d_state: ``H`` and ``N`` of every LRU.
+        n_layers: number of blocks (6 in every task of the paper).
+        norm, mix, dropout: see the module docstring.
+        pool: ``mean`` (default), ``last``, or ``none`` (per-step outputs ``[T, B, K]``).
+        r_min, r_max, max_phase: LRU ring initialisation (Table 8 gives per-task rings).
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, d_model: int = 128, d_state: int = 256,
+                 n_layers: int = 6, norm: str = "batch", mix: str = "glu", dropout: float = 0.0, pool: str = "mean",
+                 r_min: float = 0.0, r_max: float = 1.0, max_phase: float = 6.28, impl: str = "auto"):
+        super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"LRUModel: pool must be one of {POOLS}, got {pool!r}")
+        if int(n_layers) < 1:
+            raise ValueError(f"LRUModel: n_layers must be >= 1, got {n_layers}")
+        self.input_size, self.output_size, self.pool = int(input_size), int(output_size), pool
+        self.encoder = nn.Linear(self.input_size, d_model)
+        self.blocks = nn.ModuleList(
+            LRUBlock(d_model, d_state, norm=norm, mix=mix, dropout=dropout, r_min=r_min, r_max=r_max,
+                     max_phase=max_phase, impl=impl)
+            for _ in range(int(n_layers)))
+        self.head = nn.Linear(d_model, self.output_size)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden sequence ``[T, B, H]`` after the last block."""
+        check_sequence(x, self.input_size, "LRUModel input")
+        h = self.encoder(x)
+        for blk in self.blocks:
+            h = blk(h)
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[B, K]`` (``[T, B, K]`` with ``pool='none'``)."""
+        h = self.features(x)
+        if self.pool == "mean":
+            h = h.mean(0)
+        elif self.pool == "last":
+            h = h[-1]
+        return self.head(h)
+
+
+def lru_param_groups(model: nn.Module, lr: float, lr_factor: float = 1.0, weight_decay: float = 0.0) -> list[dict]:
+    """AdamW parameter groups of the paper: ``nu_log, theta_log, gamma_log, B_re, B_im`` of every LRU
+    get ``lr * lr_factor`` and ``weight_decay = 0``; all other parameters (C, D, encoder, mix, norms,
+    head) get ``lr`` and ``weight_decay`` (digest 001 §4.2, A11)."""
+    if lr <= 0 or lr_factor <= 0 or weight_decay < 0:
+        raise ValueError(f"lru_param_groups: need lr > 0, lr_factor > 0, weight_decay >= 0; "
+                         f"got lr={lr}, lr_factor={lr_factor}, weight_decay={weight_decay}")
+    rec, other = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (rec if name.rsplit(".", 1)[-1] in RECURRENT_PARAMS else other).append(p)
+    groups = []
+    if rec:
+        groups.append({"params": rec, "lr": lr * lr_factor, "weight_decay": 0.0, "name": "recurrent"})
+    if other:
+        groups.append({"params": other, "lr": lr, "weight_decay": weight_decay, "name": "other"})
+    return groups
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float = 0.1,
+                  start_lr: float = 1e-7, end_lr: float = 1e-7) -> torch.optim.lr_scheduler.LambdaLR:
+    """Per-group schedule: linear from ``start_lr`` to the group's ``lr`` over the first
+    ``warmup_fraction * total_steps`` steps, then cosine down to ``end_lr`` at ``total_steps``."""
+    if total_steps < 1 or not 0.0 <= warmup_fraction < 1.0:
+        raise ValueError(f"warmup_cosine: need total_steps >= 1 and 0 <= warmup_fraction < 1, "
+                         f"got {total_steps}, {warmup_fraction}")
+    warm = int(round(warmup_fraction * total_steps))
+
+    def make(base: float):
+        def f(step: int) -> float:
+            if step < warm:
+                lr = start_lr + (base - start_lr) * step / warm
+            else:
+                prog = min(1.0, (step - warm) / max(1, total_steps - warm))
+                lr = end_lr + 0.5 * (base - end_lr) * (1.0 + math.cos(math.pi * prog))
+            return lr / base
+        return f
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [make(g["lr"]) for g in optimizer.param_groups])
