@@ -68,7 +68,7 @@ class LIFSequence(torch.autograd.Function):
             gZ = torch.zeros_like(Z)
         SD = sur.derivative(V - thr)  # all surrogate derivatives at once
         Zprev = torch.cat([z_init.unsqueeze(0), Z[:-1]], 0)
-        Vprev = torch.cat([v0.unsqueeze(0), V[:-1]], 0)
+        Vprev = torch.cat([v0.unsqueeze(0), V[:-1]], 0) if (ctx.needs_input_grad[3] or reset == "zero") else None
         carries = (w_rec is not None) or (not detach and reset != "none")
         gv = gvT.clone() if gvT is not None else torch.zeros_like(v0)
         gi = (giT.clone() if giT is not None else torch.zeros_like(v0)) if syn else None
@@ -108,26 +108,29 @@ class LIFSequence(torch.autograd.Function):
             if syn:
                 gi = alpha_s * gi
             gv = decay[t] * gv if decay is not None else alpha * gv
-        # z_{-1} = H(v0 - thr) receives `carry`
-        g_thr = -(GZ * SD).sum((0, 1))
-        sd0 = sur.derivative(v0 - thr)
+        # z_{-1} = H(v0 - thr) receives `carry`; parameter reductions only where needed
+        need = ctx.needs_input_grad
+        g_thr = -(GZ * SD).sum((0, 1)) if need[5] else None
         if carry is not None:
-            gu0 = carry * sd0
+            gu0 = carry * sur.derivative(v0 - thr)
             gv = gv + gu0
-            g_thr = g_thr - gu0.sum(0)
-        if reset == "zero":
-            g_alpha = (G * (1.0 - Zprev) * Vprev).sum((0, 1))
-        else:
-            g_alpha = (G * Vprev).sum((0, 1))
-        if reset == "subtract":
+            if need[5]:
+                g_thr = g_thr - gu0.sum(0)
+        g_alpha = None
+        if need[3]:
+            if reset == "zero":
+                g_alpha = (G * (1.0 - Zprev) * Vprev).sum((0, 1))
+            else:
+                g_alpha = (G * Vprev).sum((0, 1))
+        if reset == "subtract" and need[5]:
             g_thr = g_thr - (G * Zprev).sum((0, 1))
         g_alpha_s = None
-        if syn:
+        if syn and need[4]:
             Iprev = torch.cat([i0.unsqueeze(0), Iseq[:-1]], 0)
             GI = DJ  # dL/di_t equals dL/dJ_t
             g_alpha_s = (GI * Iprev).sum((0, 1))
         g_w = None
-        if w_rec is not None:
+        if w_rec is not None and need[6]:
             N = I.shape[-1]
             g_w = DJ.reshape(-1, N).t() @ Zprev.reshape(-1, N)
         return (DJ, gv, gi, g_alpha, g_alpha_s, g_thr, g_w, None, None, None)
