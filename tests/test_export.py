@@ -147,3 +147,55 @@ def test_accuracy_after_export_within_2pp(digits_model, target):
     finally:
         torch.set_num_threads(threads)
     assert acc >= acc_float - 0.02, (target, acc, acc_float, rep.table())
+
+
+LIF_PRESET = """
+description = "LIF digits model for the export test"
+[model]
+input_size = "auto"
+[[model.layers]]
+kind = "lif"
+size = 48
+tau_mem = 8.0
+reset = "zero"
+[model.readout]
+size = "auto"
+mode = "mean"
+[data]
+name = "digits"
+batch_size = 64
+[train]
+epochs = 4
+lr = 1e-2
+seed = 0
+threads = 1
+[lsc]
+enabled = false
+"""
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A run folder written by the real trainer (`spikerec train <file> --out ...`)."""
+    from spikerec.train import commands
+
+    d = tmp_path_factory.mktemp("run")
+    (d / "lif.toml").write_text(LIF_PRESET)
+    assert commands.main([str(d / "lif.toml"), "--out", str(d / "run"), "--quiet"]) == 0
+    return d / "run"
+
+
+@pytest.mark.parametrize("target", ["generic", "loihi2", "xylo"])
+def test_export_of_a_trainer_run(trained_run, tmp_path, target):
+    args = [str(trained_run), "--target", target, "--out", str(tmp_path / target), "--samples", "200"]
+    if target == "xylo":
+        args.append("--adapt-reset")  # xylo subtracts on reset; the run was trained with reset to zero
+    assert export_command.main(args) == 0
+    rep = json.loads((tmp_path / target / "report.json").read_text())
+    sims = rep["simulators"]
+    assert sims["float"]["n"] == 200 and sims["float"]["accuracy"] > 0.5
+    # LIF only: snnTorch and Norse run the NIR graph spike for spike
+    for peer in ("snntorch", "norse"):
+        assert sims[peer]["matched"] >= 0.99, (peer, sims[peer])
+    # the integer simulator stays within 2 points of float on a trained model
+    assert abs(sims["intsim"]["accuracy"] - sims["float"]["accuracy"]) <= 0.02, sims

@@ -125,3 +125,15 @@ def test_fake_quant_ste_forward_and_gradient():
     assert torch.allclose(w.double(), q.layers[0].weight.double() * step, atol=1e-6)
     w.sum().backward()  # straight through: d/dW = 1
     assert torch.equal(m.cells[0].weight.grad, torch.ones_like(m.cells[0].weight))
+
+
+def test_non_positive_alif_threshold_is_named():
+    from spikerec.hardware.quantize import QuantizationError, quantize as _quantize
+    from spikerec.models import build_model as _build
+
+    m = _build({"input_size": 6, "layers": [{"kind": "alif", "size": 5, "tau_mem": 3.0, "b": 0.3}],
+                "readout": {"size": 2}})
+    with torch.no_grad():
+        m.cells[0].b[1] = -0.01
+    with pytest.raises(QuantizationError, match=r"1 of 5 neurons have a non-positive threshold \(min -0\.01\)"):
+        _quantize(m, "generic")

@@ -54,12 +54,13 @@ def load_test_batches(run_dir: str, split: str = "test", limit: int = 512, batch
     name = dcfg.pop("name", None)
     if name is None:
         raise ValueError(f"run folder '{run_dir}': config.json has no data.name")
-    for k in ("batch_size", "num_workers", "shuffle"):
-        dcfg.pop(k, None)
-    try:
-        ds = sdata.get_dataset(name, split, **dcfg)
-    except TypeError:
-        ds = sdata.get_dataset(name, split)
+    # the trainer keeps data-set options under data.options; older folders had them flat
+    if "options" in dcfg:
+        opts = dict(dcfg["options"] or {})
+    else:
+        opts = {k: v for k, v in dcfg.items()
+                if k not in ("batch_size", "eval_batch_size", "num_workers", "shuffle", "valid_split")}
+    ds = sdata.get_dataset(name, split, **opts)
     n = min(len(ds), limit)
     batches = []
     for s in range(0, n, batch_size):

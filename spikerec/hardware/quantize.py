@@ -341,6 +341,12 @@ def quantize_layer(cell, name: str, profile: TargetProfile) -> tuple[QLayer, dic
     if kind == "readout" and not cell.leaky:
         q.decay_v = _full_decay(profile, n)
     if thr is not None:
+        if (thr <= 0).any():
+            bad = int((thr <= 0).sum())
+            raise QuantizationError(
+                f"layer {name}: {bad} of {thr.numel()} neurons have a non-positive threshold (min {float(thr.min()):.4g}); "
+                f"'{profile.name}' needs thresholds > 0. Clamp them (e.g. ALIF `b`) and fine-tune, "
+                "or train with a larger base threshold")
         ts = profile.threshold_shift
         T = (torch.round(thr * s / 2**ts).long() << ts)
         if (T <= 0).any():
