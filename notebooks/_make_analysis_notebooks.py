@@ -5,12 +5,10 @@ never the JSON.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from _nbwrite import write_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 HERE = Path(__file__).resolve().parent
 
@@ -237,24 +235,9 @@ display(Image(filename=str(path)))'''),
 ]
 
 
+
 def _write(cells, name):
-    stem = name.split(".")[0]
-    for i, c in enumerate(cells):
-        c["id"] = f"{stem}-{i}"  # stable ids: regenerating gives the same file
-    nb = new_notebook(cells=cells, metadata={
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
-    })
-    nbformat.validate(nb)
-    path = HERE / name
-    fd, tmp = tempfile.mkstemp(suffix=".ipynb", dir=HERE)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        nbformat.write(nb, f)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-    print("wrote", path)
+    write_notebook(cells, name, HERE)
 
 
 if __name__ == "__main__":
