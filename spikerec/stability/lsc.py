@@ -1,0 +1,633 @@
+"""Local Stability Condition (LSC) pre-training (Herranz-Celotti & Rouat, Sec. II-B, II-D; digest 002 §3-4).
+
+The LSC asks every transition-derivative radius to have expectation ``rho_t`` (1, or
+0.5, or the "unbalanced" split: time ``T/(T+L)``, depth ``L/(T+L)``). Pre-training
+minimises, at every time step of the task inputs (eq. 2),
+
+    L = sum_k mean_b (rho(M_{k,b}) - rho_t(k))^2        (``reduce="mean"`` divides by the number of terms)
+
+over the chosen terms k (``time/l``, ``depth/l``, ``input/0``, optionally ``readout/L``),
+with one optimiser update per time step while the state is carried forward (detached).
+After each update (paper order, ``order="grad,kappa,shuffle"``):
+
+* **clipped weight multiplier**: ``kappa = clip(rho_t / rho_bar, 0.85, 1.15)`` with
+  ``rho_bar`` the batch-mean radius of that term (code, §4.2); layer ``l``'s ``"time"``
+  group (``stability_groups()``) gets ``kappa_time,l`` and its ``"depth"`` group gets
+  ``kappa_depth,l`` (layer 0: the ``input/0`` radius). A parameter is scaled by its kind:
+  weights, thresholds, ``beta``: ``p <- kappa p``; time constants stored as ``log_tau*``:
+  ``tau <- kappa tau`` (``p <- p + log kappa``; the paper scales tau); the LRU's
+  ``nu_log`` (``|lambda| = exp(-exp(nu))``, a time constant ``exp(-nu)``):
+  ``nu <- nu - log kappa`` (the code multiplies ``nu`` itself, which moves the radius the
+  wrong way for ``nu > 0``). Frozen parameters are left alone.
+* **shuffling**: with probability ``shuffle_prob`` per step, the entries of every
+  trainable tensor with ``ndim >= shuffle_min_ndim`` are permuted (paper: every tensor,
+  every step; code: p = 1/3, ndim >= 2, before kappa: ``order="grad,shuffle,kappa"``).
+
+The optimiser's per-entry state follows: a shuffle permutes every state tensor of the
+parameter's shape (Lookahead's slow weights, the moment estimates) with the same
+permutation, and kappa scales the slow weights like the parameter, so that the Lookahead
+synchronisation does not average a shuffled or rescaled tensor with its past.
+
+Optimiser (Sec. II-G): AdaBelief (lr 3.14e-3, weight decay 1e-4) inside Lookahead
+(k = 6, alpha = 0.5) from ``torch-optimizer``; ``optimizer="adam"`` is plain Adam with
+the same lr / weight decay (no belief-based second moment, no slow weights).
+
+Stopping (Sec. II-D; ambiguities A16-A17): the LSC is a condition on *expectations*, and
+one step's batch mean ``rho_bar_k`` varies a lot along a sequence (and the weights move
+every step), so every ``verify_every`` steps (default ``min(T, 25)``) the radii are
+averaged over the whole current batch and up to ``verify_points`` (25) evenly spaced time
+steps, at fixed current weights (:func:`mean_radii`). The run has converged when every
+such mean is within ``eps`` (0.02) of its target, the std over k of the deviations is below ``std_thr``
+(0.2; with equal targets this is the std of the radii) and the EMA (factor
+``1 - 1/ema_steps``) of the per-step std is below ``std_thr``, ``patience`` checks in a
+row. (The code asks the per-step condition, with eps 0.08, for 20 consecutive steps.)
+Keep-best: the checked weights with the smallest worst deviation
+``max_k |mean rho_k - rho_t(k)|`` are restored unless the run converged. A non-finite
+loss, radius or weight stops the run (``report.diverged``) and restores the best or
+last finite weights; an update whose gradient is not finite (an ill-conditioned
+eigen-gradient) is skipped and counted.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Iterable
+
+import torch
+
+from .jacobians import model_layers, parse_key, transition_jacobians, transition_operators
+from .radius import SQUARE_MODES, spectral_radius
+
+__all__ = ["LSCConfig", "LSCReport", "lsc_pretrain", "lsc_targets", "apply_clipped_multiplier",
+           "shuffle_parameters", "measure_radii", "mean_radii", "make_optimizer"]
+
+ORDERS = ("grad,kappa,shuffle", "grad,shuffle,kappa")
+
+
+@dataclass
+class LSCConfig:
+    """Options of :func:`lsc_pretrain` (defaults: the paper; the code's choices in comments)."""
+
+    target: float = 1.0                      # rho_t: 1 or 0.5
+    balance: str = "equal"                   # "equal" or "unbalanced" (time T/(T+L), depth L/(T+L))
+    terms: tuple = ("time", "depth", "input")  # add "readout" for the code's decoder term
+    readout_target: float = 1.0
+    reduce: str = "sum"                      # eq. 2 sums; the code averages ("mean")
+    method: str = "auto"                     # "auto" (exact up to exact_max, else arnoldi), "exact", "arnoldi", "gelfand"
+    exact_max: int = 128
+    dense_max: int = 1024                    # blocks up to this side are formed densely (faster than jvp products)
+    n_iter: int = 32                         # Krylov dimension / products of the iterative estimator
+    square_mode: str = "subsample"           # non-square blocks: "subsample" (code), "topleft", "svd"
+    optimizer: str = "adabelief+lookahead"   # or "adam"
+    lr: float = 3.14e-3                      # code: 7.2e-3
+    weight_decay: float = 1e-4
+    lookahead_k: int = 6
+    lookahead_alpha: float = 0.5
+    multiplier: bool = True
+    clip: tuple = (0.85, 1.15)
+    shuffle: bool = True
+    shuffle_prob: float = 1.0                # code: 1/3
+    shuffle_min_ndim: int = 1                # code: 2
+    order: str = "grad,kappa,shuffle"        # code: "grad,shuffle,kappa"
+    eps: float = 0.02                        # code: 0.08
+    std_thr: float = 0.2
+    ema_steps: int = 10
+    patience: int = 1                        # code: 20
+    verify_every: int | None = None          # steps between checks of the mean radii at fixed weights (None: min(T, 25))
+    verify_points: int | None = 25           # time steps measured per check (evenly spaced; None: all)
+    max_steps: int = 2000
+    max_epochs: int = 10
+    max_time_s: float | None = None
+    keep_best: bool = True
+    seed: int = 0
+    num_threads: int | None = None           # torch threads during pre-training (None: leave as is)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "LSCConfig":
+        d = dict(d or {})
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"lsc config: unknown options {unknown}; expected some of {sorted(names)}")
+        for k in ("terms", "clip"):
+            if k in d and isinstance(d[k], list):
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+    def validate(self) -> "LSCConfig":
+        for name in ("target", "readout_target"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"lsc config: {name} must be a number > 0, got {v!r}")
+        if self.balance not in ("equal", "unbalanced"):
+            raise ValueError(f"lsc config: balance must be 'equal' or 'unbalanced', got {self.balance!r}")
+        bad = [t for t in self.terms if t not in ("time", "depth", "input", "readout")]
+        if bad or not self.terms:
+            raise ValueError(f"lsc config: terms must be a non-empty subset of time, depth, input, readout; got {self.terms!r}")
+        if self.reduce not in ("sum", "mean"):
+            raise ValueError(f"lsc config: reduce must be 'sum' or 'mean', got {self.reduce!r}")
+        if self.method not in ("auto", "exact", "arnoldi", "iterative", "gelfand"):
+            raise ValueError(f"lsc config: method must be auto, exact, arnoldi or gelfand, got {self.method!r}")
+        if self.square_mode not in SQUARE_MODES:
+            raise ValueError(f"lsc config: square_mode must be one of {SQUARE_MODES}, got {self.square_mode!r}")
+        if self.optimizer not in ("adabelief+lookahead", "adabelief", "adam"):
+            raise ValueError(f"lsc config: optimizer must be 'adabelief+lookahead', 'adabelief' or 'adam', got {self.optimizer!r}")
+        lo, hi = self.clip
+        if not (0 < lo <= 1 <= hi):
+            raise ValueError(f"lsc config: clip must be (lo, hi) with 0 < lo <= 1 <= hi, got {self.clip!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"lsc config: order must be one of {ORDERS}, got {self.order!r}")
+        if not (0.0 <= self.shuffle_prob <= 1.0):
+            raise ValueError(f"lsc config: shuffle_prob must be in [0, 1], got {self.shuffle_prob!r}")
+        if min(self.max_steps, self.max_epochs, self.patience, self.ema_steps, self.verify_every or 1) < 1:
+            raise ValueError("lsc config: max_steps, max_epochs, patience, ema_steps and verify_every must be >= 1")
+        return self
+
+
+def lsc_targets(model, cfg: LSCConfig, seq_len: int) -> dict[str, float]:
+    """Target radius of every term key (``"time/0"``, ...). Unbalanced: time ``T/(T+L)``, depth/input ``L/(T+L)``."""
+    cells, readout = model_layers(model)
+    L = len(cells)
+    if cfg.balance == "unbalanced":
+        t_time, t_depth = seq_len / (seq_len + L), L / (seq_len + L)
+    else:
+        t_time = t_depth = float(cfg.target)
+    out = {}
+    for l in range(L):
+        if "time" in cfg.terms:
+            out[f"time/{l}"] = t_time
+        if l == 0 and "input" in cfg.terms:
+            out["input/0"] = t_depth
+        if l >= 1 and "depth" in cfg.terms:
+            out[f"depth/{l}"] = t_depth
+    if "readout" in cfg.terms and readout is not None:
+        out[f"readout/{L}"] = float(cfg.readout_target)
+    return out
+
+
+def _method_for(cfg: LSCConfig, n: int) -> str:
+    if cfg.method == "auto":
+        return "exact" if n <= cfg.exact_max else "arnoldi"
+    return cfg.method
+
+
+def measure_radii(model, x_t, states, cfg: LSCConfig, keys: Iterable[str], generator=None):
+    """Per-sample radii ``{key: [B]}`` (differentiable) and the detached new states, for one step.
+
+    Blocks whose square side is at most ``cfg.dense_max`` are formed with ``vmap(jacrev)``
+    (one batched call) and reduced with ``eigvals`` (up to ``cfg.exact_max``, ``method="auto"``)
+    or Arnoldi on the dense block; wider ones stay matrix-free (Arnoldi through ``jvp``).
+    """
+    keys = list(keys)
+    kinds = tuple(sorted({parse_key(k)[0] for k in keys}))
+    ops, new_states = transition_operators(model, x_t, states, kinds, return_states=True)
+    side = {k: min(ops[k].shape[1:]) for k in keys}
+    dense_keys = [k for k in keys if cfg.square_mode == "svd" or side[k] <= cfg.dense_max
+                  or _method_for(cfg, side[k]) == "exact"]
+    dense = {}
+    if dense_keys:
+        dkinds = tuple(sorted({parse_key(k)[0] for k in dense_keys}))
+        dense = transition_jacobians(model, x_t, states, dkinds)
+    radii = {}
+    for k in keys:
+        M = dense[k] if k in dense_keys else ops[k]
+        radii[k] = spectral_radius(M, _method_for(cfg, side[k]), square_mode=cfg.square_mode, n_iter=cfg.n_iter,
+                                   generator=generator, name=k)
+    return radii, new_states
+
+
+def _advance(layers, x_t, states) -> tuple:
+    """One plain step of every layer (no Jacobians)."""
+    h, new = x_t, []
+    for c, st in zip(layers, states):
+        h, st = c.step(h, st)
+        new.append(st)
+    return tuple(new)
+
+
+def mean_radii(model, data, config: LSCConfig | dict | None = None, *, max_batches: int | None = None,
+               max_points: int | None = None) -> dict:
+    """Radius statistics of every LSC term over the data: ``{key: {"mean", "std", "target"}}``.
+
+    The LSC is a condition on expectations (Sec. II-B): the mean is over samples and time
+    steps, walking each sequence with the state carried as in pre-training. No gradients.
+    ``max_points`` measures at most that many evenly spaced time steps per sequence (the
+    state still walks every step).
+    """
+    cfg = config if isinstance(config, LSCConfig) else LSCConfig.from_dict(config)
+    cfg.validate()
+    cells, readout = model_layers(model)
+    p0 = next(model.parameters())
+    gen = torch.Generator().manual_seed(int(cfg.seed) + 1)
+    layers = cells + ([readout] if readout is not None else [])
+    acc: dict[str, list] = {}
+    targets = None
+    for i, x in enumerate(_batches(data, 0)):
+        if max_batches is not None and i >= max_batches:
+            break
+        x = _check_batch(x, cells[0].input_size, p0.device, p0.dtype)
+        if targets is None:
+            targets = lsc_targets(model, cfg, x.shape[0])
+        states = tuple(c.initial_state(x.shape[1], p0.device, p0.dtype) for c in layers)
+        T = x.shape[0]
+        stride = 1 if not max_points else max(1, math.ceil(T / max_points))
+        for t in range(T):
+            with torch.no_grad():  # torch.func's jacrev/jvp still differentiate inside
+                if t % stride:
+                    states = _advance(layers, x[t], states)
+                    continue
+                radii, states = measure_radii(model, x[t], states, cfg, targets, generator=gen)
+            for k, r in radii.items():
+                acc.setdefault(k, []).append(r.detach())
+    if targets is None:
+        raise ValueError("lsc data: no batches")
+    out = {}
+    for k, rs in acc.items():
+        r = torch.cat(rs)
+        out[k] = {"mean": float(r.mean()), "std": float(r.std(unbiased=False)), "target": targets[k]}
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# multiplier and shuffling
+# ----------------------------------------------------------------------------------------
+def _param_names(module) -> dict[int, str]:
+    return {id(p): n.rsplit(".", 1)[-1] for n, p in module.named_parameters()}
+
+
+def _opt_states(optimizer) -> list[dict]:
+    if optimizer is None:
+        return []
+    out = [getattr(optimizer, "state", {})]
+    inner = getattr(optimizer, "optimizer", None)
+    if inner is not None and getattr(inner, "state", None) is not out[0]:
+        out.append(inner.state)
+    return out
+
+
+def _scale_param(p: torch.Tensor, name: str, kappa: float, optimizer=None) -> None:
+    """Scale one parameter by ``kappa`` according to its parametrisation (module docstring)."""
+    def tf(t):
+        if name.startswith("log_tau"):
+            t.add_(math.log(kappa))
+        elif name == "nu_log":
+            t.sub_(math.log(kappa))
+        else:
+            t.mul_(kappa)
+
+    with torch.no_grad():
+        tf(p)
+        for st in _opt_states(optimizer):
+            s = st.get(p, {})
+            if "slow_param" in s:
+                tf(s["slow_param"])
+
+
+def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[str, float],
+                             clip=(0.85, 1.15), optimizer=None) -> dict[str, float]:
+    """Apply ``kappa = clip(target / rho_bar, lo, hi)`` to every layer's time and depth groups.
+
+    Returns ``{"time/l": kappa, "depth/l": kappa}`` (layer 0's depth kappa comes from ``input/0``).
+    """
+    cells, _ = model_layers(model)
+    lo, hi = clip
+    kappas = {}
+    for l, cell in enumerate(cells):
+        groups = cell.stability_groups()
+        names = _param_names(cell)
+        for group, key in (("time", f"time/{l}"), ("depth", "input/0" if l == 0 else f"depth/{l}")):
+            if key not in mean_radii or key not in targets:
+                continue
+            rho = max(float(mean_radii[key]), 1e-12)
+            kappa = min(max(targets[key] / rho, lo), hi)
+            kappas[f"{group}/{l}"] = kappa
+            for p in groups.get(group, []):
+                if p is None or not p.requires_grad:
+                    continue
+                _scale_param(p, names.get(id(p), ""), kappa, optimizer)
+    return kappas
+
+
+def shuffle_parameters(model, prob: float = 1.0, min_ndim: int = 1, generator: torch.Generator | None = None,
+                       optimizer=None) -> bool:
+    """With probability ``prob``, permute the entries of every trainable tensor with ``ndim >= min_ndim``
+    (and the matching per-entry optimiser state). Returns whether it shuffled."""
+    if prob <= 0 or torch.rand((), generator=generator).item() >= prob:
+        return False
+    states = _opt_states(optimizer)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.requires_grad or p.dim() < min_ndim or p.numel() < 2:
+                continue
+            perm = torch.randperm(p.numel(), generator=generator).to(p.device)
+            p.copy_(p.reshape(-1)[perm].reshape(p.shape))
+            for st in states:
+                for v in st.get(p, {}).values():
+                    if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                        v.copy_(v.reshape(-1)[perm].reshape(v.shape))
+    return True
+
+
+# ----------------------------------------------------------------------------------------
+# optimiser
+# ----------------------------------------------------------------------------------------
+def make_optimizer(params, cfg: LSCConfig):
+    """AdaBelief (+ Lookahead) from ``torch-optimizer``, or Adam (see the module docstring)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("lsc: the model has no trainable parameters")
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    try:
+        import torch_optimizer
+    except ImportError as e:  # pragma: no cover - it is a dependency
+        raise ImportError("lsc: optimizer 'adabelief' needs the 'torch-optimizer' package (or set optimizer='adam')") from e
+    opt = torch_optimizer.AdaBelief(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "adabelief+lookahead":
+        opt = torch_optimizer.Lookahead(opt, k=cfg.lookahead_k, alpha=cfg.lookahead_alpha)
+    return opt
+
+
+# ----------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------
+@dataclass
+class LSCReport:
+    """History and outcome of :func:`lsc_pretrain`.
+
+    ``history`` holds per pre-training step: ``loss``, ``radius[key]`` (batch mean),
+    ``radius_std[key]`` (std over the batch), ``kappa[group/l]``, ``std``, ``std_ema`` and
+    ``deviation`` (worst ``|rho_bar - target|``).
+    """
+
+    config: dict
+    targets: dict
+    history: dict = field(default_factory=dict)
+    converged: bool = False
+    diverged: bool = False
+    stop_reason: str = ""
+    steps: int = 0
+    best_step: int = -1
+    best_deviation: float = float("inf")
+    best_radii: dict = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    restored: str = "last"
+    skipped_updates: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["best_deviation"] = None if not math.isfinite(self.best_deviation) else self.best_deviation
+        return _json_safe(d)
+
+    def save(self, path) -> str:
+        """Write the report as JSON (atomically: temp file + rename)."""
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".lsc_report.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.to_dict(), f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path) -> "LSCReport":
+        with open(path) as f:
+            d = json.load(f)
+        if d.get("best_deviation") is None:
+            d["best_deviation"] = float("inf")
+        return cls(**d)
+
+    def plot(self, path) -> str:
+        """PNG of the radius histories (one line per term, dashed targets) and the loss."""
+        from .plots import plot_lsc_history
+
+        return plot_lsc_history(self, path)
+
+
+def _json_safe(o):
+    if isinstance(o, dict):
+        return {str(k): _json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_json_safe(v) for v in o]
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
+
+
+# ----------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------
+def _batches(data, epoch: int):
+    """Yield ``x [T, B, C]`` from a tensor, a list of tensors or a loader of ``(x, y)``."""
+    if isinstance(data, torch.Tensor):
+        yield data
+        return
+    for item in data:
+        x = item[0] if isinstance(item, (tuple, list)) else item
+        yield x
+
+
+def _check_batch(x, model_in: int, device, dtype) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"lsc data: expected batches x of shape [T, B, C] (time-first), got {getattr(x, 'shape', type(x))}")
+    if x.shape[-1] != model_in:
+        raise ValueError(f"lsc data: expected {model_in} input channels in the last dimension, got {x.shape[-1]}")
+    x = x.to(device=device, dtype=dtype)
+    if not torch.isfinite(x).all():
+        raise ValueError("lsc data: the input batch contains NaN or inf values")
+    return x
+
+
+# ----------------------------------------------------------------------------------------
+# the loop
+# ----------------------------------------------------------------------------------------
+def _snapshot(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _finite_params(model) -> bool:
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def _verify(model, x, cfg, targets, keys, seed):
+    """Radius means over the whole batch ``x`` at the current weights (no update)."""
+    stats = mean_radii(model, x, replace(cfg, seed=seed), max_points=cfg.verify_points)
+    means = {k: stats[k]["mean"] for k in keys}
+    devs = [means[k] - targets[k] for k in keys]
+    return means, max(abs(d) for d in devs), (float(torch.tensor(devs).std(unbiased=False)) if len(devs) > 1 else 0.0)
+
+
+def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progress=None) -> LSCReport:
+    """LSC pre-training of ``model`` (a :class:`~spikerec.models.RecurrentStack` or one cell) in place.
+
+    Args:
+        model: the model; every layer must follow the cell protocol.
+        data: ``x [T, B, C]``, a list of such tensors, or a loader yielding ``(x, y)``
+            (labels are ignored: the loss does not use them).
+        config: :class:`LSCConfig` or a dict of its fields (the ``[lsc]`` preset section).
+        progress: optional callable ``progress(step, record_dict)`` called after every step.
+
+    Returns an :class:`LSCReport`; the model ends at the converged, best (``keep_best``)
+    or last finite weights.
+    """
+    cfg = config if isinstance(config, LSCConfig) else LSCConfig.from_dict(config)
+    cfg.validate()
+    cells, readout = model_layers(model)
+    for name, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            raise ValueError(f"lsc: parameter {name!r} contains NaN or inf before pre-training")
+    p0 = next(model.parameters())
+    device, dtype = p0.device, p0.dtype
+    gen = torch.Generator().manual_seed(int(cfg.seed))
+    optimizer = make_optimizer(model.parameters(), cfg)
+    in_size = cells[0].input_size
+    layers = cells + ([readout] if readout is not None else [])
+    was_training = model.training
+    old_threads = torch.get_num_threads()
+    if cfg.num_threads:
+        torch.set_num_threads(int(cfg.num_threads))
+    model.eval()  # no dropout while the Jacobians are taken (ambiguity A20)
+
+    report = None
+    keys: list[str] = []
+    targets: dict[str, float] = {}
+    hist: dict[str, Any] = {}
+    best_state, last_good = None, _snapshot(model)
+    std_ema = None
+    streak = 0
+    step = 0
+    t0 = time.perf_counter()
+    stop = ""
+    try:
+        for epoch in range(cfg.max_epochs):
+            for x in _batches(data, epoch):
+                x = _check_batch(x, in_size, device, dtype)
+                T, B = x.shape[0], x.shape[1]
+                if report is None:
+                    targets = lsc_targets(model, cfg, T)
+                    keys = list(targets)
+                    hist = {"step": [], "epoch": [], "t": [], "loss": [], "std": [], "std_ema": [], "deviation": [],
+                            "radius": {k: [] for k in keys}, "radius_std": {k: [] for k in keys}, "kappa": {},
+                            "verify": []}
+                    report = LSCReport(config=asdict(cfg), targets=dict(targets), history=hist)
+                verify_every = cfg.verify_every or min(T, 25)
+                states = tuple(c.initial_state(B, device, dtype) for c in layers)
+                for t in range(T):
+                    if step > 0 and step % verify_every == 0:
+                        # check the condition in expectation at the current weights
+                        v_means, v_dev, v_std = _verify(model, x, cfg, targets, keys, cfg.seed + 1 + step)
+                        hist["verify"].append({"step": step, "deviation": v_dev, "std": v_std, "radius": v_means})
+                        if v_dev < report.best_deviation:
+                            report.best_deviation, report.best_step, report.best_radii = v_dev, step, dict(v_means)
+                            best_state = _snapshot(model)
+                        ok = v_dev <= cfg.eps and v_std < cfg.std_thr and std_ema is not None and std_ema < cfg.std_thr
+                        streak = streak + 1 if ok else 0
+                        if streak >= cfg.patience:
+                            report.converged = True
+                            stop = (f"converged: every mean |rho - target| <= {cfg.eps}, std and EMA(std) < {cfg.std_thr}")
+                            break
+                    try:
+                        radii, new_states = measure_radii(model, x[t], states, cfg, keys, generator=gen)
+                    except FloatingPointError as e:
+                        stop = f"diverged: {e}"
+                        break
+                    terms = [((radii[k] - targets[k]) ** 2).mean() for k in keys]
+                    loss = torch.stack(terms).sum()
+                    if cfg.reduce == "mean":
+                        loss = loss / len(terms)
+                    means = {k: float(radii[k].detach().mean()) for k in keys}
+                    if not math.isfinite(float(loss.detach())) or not all(math.isfinite(v) for v in means.values()):
+                        stop = "diverged: non-finite loss or radius"
+                        break
+                    devs = [means[k] - targets[k] for k in keys]
+                    worst = max(abs(d) for d in devs)
+                    std = float(torch.tensor(devs).std(unbiased=False)) if len(devs) > 1 else 0.0
+                    a = 1.0 - 1.0 / cfg.ema_steps
+                    std_ema = std if std_ema is None else a * std_ema + (1 - a) * std
+                    hist["step"].append(step); hist["epoch"].append(epoch); hist["t"].append(t)
+                    hist["loss"].append(float(loss.detach())); hist["std"].append(std); hist["std_ema"].append(std_ema)
+                    hist["deviation"].append(worst)
+                    for k in keys:
+                        hist["radius"][k].append(means[k])
+                        hist["radius_std"][k].append(float(radii[k].detach().std(unbiased=False)) if B > 1 else 0.0)
+
+                    optimizer.zero_grad(set_to_none=True)
+                    try:
+                        loss.backward()
+                        grads_ok = all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+                    except torch.linalg.LinAlgError:
+                        grads_ok = False
+                    if grads_ok:
+                        optimizer.step()
+                    else:  # an ill-conditioned eigen-gradient (e.g. a repeated dominant eigenvalue)
+                        report.skipped_updates += 1
+                    kappas = {}
+                    for op in cfg.order.split(",")[1:]:
+                        if op == "kappa" and cfg.multiplier:
+                            kappas = apply_clipped_multiplier(model, means, targets, cfg.clip, optimizer)
+                        elif op == "shuffle" and cfg.shuffle:
+                            shuffle_parameters(model, cfg.shuffle_prob, cfg.shuffle_min_ndim, gen, optimizer)
+                    for g, v in kappas.items():
+                        hist["kappa"].setdefault(g, [None] * (len(hist["step"]) - 1)).append(v)
+                    step += 1
+                    if not _finite_params(model):
+                        stop = "diverged: a parameter became NaN or inf"
+                        break
+                    last_good = _snapshot(model)
+                    states = new_states
+                    if progress is not None:
+                        progress(step, {"loss": float(loss.detach()), "deviation": worst, "radius": means})
+                    if step >= cfg.max_steps:
+                        stop = f"max_steps ({cfg.max_steps}) reached"
+                        break
+                    if cfg.max_time_s is not None and time.perf_counter() - t0 > cfg.max_time_s:
+                        stop = f"max_time_s ({cfg.max_time_s}) reached"
+                        break
+                if stop:
+                    if not stop.startswith(("converged", "diverged")) and cfg.keep_best:
+                        # a last check of the final weights, so that they can be kept if best
+                        v_means, v_dev, v_std = _verify(model, x, cfg, targets, keys, cfg.seed + 1 + step)
+                        hist["verify"].append({"step": step, "deviation": v_dev, "std": v_std, "radius": v_means})
+                        if v_dev < report.best_deviation:
+                            report.best_deviation, report.best_step, report.best_radii = v_dev, step, dict(v_means)
+                            best_state = _snapshot(model)
+                        if v_dev <= cfg.eps and v_std < cfg.std_thr and std_ema is not None and std_ema < cfg.std_thr:
+                            report.converged = True
+                            stop = f"converged at the final check ({stop})"
+                    break
+            if stop:
+                break
+        if report is None:
+            raise ValueError("lsc data: no batches")
+        if not stop:
+            stop = f"max_epochs ({cfg.max_epochs}) reached"
+    finally:
+        model.train(was_training)
+        if cfg.num_threads:
+            torch.set_num_threads(old_threads)
+
+    report.diverged = stop.startswith("diverged")
+    report.stop_reason = stop
+    report.steps = step
+    if report.converged:
+        report.restored = "converged"
+    elif cfg.keep_best and best_state is not None:
+        model.load_state_dict(best_state)
+        report.restored = "best"
+    elif report.diverged:
+        model.load_state_dict(last_good)
+        report.restored = "last finite"
+    report.wall_time_s = time.perf_counter() - t0
+    for g, v in hist["kappa"].items():
+        v.extend([None] * (len(hist["step"]) - len(v)))
+    return report
