@@ -11,7 +11,7 @@ __all__ = ["main", "build_parser"]
 
 EPILOG = """\
 examples:
-  spikerec train                                  quickstart: ALIF + LSC on the embedded digits (offline, ~2 min on 2 CPU cores)
+  spikerec train                                  quickstart: ALIF + LSC on the embedded digits (offline, under a minute on 2 CPU cores)
   spikerec train shd-alif-lsc                     the LSC paper's 2-layer ALIF on SHD (needs the SHD files: spikerec datasets)
   spikerec train quickstart --set train.epochs=5 --set model.layers.0.size=64
   spikerec train quickstart --lsc target=0.5      LSC pre-training towards radius 0.5 first
