@@ -7,12 +7,12 @@ WCRNN: exponents on a linear scale with the ``log|eig R|`` prediction).
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from ..atomic import atomic_save_figure
 
 __all__ = ["line_plot", "plot_sensitivity_scaling", "plot_normalized_sensitivity", "plot_teacher_student",
            "plot_lyapunov_spectrum", "plot_running_exponents", "plot_training_curves"]
@@ -32,20 +32,8 @@ def _save(fig, path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"path: expected a .png file name, got {str(path)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", bbox_inches="tight")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_save_figure(fig, path, bbox_inches="tight")
     return path
 
 

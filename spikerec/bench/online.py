@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+from ..atomic import atomic_path
+
 __all__ = ["main", "run_one"]
 
 SIZES = {"full": dict(T=(256, 1024, 4096), B=8, H=64, N=64), "quick": dict(T=(64, 128, 256), B=4, H=32, N=32)}
@@ -192,10 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak memory: growth during the call ('peak MiB', {rows[0]['memory']}); "
               f"'proc MiB' = the whole process's peak resident set")
     if args.json:
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_path(args.json) as tmp, open(tmp, "w") as f:
             json.dump({"machine": _machine(), "rows": rows}, f, indent=1)
-        os.replace(tmp, args.json)
     return 0
 
 

@@ -4,34 +4,14 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_path  # noqa: F401  (re-exported)
 from .home import DataError
 
 __all__ = ["atomic_path", "file_digest", "read_idx", "write_idx"]
-
-
-@contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block
-    succeeds, otherwise remove it (no partial file is ever left under ``path``)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def file_digest(path: str | os.PathLike, algo: str = "sha256", chunk: int = 1 << 22) -> str:

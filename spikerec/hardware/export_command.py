@@ -15,6 +15,7 @@ import warnings
 
 import torch
 
+from ..atomic import atomic_write_text
 from .profiles import PROFILES
 
 __all__ = ["main", "load_run_model", "load_test_batches", "export_run"]
@@ -132,10 +133,7 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
     report = {"run": run_dir, "target": target, "dt": dt, "samples": n_total, "files": files,
               "quantization": qrep.to_dict(), "warnings": [str(w.message) for w in caught], "simulators": pooled}
     path = os.path.join(out_dir, "report.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1, default=str)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(report, indent=1, default=str))
     return report
 
 

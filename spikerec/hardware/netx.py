@@ -17,10 +17,9 @@ threshold is the largest mantissa (it does not fire): read its voltage. netx can
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ..atomic import atomic_path
 from .quantize import QuantizedNetwork
 
 __all__ = ["write_netx", "NetxExportError"]
@@ -43,11 +42,8 @@ def write_netx(qnet: QuantizedNetwork, path: str) -> dict:
             raise NetxExportError(f"layer {q.name}: netx cannot load ALIF neurons")
         if q.kind == "lif" and q.reset not in ("zero",):
             raise NetxExportError(f"layer {q.name}: Loihi CUBA neurons reset to zero; layer has reset '{q.reset}'")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
     bias_err = 0
-    try:
+    with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
             f.attrs["producer"] = "spikerec"
             root = f.create_group("layer")
@@ -77,8 +73,4 @@ def write_netx(qnet: QuantizedNetwork, path: str) -> dict:
                 n.create_dataset("vThMant", data=vth)
                 n.create_dataset("refDelay", data=1)
                 n.create_dataset("gradedSpike", data=False)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return {"path": path, "layers": len(qnet.layers) + 1, "bias_rounding_max_state_units": bias_err}

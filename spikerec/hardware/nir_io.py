@@ -36,6 +36,8 @@ import os
 import numpy as np
 import torch
 
+from ..atomic import atomic_path
+
 __all__ = ["to_nir", "write_nir", "read_nir", "from_nir", "fold_lif_r", "NIRImportError", "DEFAULT_DT", "flatten_graph"]
 
 DEFAULT_DT = 1e-4
@@ -128,15 +130,8 @@ def write_nir(model_or_graph, path: str, *, dt: float = DEFAULT_DT) -> str:
     import nir
 
     graph = model_or_graph if isinstance(model_or_graph, nir.NIRGraph) else to_nir(model_or_graph, dt=dt)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.path.basename(path)}")
-    try:
-        nir.write(tmp, graph)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        nir.write(str(tmp), graph)
     return path
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 
 import torch
 
+from ..atomic import atomic_path
 from .profiles import TargetProfile, get_profile
 
 __all__ = [
@@ -153,16 +153,9 @@ class QuantReport:
 
 
 def _atomic(path: str, write) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.basename(path))
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Call ``write(tmp_path)``, then rename onto ``path`` (nothing partial is left)."""
+    with atomic_path(path) as tmp:
+        write(str(tmp))
 
 
 # --- scalar rules ------------------------------------------------------------------------

@@ -52,14 +52,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Iterable
 
 import torch
 
-from .jacobians import model_layers, parse_key, transition_jacobians, transition_operators
+from ..atomic import atomic_write_text
+from .jacobians import (
+    model_layers,
+    parse_key,
+    transition_jacobians,
+    transition_operators,
+)
 from .radius import SQUARE_MODES, spectral_radius
 
 __all__ = ["LSCConfig", "LSCReport", "lsc_pretrain", "lsc_targets", "apply_clipped_multiplier",
@@ -386,17 +391,7 @@ class LSCReport:
     def save(self, path) -> str:
         """Write the report as JSON (atomically: temp file + rename)."""
         path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".lsc_report.", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_dict(), f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
         return path
 
     @classmethod

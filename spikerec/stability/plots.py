@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-import tempfile
+
+from ..atomic import atomic_save_figure
 
 __all__ = ["plot_lsc_history"]
 
@@ -38,15 +39,5 @@ def plot_lsc_history(report, path) -> str:
     ax2.set_ylabel("LSC loss")
     fig.tight_layout()
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".lsc_plot.", suffix=".png", dir=folder)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_save_figure(fig, path, dpi=100)
     return path

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..atomic import atomic_path, atomic_write_text
+
 __all__ = ["atomic_write_text", "atomic_write_json", "save_tensors_atomic", "save_checkpoint", "load_checkpoint",
            "latest_checkpoint", "pack_optimizer", "unpack_optimizer", "get_rng_state", "set_rng_state",
            "CheckpointError"]
@@ -31,24 +33,8 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read (names the folder and what is wrong)."""
 
 
-def atomic_write_text(path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def atomic_write_json(path, obj: Any) -> None:
+    """JSON (numpy and one-element tensors allowed) written atomically and durably."""
     atomic_write_text(path, json.dumps(obj, indent=1, default=_json_default) + "\n")
 
 
@@ -72,17 +58,8 @@ def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def save_tensors_atomic(path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
     """``safetensors`` file written to a temporary name and renamed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(_contiguous(tensors), tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(_contiguous(tensors), str(tmp), metadata=metadata)
 
 
 # --- optimiser and RNG state ------------------------------------------------------------------

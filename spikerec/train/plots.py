@@ -1,9 +1,9 @@
 """PNG figures of a run: learning curves and a spike raster of one sample (matplotlib, Agg)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
+
+from ..atomic import atomic_save_figure
 
 __all__ = ["plot_curves", "plot_raster"]
 
@@ -18,19 +18,7 @@ def _plt():
 
 
 def _save(fig, path) -> str:
-    import os
-    import tempfile
-
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return str(path)
+    return str(atomic_save_figure(fig, path, dpi=110, bbox_inches="tight"))
 
 
 def plot_curves(records: list[dict], path) -> str:
