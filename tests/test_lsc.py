@@ -50,16 +50,18 @@ def _spikes(seed, t=T, b=B):
 
 
 # ALIF: the paper only reaches rho_t = 1 (0.5 "was difficult to converge to", Sec. II-E).
-# GRU at rho_t = 1 is left out: its per-sample depth radii are heavy-tailed (std ~ 0.5 at
-# width 16), and in 160 steps on this small batch the mean stays 0.07-0.15 off target.
-CASES = [("alif", 1.0), ("lru", 1.0), ("lru", 0.5), ("gru", 0.5), ("mixed", 1.0)]
+# GRU at rho_t = 1: the clipped multiplier scales the gate weights, which moves the GRU's radii
+# non-linearly and overshoots (the depth radius stays 0.05-0.15 off); without it the gradient
+# alone converges (max deviation <= 0.02 over three seeds). See docs/lsc.md.
+CASES = [("alif", 1.0, {}), ("lru", 1.0, {}), ("lru", 0.5, {}), ("gru", 0.5, {}), ("gru", 1.0, {"multiplier": False}),
+         ("mixed", 1.0, {})]
 
 
-@pytest.mark.parametrize("kind,target", CASES)
-def test_lsc_drives_every_mean_radius_to_target(kind, target):
+@pytest.mark.parametrize("kind,target,extra", CASES)
+def test_lsc_drives_every_mean_radius_to_target(kind, target, extra):
     model = _stack(kind)
     x = _spikes(1)
-    cfg = dict(target=target, shuffle=False, square_mode="topleft", max_steps=160)
+    cfg = dict(target=target, shuffle=False, square_mode="topleft", max_steps=160, **extra)
     before = mean_radii(model, x, cfg)
     assert max(abs(v["mean"] - target) for v in before.values()) > 0.1  # there is work to do
     report = lsc_pretrain(model, x, cfg)
