@@ -193,12 +193,14 @@ class OnlineLearner:
             if self.per_step_update is not None:
                 self._flush()
                 self.per_step_update()
+                self._prepare()  # the parameters may have changed
         self._flush()
         return total
 
     # --- internals ------------------------------------------------------------------------------
     def _begin(self, x):
         self.states = list(self.model.initial_state(x.shape[1], x.device, x.dtype))
+        self._prepare()
         self.traces = [TraceState(tr) for tr in self.tracers]
         self.spatial = {}
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -210,6 +212,11 @@ class OnlineLearner:
                 self.kernel = None
             else:
                 self.kernel = mat_trace_step
+
+    def _prepare(self):
+        for tr in self.tracers:
+            if not isinstance(tr, GenericTrace):
+                tr.prepare()
 
     def _forward_step(self, x_t):
         """One step of every layer; returns (y_t, per-layer (input, prev, new) records)."""
@@ -236,6 +243,9 @@ class OnlineLearner:
         return h, recs
 
     def _block(self, x, target, loss_fn, t0, t1, carry):
+        drop = self.model.dropout
+        if self.mode != "stream" and (drop is None or not drop.training):
+            return self._block_batched(x, target, loss_fn, t0, t1, carry)
         total = None
         all_recs = []
         for t in range(t0, t1):
@@ -298,15 +308,95 @@ class OnlineLearner:
                     chunk_contract(ts, P, G, carry)
         return loss_value
 
+    def _block_batched(self, x, target, loss_fn, t0, t1, carry):
+        """A block of K steps with whole-block tensor ops (chunked / parallel modes, no active
+        dropout). Within the block every step starts from the *detached* previous state, so once
+        the states are known (one cheap pass without autograd) the steps of a layer are
+        independent rows: each layer is advanced for all K steps in one ``[K*B, ...]`` call with
+        the spatial graph, and one backward gives ``g_t`` for every step. Same estimator as the
+        step-by-step form (:meth:`_block` for ``stream``)."""
+        model = self.model
+        K, B = t1 - t0, x.shape[1]
+        h = x[t0:t1]
+        recs = []
+        n_cells = len(model.cells)
+        for l, tr in enumerate(self.tracers):
+            generic = isinstance(tr, GenericTrace)
+            hd = h.detach()
+            s = self.states[l]
+            hf = h.reshape(K * B, *h.shape[2:])
+            if generic and tr.stateless:  # the state is not read: no sequential pass
+                prev = tr.cell.initial_state(K * B, x.device, x.dtype)
+                out, new = tr.cell.step(hf, prev)
+                self.states[l] = type(new)(*(f.detach()[(K - 1) * B:] for f in new))
+            elif generic:
+                prevs = []
+                with torch.no_grad():  # the previous states of the block's steps
+                    for t in range(K):
+                        prevs.append(s)
+                        s = tr.cell.step(hd[t], s)[1]
+                self.states[l] = type(s)(*(f.detach() for f in s))
+                prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
+                out, new = tr.cell.step(hf, prev)
+            else:
+                with torch.no_grad():  # the previous states of the block's steps
+                    prevs, s = tr.scan_states(hd, s)
+                self.states[l] = type(s)(*(f.detach() for f in s))
+                prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
+                new = tr.step(hf, prev)
+                new = type(new)(*(f.view_as(f) if f.requires_grad else f.detach().requires_grad_() for f in new))
+                out = tr.output(hf, new)
+            recs.append((hd.reshape(K * B, *hd.shape[2:]), prev, new))
+            h = out.reshape(K, B, *out.shape[1:])
+            if l < n_cells and model.dropout is not None:
+                h = model.dropout(h)
+        total = None
+        for k in range(K):
+            l_ = loss_fn(h[k], target, t0 + k)
+            if l_ is not None:
+                if l_.dim() != 0:
+                    raise ValueError(f"loss_fn must return a scalar at step {t0 + k}, got shape {tuple(l_.shape)}")
+                total = l_ if total is None else total + l_
+        traced = [i for i, tr in enumerate(self.tracers) if not isinstance(tr, GenericTrace) and tr.traced]
+        gs: dict[int, torch.Tensor | None] = {i: None for i in traced}
+        if total is not None and total.requires_grad:
+            inputs, index = [], []
+            for i in traced:
+                for f, v in enumerate(recs[i][2]):
+                    inputs.append(v)
+                    index.append(i)
+            grads = torch.autograd.grad(total, inputs + self.params, allow_unused=True)
+            n = len(inputs)
+            for p, gp in zip(self.params, grads[n:]):
+                if gp is not None:
+                    if p in self.spatial:
+                        self.spatial[p] += gp
+                    else:
+                        self.spatial[p] = gp.clone()
+            for i in traced:
+                lst = [g for g, j in zip(grads[:n], index) if j == i]
+                if all(v is None for v in lst):
+                    continue
+                fields = [v if v is not None else torch.zeros_like(f) for v, f in zip(lst, recs[i][2])]
+                G = torch.stack(fields, -1)
+                gs[i] = G.reshape(K, B, *G.shape[1:])
+        loss_value = float(total.detach()) if total is not None else 0.0
+        with torch.no_grad():
+            for i in traced:
+                tr = self.tracers[i]
+                x_in, prev, new = recs[i]
+                P = stack_partials(tr.partials(x_in, prev, type(new)(*(v.detach() for v in new))), K, B)
+                chunk_contract(self.traces[i], P, gs[i], carry)
+        return loss_value
+
     def _flush(self):
         """Add the accumulated estimate to ``.grad`` and reset the accumulators."""
         with torch.no_grad():
             extra: dict = {}
             for ts in self.traces:
-                for name, G in ts.G.items():
+                for name, G in ts.take().items():
                     p = ts.tr.params[name]
                     extra[p] = extra[p] + G if p in extra else G
-                ts.G = {}
             for p in self.params:
                 g = None
                 if p in self.spatial:

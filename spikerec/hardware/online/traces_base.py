@@ -36,12 +36,14 @@ class Partials:
     """One step's Jacobian and immediate partials of one layer.
 
     ``J``: ``[B or 1, N, k, k]`` (``None`` means zero); ``vec[name]``: ``[B, N, k]``;
-    ``mat[name] = (c [B, N, k], pre [B, H])``.
+    ``mat[name] = (c [B, N, k], pre [B, H])``; ``c_zero``: fields in which every ``c`` is known
+    to be zero (their input term is skipped).
     """
 
     J: torch.Tensor | None
     vec: dict[str, torch.Tensor] = field(default_factory=dict)
     mat: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    c_zero: tuple[int, ...] = ()
 
 
 class LayerTrace:
@@ -71,6 +73,27 @@ class LayerTrace:
         self.traced = traced
         self.mask: dict[str, torch.Tensor] = {}
 
+    # --- per-sequence constants ------------------------------------------------------------
+    def prepare(self) -> None:
+        """Forget cached parameter-derived constants (decays, eigenvalues, transposed weights).
+
+        They are derived once from the current parameters and reused at every step; call this
+        whenever the parameters may have changed (start of a sequence, after an optimiser step)."""
+        self._consts = {}
+
+    def consts(self, dtype) -> dict:
+        """The constants of :meth:`make_consts` for ``dtype``, computed on first use."""
+        cache = self.__dict__.setdefault("_consts", {})
+        out = cache.get(dtype)
+        if out is None:
+            with torch.no_grad():
+                out = self.make_consts(dtype)
+            cache[dtype] = out
+        return out
+
+    def make_consts(self, dtype) -> dict:
+        return {}
+
     # --- per kind ---------------------------------------------------------------------------
     def state_params(self) -> tuple[str, ...]:
         raise NotImplementedError
@@ -83,6 +106,15 @@ class LayerTrace:
 
     def output(self, x_t, new):
         return self.cell.output(x_t, new)
+
+    def scan_states(self, x: torch.Tensor, state):
+        """States before each of the K steps of ``x [K, B, ...]`` and the final state (no autograd
+        needed: the block form only needs the values)."""
+        prevs = []
+        for t in range(x.shape[0]):
+            prevs.append(state)
+            state = self.step(x[t], state)
+        return prevs, state
 
     # --- helpers ------------------------------------------------------------------------------
     def use_J(self) -> bool:
@@ -116,23 +148,55 @@ class TraceState:
         self.G: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, value: torch.Tensor) -> None:
-        if name in self.tr.mask:
-            value = value * self.tr.mask[name]
+        """Accumulate into ``G[name]``; the fixed gradient mask (``tr.mask``) is linear, so it is
+        applied once when the accumulator is read (:meth:`take`)."""
         p = self.tr.params[name]
-        value = value.reshape(p.shape).to(p.dtype)
+        if value.shape != p.shape:
+            value = value.reshape(p.shape)
+        if value.dtype != p.dtype:
+            value = value.to(p.dtype)
         if name in self.G:
             self.G[name] += value
         else:
             self.G[name] = value.clone()
 
+    def take(self) -> dict[str, torch.Tensor]:
+        """The accumulated gradients (masked) by parameter name; resets the accumulators."""
+        out = {n: (G * self.tr.mask[n] if n in self.tr.mask else G) for n, G in self.G.items()}
+        self.G = {}
+        return out
+
 
 def _mv(J, v):
-    """``J @ v`` over the last axis: ``[.., k, k] x [.., k]``."""
+    """``J @ v`` over the last axis: ``[.., k, k] x [.., k]`` (written out for k = 1, 2: far
+    cheaper than a batched matmul of tiny matrices)."""
+    k = J.shape[-1]
+    if k == 1:
+        return J[..., 0] * v
+    if k == 2:
+        v0, v1 = v[..., 0], v[..., 1]
+        return torch.stack([J[..., 0, 0] * v0 + J[..., 0, 1] * v1, J[..., 1, 0] * v0 + J[..., 1, 1] * v1], -1)
     return (J @ v.unsqueeze(-1)).squeeze(-1)
 
 
+def _mv_cols(J, E):
+    """``J @ E`` for ``E [.., k, m]`` (m trace columns sharing one Jacobian)."""
+    k = J.shape[-1]
+    if k == 1:
+        return J[..., 0, 0, None, None] * E
+    if k == 2:
+        e0, e1 = E[..., 0, :], E[..., 1, :]
+        J00, J01, J10, J11 = (J[..., i, j, None] for i, j in ((0, 0), (0, 1), (1, 0), (1, 1)))
+        return torch.stack([J00 * e0 + J01 * e1, J10 * e0 + J11 * e1], -2)
+    return J @ E
+
+
+_STACK = "\0stacked"  # key of the stacked per-neuron traces of stream mode in ``TraceState.vec``
+
+
 def _mtv(J, v):
-    return (J.transpose(-1, -2) @ v.unsqueeze(-1)).squeeze(-1)
+    """``J^T @ v`` over the last axis."""
+    return _mv(J.transpose(-1, -2), v)
 
 
 def _mat_contract_g(g, M):
@@ -147,14 +211,20 @@ def stream_step(ts: TraceState, P: Partials, g: torch.Tensor | None, kernel=None
     """
     tr = ts.tr
     J = P.J if tr.use_J() else None
-    for name in tr.vec_names(P):
-        imm = P.vec[name]
-        if J is not None:
-            e = ts.vec.get(name)
-            e = imm if e is None else _mv(J, e) + imm
-            ts.vec[name] = e
-        else:
-            e = imm
+    names = tr.vec_names(P)
+    if J is not None and names:
+        # all per-neuron traces of the layer advance together as columns of one [B, N, k, m] tensor
+        imm = torch.stack([P.vec[n] for n in names], -1)
+        e = ts.vec.get(_STACK)
+        e = imm if e is None else _mv_cols(J, e) + imm
+        ts.vec[_STACK] = e
+        if g is not None:
+            Gv = (g.unsqueeze(-1) * e).sum(dim=(0, 2))  # [N, m]
+            for j, name in enumerate(names):
+                ts.add(name, Gv[:, j])
+        names = ()
+    for name in names:
+        e = P.vec[name]
         if g is not None:
             ts.add(name, (g * e).sum(dim=(0, 2)))
     for base, (c, pre) in P.mat.items():
@@ -173,15 +243,16 @@ def stream_step(ts: TraceState, P: Partials, g: torch.Tensor | None, kernel=None
             e = torch.zeros((N_, B_, k_, pre.shape[-1]), dtype=c.dtype, device=c.device)
             ts.mat[base] = e
         gs = [None if g is None else _mat_contract_g(g, M) for _, M in readers]
-        outs = (kernel or advance_and_contract)(e, J, c, pre, gs)
+        outs = kernel(e, J, c, pre, gs) if kernel is not None else advance_and_contract(e, J, c, pre, gs, P.c_zero)
         if g is not None:
             for (r, _), G in zip(readers, outs):
                 ts.add(r, G)
 
 
-def advance_and_contract(e, J, c, pre, gs):
+def advance_and_contract(e, J, c, pre, gs, c_zero=()):
     """torch path of the matrix trace step, in place on ``e [N, B, k, H]``:
-    ``e <- J e + c (x) pre`` and ``G_r = sum_{b,f} g_r[b, n, f] e[n, b, f, h]`` for each ``g_r``."""
+    ``e <- J e + c (x) pre`` and ``G_r = sum_{b,f} g_r[b, n, f] e[n, b, f, h]`` for each ``g_r``.
+    ``c_zero``: fields where ``c`` is known to be zero (the input term is skipped there)."""
     N, B, k, H = e.shape
     Jn = J.transpose(0, 1)  # [N, B or 1, k, k]
     cn = c.transpose(0, 1)  # [N, B, k]
@@ -193,8 +264,12 @@ def advance_and_contract(e, J, c, pre, gs):
     elif k == 2:
         e0, e1 = e[:, :, 0], e[:, :, 1]
         t0 = e0 * Jn[..., 0, 0, None]
-        t0.addcmul_(e1, Jn[..., 0, 1, None]).addcmul_(cn[..., 0, None], x)
-        e1.mul_(Jn[..., 1, 1, None]).addcmul_(e0, Jn[..., 1, 0, None]).addcmul_(cn[..., 1, None], x)
+        t0.addcmul_(e1, Jn[..., 0, 1, None])
+        if 0 not in c_zero:
+            t0.addcmul_(cn[..., 0, None], x)
+        e1.mul_(Jn[..., 1, 1, None]).addcmul_(e0, Jn[..., 1, 0, None])
+        if 1 not in c_zero:
+            e1.addcmul_(cn[..., 1, None], x)
         e0.copy_(t0)
     else:
         e.copy_(torch.einsum("nbij,nbjh->nbih", Jn.expand(N, B, k, k), e) + cn.unsqueeze(-1) * x.unsqueeze(2))
@@ -236,12 +311,7 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     Jk = (lambda k: J[k] if J.shape[0] == K else J[0]) if J is not None else None
     if G is not None:
         if use_J:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
-            GH = torch.empty_like(G)
-            acc = G[K - 1]
-            GH[K - 1] = acc
-            for k in range(K - 2, -1, -1):
-                acc = G[k] + _mtv(Jk(k + 1), acc)
-                GH[k] = acc
+            GH = _reverse_filter(J, G)
         else:
             GH = G
         for name in vnames:
@@ -265,11 +335,13 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     # eps_{t1} = Phi_{t1,t0-1} eps_{t0-1} + sum_k Phi_{t1,k} imm_k,  Phi_{t1,k} = J_{t1} ... J_{k+1}
     ref = next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]
     _, Bsz, N, k_ = ref.shape
-    phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bsz, N, k_, k_)
-    PH = torch.empty((K, Bsz, N, k_, k_), dtype=ref.dtype, device=ref.device)
+    Bj = J.shape[1]  # 1 when the Jacobians do not depend on the batch (LRU, readout): PH is shared
+    phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bj, N, k_, k_)
+    PH = torch.empty((K, Bj, N, k_, k_), dtype=ref.dtype, device=ref.device)
     for k in range(K - 1, -1, -1):
         PH[k] = phi
         phi = phi @ Jk(k)  # becomes Phi_{t1, k-1}
+    phi = phi.expand(Bsz, N, k_, k_)
     for name in vnames:
         new = _mv(PH, P.vec[name]).sum(0)
         e = ts.vec.get(name)
@@ -281,6 +353,32 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
         if e is not None:
             new = new + torch.einsum("bnij,nbjh->nbih", phi, e)
         ts.mat[base] = new
+
+
+def _entries(J, K, k):
+    """``J [K or 1, B or 1, N, k, k]`` as ``E[i][j][t]`` (entry ``(i, j)`` of step ``t``'s
+    Jacobian, ``[B or 1, N]``): the block loops below then work field by field on small
+    tensors, with no tiny batched matmuls or stacks per step."""
+    E = [[J[:, :, :, i, j].unbind(0) for j in range(k)] for i in range(k)]
+    if J.shape[0] != K:
+        E = [[row[0:1] * K for row in Ei] for Ei in E]
+    return E
+
+
+def _reverse_filter(J, G):
+    """``gh_k = g_k + J_{k+1}^T gh_{k+1}`` (``gh_{K-1} = g_{K-1}``) over a block, written into a
+    preallocated field-major buffer. ``J``: ``[K or 1, B or 1, N, k, k]``; ``G``: ``[K, B, N, k]``."""
+    K, k = G.shape[0], G.shape[-1]
+    E = _entries(J, K, k)
+    GH = torch.empty((k,) + tuple(G.shape[:-1]), dtype=G.dtype, device=G.device)  # [k, K, B, N]
+    GH.copy_(G.movedim(-1, 0))
+    out = [GH[i].unbind(0) for i in range(k)]
+    for t in range(K - 2, -1, -1):
+        for i in range(k):  # gh_t[i] = g_t[i] + sum_j J_{t+1}[j, i] gh_{t+1}[j]
+            o = out[i][t]
+            for j in range(k):
+                o.addcmul_(E[j][i][t + 1], out[j][t + 1])
+    return GH.movedim(0, -1)
 
 
 def ref_dtype(P: Partials):

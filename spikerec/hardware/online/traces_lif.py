@@ -135,68 +135,92 @@ class ALIFTrace(LayerTrace):
     def state_params(self):
         return ("weight", "bias", "recurrent_weight", "log_tau_mem", "log_tau_adapt", "b", "beta")
 
-    def step(self, x, prev):
+    def make_consts(self, dtype):
+        """Per-sequence constants: decays and their log-tau derivatives, detached and transposed
+        weights, the self-connection of the lateral matrix."""
         c = self.cell
-        alpha, rho = (d.detach() for d in c.decays())
-        b, beta = c.b.detach(), c.beta.detach()
-        zp = heaviside(prev.v - (b + beta * prev.a))
-        a = rho * prev.a + (1.0 - rho) * zp
-        theta = b + beta * a
-        I = x @ c.weight.detach().t()
-        if c.bias is not None:
-            I = I + c.bias.detach()
+        alpha_s, rho_s = (d.detach().to(dtype) for d in c.decays())
+        alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
+        rho, drho = _dalpha(c.log_tau_adapt.detach(), c.dt)
         w = c.effective_recurrent_weight()
-        if w is not None:
-            I = I + zp @ w.detach().t()
-        v = alpha * prev.v + I - theta * zp
+        return {
+            "alpha_s": alpha_s, "rho_s": rho_s, "one_m_rho_s": 1.0 - rho_s,
+            "alpha": alpha.to(dtype), "dalpha": dalpha.to(dtype), "rho": rho.to(dtype), "drho": drho.to(dtype),
+            "one_m_rho": (1 - rho).to(dtype),
+            "b": c.b.detach().to(dtype), "beta": c.beta.detach().to(dtype),
+            "Wt": c.weight.detach().t().to(dtype),
+            "bias": None if c.bias is None else c.bias.detach().to(dtype),
+            "Rt": None if w is None else w.detach().t().to(dtype),
+            "Rd": None if w is None else torch.diagonal(w.detach()).to(dtype),
+        }
+
+    def step(self, x, prev):
+        k = self.consts(x.dtype)
+        b, beta, rho = k["b"], k["beta"], k["rho_s"]
+        zp = heaviside(prev.v - (b + beta * prev.a))
+        a = rho * prev.a + k["one_m_rho_s"] * zp
+        theta = b + beta * a
+        I = x @ k["Wt"]
+        if k["bias"] is not None:
+            I = I + k["bias"]
+        if k["Rt"] is not None:
+            I = I + zp @ k["Rt"]
+        v = k["alpha_s"] * prev.v + I - theta * zp
         return ALIFState(v, a)
 
     def partials(self, x, prev, new):
         c = self.cell
-        b, beta = c.b.detach(), c.beta.detach()
-        alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
-        rho, drho = _dalpha(c.log_tau_adapt.detach(), c.dt)
+        k = self.consts(x.dtype)
+        b, beta, alpha, dalpha, rho, drho = k["b"], k["beta"], k["alpha"], k["dalpha"], k["rho"], k["drho"]
+        omr = k["one_m_rho"]
         v0, a0 = prev.v, prev.a
         u = v0 - (b + beta * a0)
         zp = heaviside(u)
         psi = c.surrogate.derivative(u)
-        # z_{t-1} = H(v - b - beta a): derivatives w.r.t. v, a, b, beta
-        dz = {"v": psi, "a": -beta * psi, "b": -psi.expand_as(v0), "beta": -a0 * psi}
-        a1 = rho * a0 + (1 - rho) * zp
-        da = {k: (1 - rho) * d for k, d in dz.items()}
-        da["a"] = da["a"] + rho
+        # z_{t-1} = H(v - b - beta a): derivatives w.r.t. v, a, b, beta are psi * (1, -beta, -1, -a0)
+        dz_a, dz_beta = -beta * psi, -a0 * psi
+        # a_t = rho a + (1 - rho) z
+        da_v, da_a, da_b, da_beta = omr * psi, omr * dz_a + rho, -(omr * psi), omr * dz_beta
         da_rho = a0 - zp
-        dth = {k: beta * d for k, d in da.items()}
-        dth["b"] = dth["b"] + 1
-        dth["beta"] = dth["beta"] + a1
-        dth_rho = beta * da_rho
-        theta = b + beta * a1
+        Rd = k["Rd"]
         if c.detach_reset:
-            dR = {k: torch.zeros_like(v0) for k in dz}
-            dR_rho = torch.zeros_like(v0)
+            # v_t = alpha v + I(z) - stopgrad(theta z): only the lateral self-connection depends on z
+            if Rd is None:
+                dv_v, dv_a, dv_b, dv_beta = alpha.expand_as(v0), torch.zeros_like(v0), torch.zeros_like(v0), torch.zeros_like(v0)
+            else:
+                dv_v = Rd * psi + alpha
+                dv_a, dv_b, dv_beta = Rd * dz_a, -(Rd * psi), Rd * dz_beta
+            dR_rho = None
         else:
-            dR = {k: theta * dz[k] + zp * dth[k] for k in dz}
-            dR_rho = zp * dth_rho
-        Rd = _self_weight(c)
-        dI = {k: (Rd * d if Rd is not None else torch.zeros_like(v0)) for k, d in dz.items()}
-        dv = {k: dI[k] - dR[k] for k in dz}
-        dv["v"] = dv["v"] + alpha
-        J = torch.stack([torch.stack([dv["v"], dv["a"]], -1), torch.stack([da["v"], da["a"]], -1)], -2)
+            a1 = rho * a0 + omr * zp
+            theta = b + beta * a1
+            # dR = theta dz + z dtheta, dtheta = beta da (+1 for b, + a1 for beta)
+            dR_v = theta * psi + zp * (beta * da_v)
+            dR_a = theta * dz_a + zp * (beta * da_a)
+            dR_b = -(theta * psi) + zp * (beta * da_b + 1)
+            dR_beta = theta * dz_beta + zp * (beta * da_beta + a1)
+            dR_rho = zp * (beta * da_rho)
+            if Rd is None:
+                dv_v, dv_a, dv_b, dv_beta = alpha - dR_v, -dR_a, -dR_b, -dR_beta
+            else:
+                dv_v = (Rd * psi - dR_v) + alpha
+                dv_a, dv_b, dv_beta = Rd * dz_a - dR_a, -(Rd * psi) - dR_b, Rd * dz_beta - dR_beta
+        J = torch.stack([dv_v, dv_a, da_v, da_a], -1).unflatten(-1, (2, 2))
         zero = torch.zeros_like(v0)
         one = torch.ones_like(v0)
         vec = {
             "log_tau_mem": torch.stack([v0 * dalpha, zero], -1),
-            "log_tau_adapt": torch.stack([-dR_rho * drho, da_rho * drho], -1),
-            "b": torch.stack([dv["b"], da["b"]], -1),
-            "beta": torch.stack([dv["beta"], da["beta"]], -1),
+            "log_tau_adapt": torch.stack([zero if dR_rho is None else -dR_rho * drho, da_rho * drho], -1),
+            "b": torch.stack([dv_b, da_b], -1),
+            "beta": torch.stack([dv_beta, da_beta], -1),
             "bias": torch.stack([one, zero], -1),
         }
-        vec = {k: v for k, v in vec.items() if self.params.get(k) is not None}
+        vec = {n: v for n, v in vec.items() if self.params.get(n) is not None}
         cvec = torch.stack([one, zero], -1)
         mat = {"weight": (cvec, x)}
         if c.recurrent_weight is not None:
             mat["recurrent_weight"] = (cvec, zp)
-        return Partials(J, vec, mat)
+        return Partials(J, vec, mat, c_zero=(1,))
 
 
 class ReadoutTrace(LayerTrace):
@@ -208,20 +232,25 @@ class ReadoutTrace(LayerTrace):
     def state_params(self):
         return ("weight", "bias", "log_tau")
 
-    def step(self, x, prev):
-        c = self.cell
-        y = x @ c.weight.detach().t()
-        if c.bias is not None:
-            y = y + c.bias.detach()
-        return ReadoutState(c.alpha().detach() * prev.y + y)
-
-    def partials(self, x, prev, new):
+    def make_consts(self, dtype):
         c = self.cell
         alpha, dalpha = _dalpha(c.log_tau.detach(), c.dt)
+        return {"alpha_s": c.alpha().detach().to(dtype), "alpha": alpha.to(dtype), "dalpha": dalpha.to(dtype),
+                "Wt": c.weight.detach().t().to(dtype), "bias": None if c.bias is None else c.bias.detach().to(dtype)}
+
+    def step(self, x, prev):
+        k = self.consts(x.dtype)
+        y = x @ k["Wt"]
+        if k["bias"] is not None:
+            y = y + k["bias"]
+        return ReadoutState(k["alpha_s"] * prev.y + y)
+
+    def partials(self, x, prev, new):
+        k = self.consts(x.dtype)
         y0 = prev.y
         one = torch.ones_like(y0)
-        vec = {"log_tau": (y0 * dalpha)[..., None]}
-        if c.bias is not None:
+        vec = {"log_tau": (y0 * k["dalpha"])[..., None]}
+        if self.cell.bias is not None:
             vec["bias"] = one[..., None]
-        J = alpha.expand_as(y0)[..., None, None]
+        J = k["alpha"].expand_as(y0)[..., None, None]
         return Partials(J, vec, {"weight": (one[..., None], x)})

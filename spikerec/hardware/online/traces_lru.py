@@ -56,36 +56,67 @@ class LRUTrace(LayerTrace):
     def state_params(self):
         return ("nu_log", "theta_log", "gamma_log", "B_re", "B_im")
 
-    def step(self, x, prev):
+    def make_consts(self, dtype):
+        """Per-sequence constants: ``lam`` parts, ``gamma``, the stacked input matrix, ``J``,
+        ``d lam / d nu_log`` and ``d lam / d theta_log`` (parameters are fixed within a sequence)."""
         c = self.cell
         lam = _lam(c)
-        gam = _gamma(c)
-        lr, li = lam.real.to(x.dtype), lam.imag.to(x.dtype)
-        u_re = gam * (x @ c.B_re.detach().t())
-        u_im = gam * (x @ c.B_im.detach().t())
+        gam = _gamma(c).to(dtype)
+        lr, li = lam.real.to(dtype), lam.imag.to(dtype)
+        N = gam.shape[0]
+        out = {
+            "lr": lr, "li": li, "gam": gam, "N": N,
+            "gam2": torch.cat([gam, gam]),
+            # one GEMM for Re and Im: x @ [B_re; B_im]^T
+            "Bt": torch.cat([c.B_re.detach(), c.B_im.detach()]).t().to(dtype),
+            "J": torch.stack([torch.stack([lr, -li], -1), torch.stack([li, lr], -1)], -2)[None],  # [1, N, 2, 2]
+            "cvec": torch.stack([gam, torch.zeros_like(gam)], -1),
+        }
+        if "nu_log" in self.traced:
+            w = -torch.exp(c.nu_log.detach()) * lam  # d lam / d nu_log
+            out["w_nu"] = (w.real, w.imag)
+        if "theta_log" in self.traced:
+            w = 1j * torch.exp(c.theta_log.detach()) * lam
+            out["w_theta"] = (w.real, w.imag)
+        return out
+
+    def step(self, x, prev):
+        k = self.consts(x.dtype)
+        lr, li, N = k["lr"], k["li"], k["N"]
+        u = k["gam2"] * (x @ k["Bt"])
+        u_re, u_im = u[:, :N], u[:, N:]
         h_re = lr * prev.x_re - li * prev.x_im + u_re
         h_im = lr * prev.x_im + li * prev.x_re + u_im
         return type(prev)(h_re, h_im)
 
+    def scan_states(self, x, state):
+        """:meth:`step` over a block with the input projection done once for all K steps."""
+        k = self.consts(x.dtype)
+        lr, li, N = k["lr"], k["li"], k["N"]
+        u = k["gam2"] * (x @ k["Bt"])
+        u_re, u_im = u[..., :N].unbind(0), u[..., N:].unbind(0)
+        prevs = []
+        for t in range(x.shape[0]):
+            prevs.append(state)
+            h_re = lr * state.x_re - li * state.x_im + u_re[t]
+            h_im = lr * state.x_im + li * state.x_re + u_im[t]
+            state = type(state)(h_re, h_im)
+        return prevs, state
+
     def partials(self, x, prev, new):
-        c = self.cell
-        lam = _lam(c)
-        gam = _gamma(c).to(x.dtype)
-        lr, li = lam.real.to(x.dtype), lam.imag.to(x.dtype)
-        J = torch.stack([torch.stack([lr, -li], -1), torch.stack([li, lr], -1)], -2)[None]  # [1, N, 2, 2]
+        k = self.consts(x.dtype)
+        lr, li = k["lr"], k["li"]
         hr, hi = prev.x_re, prev.x_im
         vec = {}
-        if "nu_log" in self.traced:
-            w = -torch.exp(c.nu_log.detach()) * lam  # d lam / d nu_log
-            vec["nu_log"] = torch.stack([w.real * hr - w.imag * hi, w.real * hi + w.imag * hr], -1).to(x.dtype)
-        if "theta_log" in self.traced:
-            w = 1j * torch.exp(c.theta_log.detach()) * lam
-            vec["theta_log"] = torch.stack([w.real * hr - w.imag * hi, w.real * hi + w.imag * hr], -1).to(x.dtype)
+        for name, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")):
+            if key in k:
+                wr, wi = k[key]
+                vec[name] = torch.stack([wr * hr - wi * hi, wr * hi + wi * hr], -1).to(x.dtype)
         if "gamma_log" in self.traced:
             # d h_t / d gamma_log |imm = gamma B x_t = h_t - lam h_{t-1}
             vec["gamma_log"] = torch.stack([new.x_re - (lr * hr - li * hi), new.x_im - (lr * hi + li * hr)], -1)
-        cvec = torch.stack([gam, torch.zeros_like(gam)], -1).expand(x.shape[0], -1, -1)
-        return Partials(J, vec, {"B_re": (cvec, x)})
+        cvec = k["cvec"].expand(x.shape[0], -1, -1)
+        return Partials(k["J"], vec, {"B_re": (cvec, x)}, c_zero=(1,))
 
     def mat_readers(self, P):
         out = []
