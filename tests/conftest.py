@@ -20,3 +20,13 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of many tiny ops (eigen-problems, step loops): on a
+    shared 2-core machine, spinning OpenMP workers make them up to 10x slower."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -11,12 +11,7 @@ from spikerec.analysis import model_memory as mm
 from spikerec.analysis import plots
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- closed forms: anchors (T1-T3) ---------------------------------------------------------------

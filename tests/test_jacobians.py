@@ -12,13 +12,7 @@ from spikerec.stability import cell_time_jacobian, spectral_radius, transition_j
 from spikerec.stability.jacobians import parse_key
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # many tiny eigen-problems: OpenMP threads only add contention on a shared 2-core machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(autouse=True)

@@ -15,13 +15,7 @@ from spikerec.stability.lsc import lsc_targets, make_optimizer, mean_radii
 C, N, T, B = 10, 16, 20, 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny eigen-problems: OpenMP threads only add contention on a shared 2-core machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _stack(kind):

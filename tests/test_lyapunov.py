@@ -10,12 +10,7 @@ from spikerec.analysis.lyapunov import (classify_criticality, jacrev_time_jacobi
 from spikerec.analysis.wcrnn import WCRNN, make_residual
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _inputs(T, B, C=1, seed=0):

@@ -8,56 +8,9 @@ from spikerec.hardware.online import OnlineLearner, classification_loss, mse_los
 from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.models import RecurrentStack
 
+from online_helpers import _fp64_one_thread, bptt_grads, cos, named, online_grads, rel  # noqa: F401
+
 SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
-
-
-@pytest.fixture(autouse=True)
-def _fp64_one_thread():
-    """float64 for the exactness claims; one intra-op thread (these are many tiny ops, and on a
-    shared 2-core machine spinning OpenMP workers make them ~10x slower)."""
-    old, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(old)
-    torch.set_num_threads(threads)
-
-
-def named(model):
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def bptt_grads(model, x, target, loss_fn, detach_state=False):
-    """Autograd through the model's ``step`` loop; ``detach_state`` cuts every recurrent edge
-    (the 1-step truncation oracle)."""
-    states = model.initial_state(x.shape[1], x.device, x.dtype)
-    total = 0.0
-    for t in range(x.shape[0]):
-        if detach_state:
-            states = tuple(type(s)(*(v.detach() for v in s)) for s in states)
-        y, states = model.step(x[t], states)
-        l = loss_fn(y, target, t)
-        if l is not None:
-            total = total + l
-    ps = named(model)
-    gs = torch.autograd.grad(total, [p for _, p in ps], allow_unused=True)
-    return {n: (g if g is not None else torch.zeros_like(p)) for (n, p), g in zip(ps, gs)}
-
-
-def online_grads(model, x, target, loss_fn, **kw):
-    model.zero_grad()
-    OnlineLearner(model, **kw).backward(x, target, loss_fn)
-    out = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in named(model)}
-    model.zero_grad()
-    return out
-
-
-def rel(a, b):
-    return float((a - b).norm() / (b.norm() + 1e-300))
-
-
-def cos(a, b):
-    return float((a * b).sum() / (a.norm() * b.norm()))
 
 
 def spiking_cell(kind, H, N, **kw):

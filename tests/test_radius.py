@@ -11,13 +11,7 @@ from spikerec.stability import spectral_radius, transition_jacobians, transition
 from spikerec.stability.radius import square
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # many tiny eigen-problems: OpenMP threads only add contention on a shared 2-core machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _np_radius(M):

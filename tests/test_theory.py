@@ -18,13 +18,7 @@ from spikerec.stability.theory import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # many tiny eigen-problems: OpenMP threads only add contention on a shared 2-core machine
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_grid_path_counts_and_lemma2_identity():

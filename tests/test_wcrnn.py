@@ -13,12 +13,7 @@ from spikerec.analysis.wcrnn import (VARIANTS, WCRNN, block_rotation, characteri
                                      weakly_coupled_elman_init)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- residuals (T10, T11, informed) ---------------------------------------------------------------

@@ -174,6 +174,15 @@ class OnlineLearner:
         self.tracers = [] if rule == "bptt" else [tracer_for(c, rule, i) for i, c in enumerate(model.layers)]
 
     # --- public -------------------------------------------------------------------------------
+    def _add_spatial(self, grads) -> None:
+        """Accumulate the immediate (spatial) partials of the parameters, one per ``self.params``."""
+        for p, gp in zip(self.params, grads):
+            if gp is not None:
+                if p in self.spatial:
+                    self.spatial[p] += gp
+                else:
+                    self.spatial[p] = gp.clone()
+
     def backward(self, x: torch.Tensor, target, loss_fn: Callable) -> float:
         """Accumulate the rule's gradient estimate of ``L = sum_t loss_fn(y_t, target, t)`` into
         ``.grad``; returns ``L`` as a float."""
@@ -268,12 +277,7 @@ class OnlineLearner:
                         index.append((k, i, f))
             grads = torch.autograd.grad(total, inputs + self.params, allow_unused=True)
             n = len(inputs)
-            for p, gp in zip(self.params, grads[n:]):
-                if gp is not None:
-                    if p in self.spatial:
-                        self.spatial[p] += gp
-                    else:
-                        self.spatial[p] = gp.clone()
+            self._add_spatial(grads[n:])
             fields: dict[tuple[int, int], list] = {}
             for (k, i, f), gsf in zip(index, grads[:n]):
                 fields.setdefault((k, i), []).append(gsf)
@@ -367,12 +371,7 @@ class OnlineLearner:
                     index.append(i)
             grads = torch.autograd.grad(total, inputs + self.params, allow_unused=True)
             n = len(inputs)
-            for p, gp in zip(self.params, grads[n:]):
-                if gp is not None:
-                    if p in self.spatial:
-                        self.spatial[p] += gp
-                    else:
-                        self.spatial[p] = gp.clone()
+            self._add_spatial(grads[n:])
             for i in traced:
                 lst = [g for g, j in zip(grads[:n], index) if j == i]
                 if all(v is None for v in lst):
