@@ -25,14 +25,12 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from ..errors import ConfigError
+
 __all__ = ["DEFAULTS", "ConfigError", "load_config", "list_presets", "preset_path", "apply_override",
            "validate_config", "resolve_sizes", "PRESET_DIR"]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-class ConfigError(ValueError):
-    """A bad preset name, key or value; the message names it and lists the valid choices."""
 
 
 # Defaults of the fixed-schema sections. ``[model]`` and the ``options`` tables are free-form
