@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layers.base import Cell, check_sequence
+from .layers.base import Cell, check_sequence, match_input_dtype
 from .layers.readout import READOUT_MODES, LeakyReadout, aggregate
 
 __all__ = ["RecurrentStack", "build_model", "CELL_KINDS", "cell_class", "register_cell"]
@@ -97,6 +97,7 @@ class RecurrentStack(nn.Module):
         """Run the whole sequence. Returns ``(y[T, B, K], final_states)``, plus the list of
         every hidden layer's output sequence when ``record``."""
         check_sequence(x, self.input_size, "model input")
+        x = match_input_dtype(x, next(self.parameters()).dtype, "model input")
         if states is None:
             states = self.initial_state(x.shape[1], x.device, x.dtype)
         finals, hidden = [], []
@@ -117,6 +118,7 @@ class RecurrentStack(nn.Module):
 
     def step_loop(self, x: torch.Tensor, states=None):
         """Reference path: :meth:`step` for every t."""
+        x = match_input_dtype(x, next(self.parameters()).dtype, "model input")
         if states is None:
             states = self.initial_state(x.shape[1], x.device, x.dtype)
         ys = []

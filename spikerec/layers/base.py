@@ -22,7 +22,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-__all__ = ["Cell", "check_sequence", "check_time_constant", "glorot_uniform_", "init_weight_"]
+from ..errors import DataError
+
+__all__ = ["Cell", "check_sequence", "match_input_dtype", "check_time_constant", "glorot_uniform_", "init_weight_"]
 
 
 def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_complex: bool = False) -> None:
@@ -37,6 +39,19 @@ def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_com
         raise TypeError(f"{name}: expected a real tensor, got dtype {x.dtype}")
     if x.is_floating_point() and torch.isnan(x).any():
         raise ValueError(f"{name}: contains NaN values")
+
+
+def match_input_dtype(x: torch.Tensor, dtype: torch.dtype, name: str = "x") -> torch.Tensor:
+    """``x`` in the floating dtype of the parameters: integer and boolean inputs (spike
+    counts, event frames) are cast, which is exact; a floating input of another precision
+    (float64 into a float32 model) raises :class:`~spikerec.errors.DataError` naming both
+    dtypes, since a silent cast would change the precision the caller chose."""
+    if x.dtype == dtype:
+        return x
+    if not (x.is_floating_point() or x.is_complex()):
+        return x.to(dtype)
+    raise DataError(f"{name}: dtype {x.dtype} but the model's parameters are {dtype}; convert the input "
+                    f"(x.to({dtype})) or the model (model.to({x.dtype}))")
 
 
 def check_step_input(x_t: torch.Tensor, features: int, name: str = "x_t") -> None:

@@ -5,7 +5,8 @@ Per step: forward the batch ``x[T, B, C]`` through the model, the loss of
 with ``learning = "online"``), gradient clipping of the global norm, Adam/AdamW with two
 parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
 ``lr * f(step)`` with a linear warm-up over ``warmup`` of all steps and a cosine to
-``lr * min_lr_factor`` (LRU recipe, digest 001 §4.2).
+``lr * min_lr_factor`` (the LRU recipe, Orvieto et al. 2023, App. D.2); the groups, the
+optimiser and the schedule are :mod:`spikerec.optim`'s, shared with LSC and the deep LRU model.
 
 Resuming is exact: the batch order depends only on ``(seed, epoch)``
 (:func:`spikerec.data.make_loader`), and a checkpoint stores the weights, the optimiser
@@ -26,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import optim
+from ..optim import lr_factor
 from . import checkpoint as ckpt
 from . import distributed as ddp
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
@@ -70,55 +73,16 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.deterministic = True
 
 
-def _recurrent_names(model) -> set[str]:
-    """Parameters that get the reduced learning rate: the LRU's ``nu, theta, gamma, B``
-    (digest 001 §4.2); otherwise each cell's ``stability_groups()["time"]`` (recurrent
-    weights and time constants)."""
-    from ..layers.lru import RECURRENT_PARAMS
-
-    ids = set()
-    for mod in model.modules():
-        if type(mod).__name__ == "LRU":
-            ids |= {id(getattr(mod, n)) for n in RECURRENT_PARAMS if isinstance(getattr(mod, n, None), torch.nn.Parameter)}
-        elif hasattr(mod, "stability_groups") and mod is not getattr(model, "readout", None):
-            try:
-                ids |= {id(p) for p in mod.stability_groups()["time"]}
-            except (NotImplementedError, KeyError):
-                pass
-    return {n for n, p in model.named_parameters() if id(p) in ids}
-
-
 def param_groups(model, tc: dict) -> list[dict]:
-    rec = _recurrent_names(model)
-    g_rec = [p for n, p in model.named_parameters() if p.requires_grad and n in rec]
-    g_oth = [p for n, p in model.named_parameters() if p.requires_grad and n not in rec]
-    groups = []
-    if g_rec:
-        groups.append({"params": g_rec, "lr": tc["lr"] * tc["recurrent_lr_factor"],
-                       "weight_decay": tc["recurrent_weight_decay"], "name": "recurrent"})
-    if g_oth:
-        groups.append({"params": g_oth, "lr": tc["lr"], "weight_decay": tc["weight_decay"], "name": "other"})
-    return groups
+    """:func:`spikerec.optim.param_groups` with the ``[train]`` options: the recurrent (slow)
+    group gets ``lr * recurrent_lr_factor`` and ``recurrent_weight_decay``."""
+    return optim.param_groups(model, tc["lr"], weight_decay=tc["weight_decay"],
+                              slow_lr_factor=tc["recurrent_lr_factor"], slow_weight_decay=tc["recurrent_weight_decay"])
 
 
 def make_optimizer(model, tc: dict) -> torch.optim.Optimizer:
-    cls = torch.optim.AdamW if tc["optimizer"] == "adamw" else torch.optim.Adam
-    opt = cls(param_groups(model, tc), lr=tc["lr"], betas=tuple(tc["betas"]), eps=tc["eps"])
-    for g in opt.param_groups:
-        g["base_lr"] = g["lr"]
-    return opt
-
-
-def lr_factor(step: int, total: int, warmup: float, schedule: str, min_factor: float) -> float:
-    """Multiplier of the base lr before update ``step`` (0-based): linear warm-up over
-    ``round(warmup * total)`` steps, then cosine from 1 to ``min_factor`` (or constant)."""
-    w = int(round(warmup * total))
-    if step < w:
-        return (step + 1) / w
-    if schedule == "constant":
-        return 1.0
-    prog = min(1.0, (step - w) / max(1, total - w))
-    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * prog))
+    """:func:`spikerec.optim.make_optimizer` (Adam or AdamW) over :func:`param_groups`."""
+    return optim.make_optimizer(param_groups(model, tc), tc["optimizer"], tc["lr"], betas=tc["betas"], eps=tc["eps"])
 
 
 def forward_sequence(model, x: torch.Tensor, record: bool = False):
