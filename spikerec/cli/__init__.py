@@ -19,6 +19,7 @@ from .. import __version__
 from ..data import DatasetMissingError
 from ..errors import EXIT_CODES, SpikerecError
 from ..train.trainer import NonFiniteLoss
+from .common import Interrupted
 
 __all__ = ["main", "COMMANDS", "EXIT_CODES", "run_command"]
 
@@ -35,14 +36,6 @@ _FALLBACK = {"spikerec.cli.export": "spikerec.hardware.export_command"}
 
 EXIT_INTERRUPTED = 130
 EXIT_OS = 7
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM while a command runs; ``hint`` says how to continue."""
-
-    def __init__(self, hint: str = ""):
-        super().__init__(hint)
-        self.hint = hint
 
 
 def _usage() -> str:

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from ..data.fileio import file_digest
 from ..data.home import data_home, dataset_dir
 from ..data.mnist import MNIST_MD5, find_mnist, missing_message
 from ..data.shd_file import SHD_ZIP_MD5, shd_missing_message
+from .common import ArgumentParser
 
 __all__ = ["main", "status", "KNOWN_SUMS"]
 
@@ -86,7 +86,7 @@ def status(verify: bool = False) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="spikerec datasets", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="spikerec datasets", description=__doc__.split("\n")[0])
     p.add_argument("--verify", action="store_true", help="compute checksums of the files found")
     p.add_argument("--json", action="store_true", help="print JSON")
     a = p.parse_args(argv)

@@ -1,7 +1,6 @@
 """``spikerec evaluate RUN``: test a finished (or checkpointed) run again."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -12,13 +11,13 @@ from ..data import get_dataset, make_loader
 from ..errors import CheckpointError
 from ..train.runs import load_model, read_config
 from ..train.trainer import evaluate
-from .train import check_device
+from .common import ArgumentParser, check_device
 
 __all__ = ["main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="spikerec evaluate",
         description="Load a run folder made by 'spikerec train' (config.json + model.safetensors), evaluate it on a "
                     "split of its data set and print the loss, the accuracy and the firing rate of every spiking layer.",

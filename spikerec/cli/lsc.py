@@ -19,12 +19,13 @@ from ..stability import lsc_pretrain
 from ..train.config import load_config, resolve_sizes
 from ..train.runs import new_run_dir, save_model, write_config
 from ..train.trainer import build_from_config, seed_everything
+from .common import ArgumentParser
 
 __all__ = ["main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="spikerec lsc", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="LSC pre-training (Herranz-Celotti & Rouat): drive the spectral radius of every transition "
                     "derivative (time, depth, input) towards a target (1, 0.5) with the clipped weight multiplier "

@@ -4,10 +4,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
-import torch
 
 from ..data import DatasetMissingError, dataset_info
 from ..errors import ConfigError, DataError
@@ -15,7 +15,8 @@ from ..train.config import list_presets, load_config, resolve_sizes, validate_co
 from ..train.distributed import launch
 from ..train.runs import new_run_dir, read_config
 from ..train.trainer import Trainer
-from . import Interrupted, run_command
+from . import run_command
+from .common import ArgumentParser, Interrupted, check_device
 
 __all__ = ["main", "build_parser"]
 
@@ -35,8 +36,8 @@ checkpoints/, curves.png, raster.png and summary.json; 'spikerec evaluate RUN' r
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="spikerec train", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Train a spiking or recurrent network from a TOML preset: optional LSC pre-training, then "
                     "BPTT (or online) training, evaluation on the test split, and a run folder with everything.")
@@ -130,43 +131,33 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(cfg, indent=1))
             return 0
         run_dir = None
-    check_device(cfg["train"]["device"], "--device / train.device")
+    check_device(cfg["train"]["device"], "train.device (--device)")
 
     main_proc = int(os.environ.get("RANK", "0")) == 0
     if run_dir is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
         raise ConfigError("under torchrun give --out DIR (every process must use the same run folder)")
+    created = False
     if run_dir is None:
+        created = main_proc and not (args.out and Path(args.out).exists())
         run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
     trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume), stop_after_steps=args.stop_after_steps,
                       echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None))
     try:
         summary = trainer.fit()
     except (DatasetMissingError, DataError) as e:
-        _remove_if_empty(run_dir)
+        _discard_unstarted(run_dir, created)
         raise DataError(f"data set '{cfg['data']['name']}' is not available: {' '.join(str(e).split())} "
                         f"(see 'spikerec datasets' for what is installed and how to get the rest)") from None
     except KeyboardInterrupt:
-        _remove_if_empty(run_dir)
+        _discard_unstarted(run_dir, created)
         raise Interrupted(_resume_hint(run_dir)) from None
+    except BaseException:
+        _discard_unstarted(run_dir, created)
+        raise
     if "stopped_at_step" in summary or not main_proc:
         return 0
     _print_summary(summary)
     return 0
-
-
-def check_device(name: str, option: str) -> None:
-    """A clear :class:`ConfigError` when ``name`` asks for CUDA (or an index) that this machine lacks."""
-    name = str(name)
-    if name in ("auto", "cpu"):
-        return
-    if not (name == "cuda" or name.startswith("cuda:")):
-        raise ConfigError(f"{option} = '{name}': expected cpu, cuda, cuda:N or auto")
-    if not torch.cuda.is_available():
-        raise ConfigError(f"{option} = '{name}' but CUDA is not available on this machine; use cpu or auto")
-    if name.startswith("cuda:"):
-        idx = name[5:]
-        if not idx.isdigit() or int(idx) >= torch.cuda.device_count():
-            raise ConfigError(f"{option} = '{name}': this machine has CUDA devices 0..{torch.cuda.device_count() - 1}")
 
 
 def _resume_hint(run_dir: Path) -> str:
@@ -176,13 +167,16 @@ def _resume_hint(run_dir: Path) -> str:
     return "no checkpoint had been written yet, so nothing can be resumed; start the run again"
 
 
-def _remove_if_empty(run_dir: Path) -> None:
-    """Leave nothing behind when a run could not start."""
+def _discard_unstarted(run_dir: Path, created: bool) -> None:
+    """Leave nothing behind when a run folder this command created ends before its first
+    checkpoint (a folder that existed before, or a run with a checkpoint, is kept)."""
+    run_dir = Path(run_dir)
+    if not created or any((run_dir / "checkpoints").glob("step-*")):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
     try:
-        run_dir.rmdir()
-        parent = run_dir.parent
-        if parent.name == "runs":
-            parent.rmdir()
+        if run_dir.parent.name == "runs":
+            run_dir.parent.rmdir()  # only if empty
     except OSError:
         pass
 

@@ -53,7 +53,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Annotated, Any, Iterable, Literal
 
 import torch
