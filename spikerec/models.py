@@ -32,7 +32,7 @@ CELL_KINDS: dict[str, tuple[str, str]] = {
     "alif": ("spikerec.layers.alif", "ALIF"),
     "lru": ("spikerec.layers.lru", "LRU"),
     "gru": ("spikerec.layers.gru", "GRU"),
-    "wcrnn": ("spikerec.analysis.wcrnn", "WCRNN"),
+    "wcrnn": ("spikerec.layers.wcrnn", "WCRNN"),
 }
 
 

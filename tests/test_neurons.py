@@ -196,7 +196,7 @@ def test_every_backend_names_an_existing_equality_test():
     import spikerec.layers  # noqa: F401  (registers the layer backends)
 
     kinds = [k for k in neurons.KINDS if neurons.backends_of(k)]
-    assert {"lif", "alif", "readout"} <= set(kinds)
+    assert kinds == list(neurons.KINDS), "every kind has at least its layer's forward as a backend"
     for k in kinds:
         for b in neurons.backends_of(k).values():
             path, name = b.test.split("::")
@@ -237,3 +237,22 @@ def test_readout_forward_equals_step():
 def test_bad_options(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("variant", ["linear", "A", "B", "no_tanh"])
+def test_wcrnn_forward_equals_step_with_gradients(variant):
+    from spikerec.layers import WCRNN
+
+    cell = WCRNN(3, 6, residual="informed", variant=variant, seed=2, trainable_residual=True).double()
+    x = torch.randn(9, 2, 3, dtype=F64)
+    x0 = torch.randn(2, 6, dtype=F64)
+    res = []
+    for path in ("forward", "loop"):
+        cell.zero_grad()
+        xx, hh = x.clone().requires_grad_(), x0.clone().requires_grad_()
+        st = type(cell.initial_state(2))(hh)
+        y, s = cell(xx, st) if path == "forward" else cell.step_loop(xx, st)
+        ((y * torch.linspace(-1, 1, 6, dtype=F64)).sum() + 0.5 * s.x.sum()).backward()
+        res.append([y.detach(), s.x.detach(), xx.grad, hh.grad] + [p.grad.clone() for p in cell.parameters()])
+    for u, v in zip(*res):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-13)
