@@ -7,15 +7,15 @@ Architecture, time-first ``x[T, B, C]``::
     logits = Head(Pool_t(h))                               mean / last pooling, linear head
 
 ``Norm`` is BatchNorm over (batch, time) per channel (the paper's default) or
-LayerNorm. ``Mix`` (digest 001 §1.6, S5's definitions since the paper is terse):
+LayerNorm. ``Mix`` (the definitions of Smith, Warrington & Linderman 2023, S5, since the LRU paper is terse):
 
 * ``glu``:      ``z = drop(gelu(v)); z = W1 z * sigmoid(W2 z); z = drop(z)``
 * ``half_glu``: ``z = drop(gelu(v)); z = z * sigmoid(W2 z); z = drop(z)`` (PathX)
 * ``mlp``:      ``z = drop(W2 drop(gelu(W1 v)))``
 
 Dropout masks are element-wise (PyTorch ``Dropout``). Optimiser (App. D.2, Table 9):
-AdamW; ``nu_log, theta_log, gamma_log, B_re, B_im`` get ``lr * lr_factor`` and no weight
-decay, everything else ``lr`` and ``weight_decay`` (:func:`lru_param_groups`); the learning
+AdamW; the recurrence's parameters ``lambda`` (``nu_log, theta_log``), ``gamma_log`` and ``B``
+(selected by role: ``ParamSpec.slow``) get ``lr * lr_factor`` and no weight decay, everything else ``lr`` and ``weight_decay`` (:func:`lru_param_groups`); the learning
 rate warms up linearly from 1e-7 over the first 10% of the steps, then follows a cosine
 down to 1e-7 (:func:`warmup_cosine`).
 """
@@ -28,7 +28,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .layers.base import check_sequence
-from .layers.lru import LRU, RECURRENT_PARAMS
+from .layers.lru import LRU
+from .neurons.roles import param_specs_of
 
 __all__ = ["LRUBlock", "LRUModel", "lru_param_groups", "warmup_cosine", "NORMS", "MIXES", "POOLS"]
 
@@ -136,17 +137,19 @@ class LRUModel(nn.Module):
 
 
 def lru_param_groups(model: nn.Module, lr: float, lr_factor: float = 1.0, weight_decay: float = 0.0) -> list[dict]:
-    """AdamW parameter groups of the paper: ``nu_log, theta_log, gamma_log, B_re, B_im`` of every LRU
-    get ``lr * lr_factor`` and ``weight_decay = 0``; all other parameters (C, D, encoder, mix, norms,
-    head) get ``lr`` and ``weight_decay`` (digest 001 §4.2, A11)."""
+    """AdamW parameter groups of the paper (App. D.2): the parameters of every LRU's recurrence
+    (``lambda``, ``gamma``, ``B``; those whose spec is in the slow group) get ``lr * lr_factor`` and
+    ``weight_decay = 0``; all other parameters (C, D, encoder, mix, norms, head) get ``lr`` and
+    ``weight_decay`` (``docs/decisions.md``, neurons 10)."""
     if lr <= 0 or lr_factor <= 0 or weight_decay < 0:
         raise ValueError(f"lru_param_groups: need lr > 0, lr_factor > 0, weight_decay >= 0; "
                          f"got lr={lr}, lr_factor={lr_factor}, weight_decay={weight_decay}")
+    slow = {i for i, (_, _, spec) in param_specs_of(model).items() if spec.in_slow_group}
     rec, other = [], []
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if not p.requires_grad:
             continue
-        (rec if name.rsplit(".", 1)[-1] in RECURRENT_PARAMS else other).append(p)
+        (rec if id(p) in slow else other).append(p)
     groups = []
     if rec:
         groups.append({"params": rec, "lr": lr * lr_factor, "weight_decay": 0.0, "name": "recurrent"})

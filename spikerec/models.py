@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layers.base import Cell, check_sequence
+from .layers.base import Cell, check_sequence, protocol_missing
 from .layers.readout import READOUT_MODES, LeakyReadout, aggregate
 
 __all__ = ["RecurrentStack", "build_model", "CELL_KINDS", "cell_class", "register_cell"]
@@ -56,7 +56,7 @@ class RecurrentStack(nn.Module):
         if not cells:
             raise ValueError("RecurrentStack: needs at least one cell")
         for i, c in enumerate(list(cells) + [readout]):
-            missing = [m for m in ("initial_state", "step", "output", "state_vector", "stability_groups") if not hasattr(c, m)]
+            missing = protocol_missing(c)
             if missing:
                 raise TypeError(f"layer {i} ({type(c).__name__}) does not follow the cell protocol: missing {missing}")
         for i in range(1, len(cells)):

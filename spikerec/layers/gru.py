@@ -14,7 +14,7 @@ from torch import nn
 from .. import neurons
 from ..neurons import gru as _gru
 from ..neurons.gru import GRUParams, GRUState
-from ..neurons.roles import ParamSpec, Role, stability_groups_from_specs
+from ..neurons.roles import ParamSpec, Role
 from .base import Cell, check_sequence, check_step_input
 
 __all__ = ["GRU", "GRUState"]
@@ -89,9 +89,6 @@ class GRU(Cell):
         self._check_state(state)
         out, h_n = self.rnn(x, state.h.unsqueeze(0).contiguous())
         return out, GRUState(h_n[0])
-
-    def stability_groups(self) -> dict[str, list[nn.Parameter]]:
-        return stability_groups_from_specs(self)
 
 
 neurons.register_backend("gru", "layers.GRU.forward (torch.nn.GRU / cuDNN)", GRU.forward,

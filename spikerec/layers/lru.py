@@ -27,7 +27,7 @@ from torch import nn
 from .. import neurons
 from ..neurons import lru as _lru
 from ..neurons.lru import LRUParams, LRUState
-from ..neurons.roles import ParamSpec, Role, Transform, stability_groups_from_specs
+from ..neurons.roles import ParamSpec, Role, Transform
 from ..scan import linear_scan
 from .base import Cell, check_sequence, check_step_input
 
@@ -206,10 +206,6 @@ class LRU(Cell):
         y = torch.view_as_real(xs).flatten(-2) @ Wc.t() + self._skip(x)
         last = xs[-1]
         return y, LRUState(last.real.contiguous(), last.imag.contiguous())
-
-    def stability_groups(self) -> dict[str, list[nn.Parameter]]:
-        """time: ``nu_log``; depth: B and C (from :meth:`param_specs`)."""
-        return stability_groups_from_specs(self)
 
     # --- analysis helpers ----------------------------------------------------------------
     def to_dense_real(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

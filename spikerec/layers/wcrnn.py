@@ -23,7 +23,7 @@ from torch import nn
 
 from .. import neurons
 from ..neurons import wcrnn as _wcrnn
-from ..neurons.roles import ParamSpec, Role, stability_groups_from_specs
+from ..neurons.roles import ParamSpec, Role
 from ..neurons.wcrnn import VARIANTS, WCRNNOptions, WCRNNParams, WCRNNState
 from .base import Cell, check_sequence, check_step_input
 
@@ -269,9 +269,6 @@ class WCRNN(Cell):
             h = _wcrnn.update(p, h, drive[t], o)
             outs.append(h)
         return torch.stack(outs), WCRNNState(h)
-
-    def stability_groups(self):
-        return stability_groups_from_specs(self)
 
     # --- analysis helpers ---------------------------------------------------------------------
     def time_jacobian(self, x_t: torch.Tensor, state) -> torch.Tensor:

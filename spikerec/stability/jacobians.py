@@ -28,6 +28,8 @@ from typing import Callable, Sequence
 import torch
 from torch.func import jacrev, jvp, vjp, vmap
 
+from ..layers.base import PROTOCOL_METHODS, protocol_missing
+
 __all__ = [
     "KINDS",
     "PROTOCOL",
@@ -41,12 +43,12 @@ __all__ = [
 ]
 
 KINDS = ("time", "depth", "input", "readout")
-PROTOCOL = ("initial_state", "step", "output", "state_vector", "state_from_vector", "stability_groups")
+PROTOCOL = PROTOCOL_METHODS
 
 
 def check_cell(cell, name: str = "cell") -> None:
     """Raise ``TypeError`` unless ``cell`` implements the cell protocol of ``spikerec.layers.base``."""
-    missing = [m for m in PROTOCOL if not callable(getattr(cell, m, None))]
+    missing = protocol_missing(cell)
     if missing:
         raise TypeError(
             f"{name} ({type(cell).__name__}) does not follow the cell protocol: missing {', '.join(missing)} "

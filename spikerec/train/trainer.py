@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..neurons.roles import param_specs_of
 from . import checkpoint as ckpt
 from . import distributed as ddp
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
@@ -71,20 +72,12 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def _recurrent_names(model) -> set[str]:
-    """Parameters that get the reduced learning rate: the LRU's ``nu, theta, gamma, B``
-    (digest 001 §4.2); otherwise each cell's ``stability_groups()["time"]`` (recurrent
-    weights and time constants)."""
-    from ..layers.lru import RECURRENT_PARAMS
-
-    ids = set()
-    for mod in model.modules():
-        if type(mod).__name__ == "LRU":
-            ids |= {id(getattr(mod, n)) for n in RECURRENT_PARAMS if isinstance(getattr(mod, n, None), torch.nn.Parameter)}
-        elif hasattr(mod, "stability_groups") and mod is not getattr(model, "readout", None):
-            try:
-                ids |= {id(p) for p in mod.stability_groups()["time"]}
-            except (NotImplementedError, KeyError):
-                pass
+    """Parameters that get the reduced learning rate: those in the slow group of their cell's
+    recurrence by role (``ParamSpec.slow``: role time, and the LRU's ``gamma`` and ``B``, Orvieto et
+    al. 2023, App. D.2); never the readout's."""
+    ro = getattr(model, "readout", None)
+    ro_ids = {id(p) for p in ro.parameters()} if isinstance(ro, torch.nn.Module) else set()
+    ids = {i for i, (_, _, spec) in param_specs_of(model).items() if spec.in_slow_group and i not in ro_ids}
     return {n for n, p in model.named_parameters() if id(p) in ids}
 
 

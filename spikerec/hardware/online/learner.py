@@ -63,6 +63,7 @@ def tracer_for(cell, rule: str, index: int) -> LayerTrace:
     """The online form of ``cell`` under ``rule``; a clear error for unsupported pairs."""
     from ...layers.alif import ALIF
     from ...layers.lif import LIF
+    from ...layers.lru import LRU
     from ...layers.readout import LeakyReadout
 
     if isinstance(cell, LIF):
@@ -79,7 +80,7 @@ def tracer_for(cell, rule: str, index: int) -> LayerTrace:
 
             return ReadoutTrace(cell, rule)
         return GenericTrace(cell, rule, stateless=True)
-    if type(cell).__name__ == "LRU":
+    if isinstance(cell, LRU):
         from .traces_lru import LRUTrace
 
         return LRUTrace(cell, rule)
