@@ -1,4 +1,5 @@
-"""Per-sample transition Jacobians of cells and stacks (LSC paper, Sec. II-A; digest 002 §1, §3.2).
+"""Per-sample transition Jacobians of cells and stacks (Herranz-Celotti & Rouat,
+"Stabilizing RNN gradients through pre-training", Sec. II-A, eq. 1).
 
 For a stack of cells with states ``s^l_t`` (the cell's ``state_vector``: LIF ``v``; ALIF
 ``v ‖ a``; GRU ``h``; LRU ``Re x ‖ Im x``) the transition derivatives are
@@ -7,7 +8,7 @@ For a stack of cells with states ``s^l_t`` (the cell's ``state_vector``: LIF ``v
 * ``depth/l``:   ``M = d s^l_t / d s^{l-1}_t`` (l >= 1) through
   ``cells[l].step(cells[l-1].output(h^{l-2}_t, s^{l-1}_t), s^l_{t-1})``. The layer below
   feeds the layer above at the *same* time step, as stacked RNNs and the official code
-  do (ambiguity A1, ``depth_delay = 0``);
+  do (``docs/decisions.md``, neurons 11; ``depth_delay = 0``);
 * ``input/0``:   ``M = d s^1_t / d x_t`` (the input-to-first-layer "depth" derivative);
 * ``readout/L``: ``M = d y_t / d s^L_t``, with ``y_t`` the readout's step output (L =
   index of the readout in ``model.layers``).

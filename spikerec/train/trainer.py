@@ -5,7 +5,7 @@ Per step: forward the batch ``x[T, B, C]`` through the model, the loss of
 with ``learning = "online"``), gradient clipping of the global norm, Adam/AdamW with two
 parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
 ``lr * f(step)`` with a linear warm-up over ``warmup`` of all steps and a cosine to
-``lr * min_lr_factor`` (LRU recipe, digest 001 §4.2).
+``lr * min_lr_factor`` (the LRU recipe: Orvieto et al. 2023, §2.2, App. D.2).
 
 Resuming is exact: the batch order depends only on ``(seed, epoch)``
 (:func:`spikerec.data.make_loader`), and a checkpoint stores the weights, the optimiser
