@@ -7,16 +7,15 @@ Architecture, time-first ``x[T, B, C]``::
     logits = Head(Pool_t(h))                               mean / last pooling, linear head
 
 ``Norm`` is BatchNorm over (batch, time) per channel (the paper's default) or
-LayerNorm. ``Mix`` (§2.2 names GLU and MLP mixing; the definitions follow S5, Smith et al.
-2023, App. F, since the paper is terse):
+LayerNorm. ``Mix`` (the definitions of Smith, Warrington & Linderman 2023, S5, since the LRU paper is terse):
 
 * ``glu``:      ``z = drop(gelu(v)); z = W1 z * sigmoid(W2 z); z = drop(z)``
 * ``half_glu``: ``z = drop(gelu(v)); z = z * sigmoid(W2 z); z = drop(z)`` (PathX)
 * ``mlp``:      ``z = drop(W2 drop(gelu(W1 v)))``
 
 Dropout masks are element-wise (PyTorch ``Dropout``). Optimiser (App. D.2, Table 9):
-AdamW; ``nu_log, theta_log, gamma_log, B_re, B_im`` get ``lr * lr_factor`` and no weight
-decay, everything else ``lr`` and ``weight_decay`` (:func:`lru_param_groups`); the learning
+AdamW; the recurrence's parameters ``lambda`` (``nu_log, theta_log``), ``gamma_log`` and ``B``
+(selected by role: ``ParamSpec.slow``) get ``lr * lr_factor`` and no weight decay, everything else ``lr`` and ``weight_decay`` (:func:`lru_param_groups`); the learning
 rate warms up linearly from 1e-7 over the first 10% of the steps, then follows a cosine
 down to 1e-7 (:func:`warmup_cosine`). Both are :mod:`spikerec.optim`'s shared functions.
 """
@@ -136,10 +135,11 @@ class LRUModel(nn.Module):
 
 
 def lru_param_groups(model: nn.Module, lr: float, lr_factor: float = 1.0, weight_decay: float = 0.0) -> list[dict]:
-    """AdamW parameter groups of the paper (App. D.2): the recurrent parameters of every LRU
-    (``nu_log, theta_log, gamma_log, B_re, B_im``) get ``lr * lr_factor`` and no weight decay;
-    all other parameters (C, D, encoder, mix, norms, head) get ``lr`` and ``weight_decay``.
-    This is :func:`spikerec.optim.param_groups` with the recipe's arguments."""
+    """AdamW parameter groups of the paper (App. D.2): the parameters of every LRU's recurrence
+    (``lambda``, ``gamma``, ``B``; those whose spec is in the slow group) get ``lr * lr_factor`` and
+    ``weight_decay = 0``; all other parameters (C, D, encoder, mix, norms, head) get ``lr`` and
+    ``weight_decay`` (``docs/decisions.md``, neurons 10). This is :func:`spikerec.optim.param_groups`
+    with the recipe's arguments."""
     if not lr_factor > 0:
         raise ValueError(f"lru_param_groups: need lr_factor > 0, got {lr_factor}")
     return param_groups(model, lr, weight_decay=weight_decay, slow_lr_factor=lr_factor, slow_weight_decay=0.0)

@@ -7,8 +7,8 @@ one parameter-group function, one optimiser factory and one learning-rate schedu
   ``gamma`` and ``B`` a reduced learning rate and no weight decay; for spiking and gated
   cells the slow group is the recurrence of the LSC (recurrent weights and time constants;
   Herranz-Celotti & Rouat, Sec. II-B). Parameters are selected by the role their cell
-  declares (``spikerec.neurons.roles``, ``ParamSpec.in_slow_group``); cells that declare no
-  roles fall back to their ``stability_groups()["time"]`` (and the LRU's recurrent set).
+  declares (``spikerec.neurons.roles``, ``ParamSpec.in_slow_group``); a cell that declares no
+  roles falls back to its ``stability_groups()["time"]``.
   The readout layer's parameters are never in the slow group.
 * :func:`make_optimizer`: Adam, AdamW, AdaBelief, or AdaBelief inside Lookahead (the LSC
   paper's choice, Sec. II-G; from ``torch-optimizer``). Every group remembers its
@@ -26,12 +26,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from .layers.lru import LRU, RECURRENT_PARAMS
-
-try:  # parameter roles; until every cell declares them, the fallback below selects the same parameters
-    from .neurons.roles import param_specs_of
-except ImportError:  # pragma: no cover - depends on the neuron-model package being present
-    param_specs_of = None
+from .neurons.roles import param_specs_of
 
 __all__ = ["param_groups", "slow_parameter_ids", "make_optimizer", "lr_factor", "LambdaSchedule", "OPTIMIZERS"]
 
@@ -42,22 +37,15 @@ def slow_parameter_ids(model: nn.Module) -> set[int]:
     """``id`` of every parameter in the slow (recurrent) learning-rate group."""
     readout = getattr(model, "readout", None)
     excluded = {id(p) for p in readout.parameters()} if isinstance(readout, nn.Module) else set()
-    ids: set[int] = set()
-    declared: set[int] = set()
-    if param_specs_of is not None:
-        specs = param_specs_of(model)
-        declared = set(specs)
-        ids = {pid for pid, (_, _, spec) in specs.items() if spec.in_slow_group}
-    for mod in model.modules():
-        if mod is readout or any(id(p) in declared for p in mod.parameters(recurse=False)):
+    specs = param_specs_of(model)
+    ids = {pid for pid, (_, _, spec) in specs.items() if spec.in_slow_group}
+    for mod in model.modules():  # a cell that declares no roles: its hand-written LSC time group
+        if mod is readout or not hasattr(mod, "stability_groups") or any(id(p) in specs for p in mod.parameters()):
             continue
-        if isinstance(mod, LRU):
-            ids |= {id(getattr(mod, n)) for n in RECURRENT_PARAMS if isinstance(getattr(mod, n, None), nn.Parameter)}
-        elif hasattr(mod, "stability_groups"):
-            try:
-                ids |= {id(p) for p in mod.stability_groups()["time"]}
-            except (NotImplementedError, KeyError):
-                pass
+        try:
+            ids |= {id(p) for p in mod.stability_groups()["time"]}
+        except (NotImplementedError, KeyError, TypeError):
+            pass
     return ids - excluded
 
 

@@ -12,19 +12,61 @@ through a state that is a NamedTuple of ``[B, ...]`` tensors:
   it equals the ``step`` loop (the tests say so);
 * ``state_vector(state) -> [B, S]`` and ``state_from_vector(vec) -> State``;
 * ``stability_groups() -> {"time": [...], "depth": [...]}``: the parameters the LSC
-  clipped weight multiplier scales.
+  clipped weight multiplier scales, derived from ``param_specs()``;
+* ``param_specs() -> {attribute: ParamSpec}``: the role of each parameter
+  (:mod:`spikerec.neurons.roles`).
+
+The protocol is written once, as :class:`CellProtocol`; :class:`Cell` is the base class that
+implements its shared parts. The dynamics of each kind live in :mod:`spikerec.neurons`.
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from ..errors import DataError
+from ..neurons.roles import ParamSpec, stability_groups_from_specs
 
-__all__ = ["Cell", "check_sequence", "match_input_dtype", "check_time_constant", "glorot_uniform_", "init_weight_"]
+__all__ = ["Cell", "CellProtocol", "PROTOCOL_METHODS", "protocol_missing", "check_sequence", "match_input_dtype",
+           "check_time_constant", "glorot_uniform_", "init_weight_"]
+
+
+@runtime_checkable
+class CellProtocol(Protocol):
+    """What every recurrent layer provides (module docstring). ``isinstance(x, CellProtocol)`` checks
+    that the members exist; :func:`protocol_missing` names the missing ones."""
+
+    input_size: int
+    output_size: int
+
+    def initial_state(self, batch: int, device=None, dtype=None): ...
+
+    def step(self, x_t: torch.Tensor, state): ...
+
+    def output(self, x_t: torch.Tensor, state) -> torch.Tensor: ...
+
+    def forward(self, x: torch.Tensor, state=None): ...
+
+    def state_vector(self, state) -> torch.Tensor: ...
+
+    def state_from_vector(self, vec: torch.Tensor): ...
+
+    def stability_groups(self) -> dict[str, list[nn.Parameter]]: ...
+
+    def param_specs(self) -> dict[str, ParamSpec]: ...
+
+
+#: the methods a cell must have to be stepped and differentiated (``param_specs`` is optional: a cell
+#: without it has no roles, and its ``stability_groups`` must then be written by hand)
+PROTOCOL_METHODS = ("initial_state", "step", "output", "state_vector", "state_from_vector", "stability_groups")
+
+
+def protocol_missing(cell) -> list[str]:
+    """Names of the :data:`PROTOCOL_METHODS` that ``cell`` lacks (empty when it follows the protocol)."""
+    return [m for m in PROTOCOL_METHODS if not callable(getattr(cell, m, None))]
 
 
 def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_complex: bool = False) -> None:
@@ -92,7 +134,8 @@ def init_weight_(w: torch.Tensor, scheme: str, name: str = "init") -> torch.Tens
 class Cell(nn.Module):
     """Base class of the cell protocol. Subclasses set ``input_size``, ``output_size``,
     ``State`` (a NamedTuple class) and implement ``initial_state``, ``step``, ``output``
-    and ``stability_groups``; ``forward`` defaults to the ``step`` loop.
+    and ``param_specs``; ``forward`` defaults to the ``step`` loop and ``stability_groups`` to the
+    groups the parameter roles give.
     """
 
     State: type = NamedTuple
@@ -109,8 +152,13 @@ class Cell(nn.Module):
     def output(self, x_t: torch.Tensor, state) -> torch.Tensor:
         raise NotImplementedError
 
+    @staticmethod
+    def param_specs() -> dict[str, ParamSpec]:
+        return {}
+
     def stability_groups(self) -> dict[str, list[nn.Parameter]]:
-        raise NotImplementedError
+        """LSC groups from the roles: ``time`` = role time, ``depth`` = the others (multiplier on)."""
+        return stability_groups_from_specs(self)
 
     def forward(self, x: torch.Tensor, state=None):
         return self.step_loop(x, state)

@@ -1,4 +1,5 @@
-"""Local Stability Condition (LSC) pre-training (Herranz-Celotti & Rouat, Sec. II-B, II-D; digest 002 §3-4).
+"""Local Stability Condition (LSC) pre-training (Herranz-Celotti & Rouat, "Stabilizing RNN gradients through
+pre-training", Sec. II-B, II-D).
 
 The LSC asks every transition-derivative radius to have expectation ``rho_t`` (1, or
 0.5, or the "unbalanced" split: time ``T/(T+L)``, depth ``L/(T+L)``). Pre-training
@@ -11,14 +12,15 @@ with one optimiser update per time step while the state is carried forward (deta
 After each update (paper order, ``order="grad,kappa,shuffle"``):
 
 * **clipped weight multiplier**: ``kappa = clip(rho_t / rho_bar, 0.85, 1.15)`` with
-  ``rho_bar`` the batch-mean radius of that term (code, §4.2); layer ``l``'s ``"time"``
-  group (``stability_groups()``) gets ``kappa_time,l`` and its ``"depth"`` group gets
-  ``kappa_depth,l`` (layer 0: the ``input/0`` radius). A parameter is scaled by its kind:
-  weights, thresholds, ``beta``: ``p <- kappa p``; time constants stored as ``log_tau*``:
-  ``tau <- kappa tau`` (``p <- p + log kappa``; the paper scales tau); the LRU's
-  ``nu_log`` (``|lambda| = exp(-exp(nu))``, a time constant ``exp(-nu)``):
-  ``nu <- nu - log kappa`` (the code multiplies ``nu`` itself, which moves the radius the
-  wrong way for ``nu > 0``). Frozen parameters are left alone.
+  ``rho_bar`` the batch-mean radius of that term (the official code's rule); layer ``l``'s
+  ``"time"`` group (``stability_groups()``, from the parameter roles) gets ``kappa_time,l`` and
+  its ``"depth"`` group gets ``kappa_depth,l`` (layer 0: the ``input/0`` radius). A parameter is
+  scaled according to its declared transform (:class:`spikerec.neurons.Transform`): identity
+  (weights, thresholds, ``beta``): ``p <- kappa p``; ``LOG_TAU``: ``tau <- kappa tau``
+  (``p <- p + log kappa``; the paper scales tau); ``LOG``: ``p <- p + log kappa``; ``NU_LOG``
+  (``|lambda| = exp(-exp(nu))``, a time constant ``exp(-nu)``): ``nu <- nu - log kappa``
+  (``docs/decisions.md``, neurons 7); a phase (``PHASE_LOG``) is never scaled. Frozen
+  parameters are left alone.
 * **shuffling**: with probability ``shuffle_prob`` per step, the entries of every
   trainable tensor with ``ndim >= shuffle_min_ndim`` are permuted (paper: every tensor,
   every step; code: p = 1/3, ndim >= 2, before kappa: ``order="grad,shuffle,kappa"``).
@@ -32,7 +34,7 @@ Optimiser (Sec. II-G): AdaBelief (lr 3.14e-3, weight decay 1e-4) inside Lookahea
 (k = 6, alpha = 0.5) from ``torch-optimizer``; ``optimizer="adam"`` is plain Adam with
 the same lr / weight decay (no belief-based second moment, no slow weights).
 
-Stopping (Sec. II-D; ambiguities A16-A17): the LSC is a condition on *expectations*, and
+Stopping (Sec. II-D; ``docs/decisions.md``, neurons 9): the LSC is a condition on *expectations*, and
 one step's batch mean ``rho_bar_k`` varies a lot along a sequence (and the weights move
 every step), so every ``verify_every`` steps (default ``min(T, 25)``) the radii are
 averaged over the whole current batch and up to ``verify_points`` (25) evenly spaced time
@@ -61,6 +63,7 @@ import torch
 from .. import optim, schema
 from ..atomic import atomic_write_text
 from ..errors import ConfigError
+from ..neurons.roles import Transform, param_specs_of
 from ..schema import Range
 from .jacobians import (
     model_layers,
@@ -251,8 +254,8 @@ def mean_radii(model, data, config: LSCConfig | dict | None = None, *, max_batch
 # ----------------------------------------------------------------------------------------
 # multiplier and shuffling
 # ----------------------------------------------------------------------------------------
-def _param_names(module) -> dict[int, str]:
-    return {id(p): n.rsplit(".", 1)[-1] for n, p in module.named_parameters()}
+def _param_transforms(module) -> dict[int, Transform]:
+    return {i: spec.transform for i, (_, _, spec) in param_specs_of(module).items()}
 
 
 def _opt_states(optimizer) -> list[dict]:
@@ -265,12 +268,15 @@ def _opt_states(optimizer) -> list[dict]:
     return out
 
 
-def _scale_param(p: torch.Tensor, name: str, kappa: float, optimizer=None) -> None:
+def _scale_param(p: torch.Tensor, transform: Transform, kappa: float, optimizer=None) -> None:
     """Scale one parameter by ``kappa`` according to its parametrisation (module docstring)."""
+    if transform is Transform.PHASE_LOG:
+        return
+
     def tf(t):
-        if name.startswith("log_tau"):
+        if transform in (Transform.LOG_TAU, Transform.LOG):
             t.add_(math.log(kappa))
-        elif name == "nu_log":
+        elif transform is Transform.NU_LOG:
             t.sub_(math.log(kappa))
         else:
             t.mul_(kappa)
@@ -294,7 +300,7 @@ def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[
     kappas = {}
     for l, cell in enumerate(cells):
         groups = cell.stability_groups()
-        names = _param_names(cell)
+        transforms = _param_transforms(cell)
         for group, key in (("time", f"time/{l}"), ("depth", "input/0" if l == 0 else f"depth/{l}")):
             if key not in mean_radii or key not in targets:
                 continue
@@ -304,7 +310,7 @@ def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[
             for p in groups.get(group, []):
                 if p is None or not p.requires_grad:
                     continue
-                _scale_param(p, names.get(id(p), ""), kappa, optimizer)
+                _scale_param(p, transforms.get(id(p), Transform.IDENTITY), kappa, optimizer)
     return kappas
 
 
@@ -474,7 +480,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
     old_threads = torch.get_num_threads()
     if cfg.num_threads:
         torch.set_num_threads(int(cfg.num_threads))
-    model.eval()  # no dropout while the Jacobians are taken (ambiguity A20)
+    model.eval()  # no dropout while the Jacobians are taken (docs/decisions.md, neurons 8)
 
     report = None
     keys: list[str] = []

@@ -5,7 +5,7 @@ Per step: forward the batch ``x[T, B, C]`` through the model, the loss of
 with ``learning = "online"``), gradient clipping of the global norm, Adam/AdamW with two
 parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
 ``lr * f(step)`` with a linear warm-up over ``warmup`` of all steps and a cosine to
-``lr * min_lr_factor`` (the LRU recipe, Orvieto et al. 2023, App. D.2); the groups, the
+``lr * min_lr_factor`` (the LRU recipe: Orvieto et al. 2023, §2.2, App. D.2); the groups, the
 optimiser and the schedule are :mod:`spikerec.optim`'s, shared with LSC and the deep LRU model.
 
 Resuming is exact: the batch order depends only on ``(seed, epoch)``
@@ -71,6 +71,12 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
+
+
+def _recurrent_names(model) -> set[str]:
+    """Names of the parameters in the slow learning-rate group (:func:`spikerec.optim.slow_parameter_ids`)."""
+    ids = optim.slow_parameter_ids(model)
+    return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
 def param_groups(model, tc: dict) -> list[dict]:
