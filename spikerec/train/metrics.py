@@ -25,6 +25,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..layers.readout import aggregate
+from .checkpoint import atomic_write_text
+
 __all__ = ["sequence_loss", "step_loss_fn", "accuracy_counts", "mode_accuracy", "firing_rates", "MetricsLogger"]
 
 IGNORE_INDEX = -100
@@ -130,8 +133,6 @@ def accuracy_counts(y: torch.Tensor, target: torch.Tensor, *, kind: str, readout
     if kind == "mode":
         pred = y.mean(0).argmax(-1)
     else:
-        from ..layers.readout import aggregate
-
         agg = aggregate(y, readout_mode)
         pred = (agg.mean(0) if agg.dim() == 3 else agg).argmax(-1)
     return int((pred == target).sum()), int(target.numel())
@@ -218,8 +219,6 @@ class MetricsLogger:
         w.writeheader()
         for r in rows:
             w.writerow({k: v for k, v in r.items() if k != "kind"})
-        from .checkpoint import atomic_write_text
-
         atomic_write_text(self.csv, buf.getvalue())
 
     def close(self) -> None:

@@ -19,8 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from ..errors import CheckpointError, ConfigError
+from ..lru_model import LRUModel
 from ..models import RecurrentStack, build_model
-from .checkpoint import atomic_write_json, save_tensors_atomic
+from .checkpoint import atomic_write_json, load_checkpoint, save_tensors_atomic
 
 __all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "read_weights", "load_weights", "RunError"]
 
@@ -37,8 +38,6 @@ def build_from_config(model_cfg: dict):
     """``build_model`` for stacks; ``kind = "lru_deep"`` builds :class:`spikerec.lru_model.LRUModel`."""
     m = dict(model_cfg)
     if m.get("kind", "stack") == "lru_deep":
-        from ..lru_model import LRUModel
-
         m.pop("kind")
         return LRUModel(int(m.pop("input_size")), int(m.pop("output_size")), **m)
     m.pop("kind", None)
@@ -111,8 +110,6 @@ def load_model(run_dir, *, map_location="cpu", checkpoint: bool = False):
     model = build_from_config(cfg["model"])
     weights = run_dir / "model.safetensors"
     if checkpoint or not weights.is_file():
-        from .checkpoint import load_checkpoint
-
         if not (run_dir / "checkpoints").is_dir():
             raise RunError(f"'{run_dir}' has neither model.safetensors nor checkpoints/ (the run did not finish a step)")
         tensors, _ = load_checkpoint(run_dir / "checkpoints")

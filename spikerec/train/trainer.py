@@ -17,6 +17,7 @@ the error names the step and the last good checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -28,10 +29,14 @@ import numpy as np
 import torch
 
 from .. import optim
+from ..data import dataset_info, get_dataset, make_loader
+from ..hardware.online import OnlineLearner
 from ..optim import lr_factor
+from ..stability import lsc_pretrain
 from . import checkpoint as ckpt
 from . import distributed as ddp
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
+from .plots import plot_curves, plot_raster
 from .runs import build_from_config, save_model, write_config
 
 __all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "build_from_config", "lr_factor", "param_groups",
@@ -146,8 +151,6 @@ def evaluate(model, loader, tc: dict, device, info: ddp.DistInfo | None = None, 
 def _autocast(device, amp):
     if amp in ("bf16", "fp16") and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -177,8 +180,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _setup(self):
-        from ..data import dataset_info, get_dataset, make_loader
-
         tc, dc = self.tc, self.dc
         self.device = select_device(tc["device"], int(os.environ.get("LOCAL_RANK", "0")))
         self.dist = ddp.init_distributed(self.device)
@@ -219,8 +220,6 @@ class Trainer:
             ddp.broadcast_parameters(self.model, self.dist)
         self.learner = None
         if tc["learning"] == "online":
-            from ..hardware.online import OnlineLearner
-
             oc = self.cfg["online"]
             self.learner = OnlineLearner(self.model, rule=oc["rule"], mode=oc["mode"], chunk=oc["chunk"] or None)
         # state
@@ -281,9 +280,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ LSC phase
     def _lsc(self) -> None:
-        from ..data import make_loader
-        from ..stability import lsc_pretrain
-
         lc = {k: v for k, v in self.cfg["lsc"].items() if k not in ("enabled", "batch_size", "batches")}
         if not self.cells:
             raise ValueError("LSC pre-training needs a stack of cells ([model] layers); this model has none")
@@ -502,8 +498,6 @@ class Trainer:
         self.metrics.log({"kind": "test", "step": self.step, **{k: v for k, v in test.items()}})
         save_model(self.run_dir, self.model, self.cfg, extra={"test_accuracy": test["accuracy"],
                                                               "test_loss": test["loss"], "steps": self.step})
-        from .plots import plot_curves, plot_raster
-
         try:
             plot_curves(self.metrics.records, self.run_dir / "curves.png")
             if self.cells:
