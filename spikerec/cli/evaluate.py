@@ -7,8 +7,11 @@ from pathlib import Path
 
 import torch
 
+from ..analysis.deployment_metrics import deployment_metrics, format_metrics
 from ..data import get_dataset, make_loader
 from ..errors import CheckpointError
+from ..hardware.profiles import PROFILES
+from ..train.checkpoint import atomic_write_json
 from ..train.runs import load_model, read_config
 from ..train.trainer import evaluate
 from .common import ArgumentParser, check_device
@@ -28,7 +31,30 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--checkpoint", action="store_true", help="use the newest checkpoint instead of the final weights")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="skip the deployment metrics (NeuroBench: synaptic operations, activation and connection "
+                        "sparsity, footprint), which are otherwise printed and written to RUN/summary.json")
+    p.add_argument("--metrics-batches", type=int, default=None,
+                   help="compute the deployment metrics on the first N batches only (default: the whole split)")
     return p
+
+
+def _deployment(model, loader, args, res: dict) -> list[str]:
+    """Deployment metrics into ``res["deployment_metrics"]`` and RUN/summary.json; the lines to print."""
+    try:
+        m = deployment_metrics(model, loader, profiles=PROFILES, max_batches=args.metrics_batches)
+    except (ImportError, ValueError) as e:
+        return [f"deployment metrics skipped: {e}"]
+    m["split"] = args.split
+    res["deployment_metrics"] = m
+    path = Path(args.run) / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        summary = {}
+    summary["deployment_metrics"] = m
+    atomic_write_json(path, summary)
+    return format_metrics(m)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     loader = make_loader(ds, bs, False, 0)
     res = evaluate(model, loader, cfg["train"], torch.device(args.device))
     res.update({"run": str(args.run), "split": args.split, "data": dc["name"], "weights": weights})
+    lines = [] if args.no_metrics else _deployment(model, loader, args, res)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
@@ -58,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     rates = {k: v for k, v in res.items() if k.startswith("rate_")}
     if rates:
         print("firing rates (spikes/neuron/step): " + ", ".join(f"layer {k[5:]} {v:.4f}" for k, v in rates.items()))
+    for line in lines:
+        print(line)
     return 0
 
 

@@ -35,6 +35,7 @@ from ..optim import lr_factor
 from ..stability import lsc_pretrain
 from . import checkpoint as ckpt
 from . import distributed as ddp
+from .config import load_config, resolve_sizes
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
 from .plots import plot_curves, plot_raster
 from .runs import build_from_config, save_model, write_config
@@ -156,21 +157,26 @@ def _autocast(device, amp):
 
 # --- the trainer -------------------------------------------------------------------------------
 class Trainer:
-    """Train the model of a resolved config into ``run_dir``.
+    """Train the model of a config into ``run_dir``: ``Trainer(cfg, run_dir).fit() -> summary``.
 
     Args:
-        cfg: resolved config (:func:`spikerec.train.config.load_config` + sizes filled).
-        run_dir: the run folder (created by the caller).
+        cfg: a config dict (:func:`spikerec.train.config.load_config`) or a preset name / TOML path;
+            ``"auto"`` sizes are filled from the data set (``dataset_info``) at set-up. Data sets of
+            your own: :func:`spikerec.data.register_dataset`, then ``data.name`` = that name.
+        run_dir: the run folder (created when missing).
         quiet: no progress bars (one line per epoch).
         resume: continue from the newest checkpoint in ``run_dir/checkpoints``.
         stop_after_steps: stop (as if killed: no final checkpoint) after this many steps.
         echo: where progress lines go (``print``-like callable).
     """
 
-    def __init__(self, cfg: dict, run_dir, *, quiet: bool = False, resume: bool = False,
+    def __init__(self, cfg: dict | str, run_dir, *, quiet: bool = False, resume: bool = False,
                  stop_after_steps: int | None = None, echo=None):
+        if not isinstance(cfg, dict):
+            cfg = load_config(cfg)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.quiet = quiet
         self.resume = resume
         self.stop_after = stop_after_steps
@@ -194,6 +200,7 @@ class Trainer:
             self.echo(f"note: train.amp = '{tc['amp']}' is for CUDA only; training in float32 on {self.device}")
         opts = dict(dc["options"])
         self.info = dataset_info(dc["name"], **opts)
+        resolve_sizes(self.cfg, self.info)  # "auto" sizes; a fixed size that disagrees is a ConfigError
         self.train_set = get_dataset(dc["name"], "train", **opts)
         self.valid_set = get_dataset(dc["name"], dc["valid_split"], **opts) if dc["valid_split"] else None
         self.test_set = get_dataset(dc["name"], "test", **opts)
