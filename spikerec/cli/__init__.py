@@ -114,7 +114,7 @@ def run_command(cmd: str, argv: list[str], debug: bool = False) -> int:
             print(f"spikerec {cmd}: internal error: {type(e).__name__}: {e} "
                   f"(run again with --debug for the traceback, and please report it)", file=sys.stderr)
             return 1
-        print(f"spikerec {cmd}: {msg}", file=sys.stderr)
+        print(f"spikerec {cmd}: {' '.join(msg.split())}", file=sys.stderr)  # one line, whatever the message
         return code
     finally:
         if previous is not None:
