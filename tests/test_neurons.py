@@ -400,3 +400,13 @@ def test_xylo_like_rules_through_the_step_equal_a_plain_loop():
                 assert int(counts[t, b, j]) == n, (t, b, j)
     assert int(counts.max()) > 1, "degenerate case: no multi-spike step"
     assert order_mattered > 0, "degenerate case: per-event saturation never differed from saturating the sum"
+
+
+def test_a_cell_without_roles_says_so():
+    from spikerec.layers.base import Cell
+
+    class NoRoles(Cell):
+        pass
+
+    with pytest.raises(NotImplementedError, match="NoRoles: declares no parameter roles"):
+        NoRoles().stability_groups()

@@ -144,6 +144,9 @@ class Cell(nn.Module):
 
     def stability_groups(self) -> dict[str, list[nn.Parameter]]:
         """LSC groups from the roles: ``time`` = role time, ``depth`` = the others (multiplier on)."""
+        if not self.param_specs():
+            raise NotImplementedError(f"{type(self).__name__}: declares no parameter roles; define param_specs() "
+                                      "(or override stability_groups())")
         return stability_groups_from_specs(self)
 
     def forward(self, x: torch.Tensor, state=None):
