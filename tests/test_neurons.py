@@ -410,3 +410,21 @@ def test_a_cell_without_roles_says_so():
 
     with pytest.raises(NotImplementedError, match="NoRoles: declares no parameter roles"):
         NoRoles().stability_groups()
+
+
+def test_neurons_imports_only_torch_and_surrogate():
+    """``spikerec.neurons`` sits below ``layers`` in the import order: it imports torch, the standard library,
+    ``spikerec.surrogate`` and itself, nothing else of spikerec."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(neurons.__file__).parent
+    for f in root.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                target = (node.module or "").split(".")[0]
+                assert node.level == 1 or target == "surrogate", f"{f.name}: from {'.' * node.level}{node.module}"
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("spikerec"):
+                assert node.module in ("spikerec.surrogate",) or node.module.startswith("spikerec.neurons"), f.name
+            elif isinstance(node, ast.Import):
+                assert all(not a.name.startswith("spikerec") or a.name.startswith("spikerec.neurons") for a in node.names)

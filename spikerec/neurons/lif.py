@@ -1,8 +1,9 @@
 """Leaky integrate-and-fire neuron (LIF), plain or with a current-based synapse (CUBA): the one definition.
 
 Discrete dynamics (Herranz-Celotti & Rouat, "Stabilizing RNN gradients through pre-training",
-App. H, eq. 49 with a constant threshold, i.e. beta = 0; the current-based synapse as in Neftci,
-Mostafa & Zenke 2019, "Surrogate gradient learning in spiking neural networks", Sec. II), with
+App. H, eq. 49 with a constant threshold, i.e. beta = 0; the current-based synapse is the discrete
+LIF of Neftci, Mostafa & Zenke 2019, "Surrogate gradient learning in spiking neural networks",
+IEEE Signal Processing Magazine 36(6)), with
 ``alpha = exp(-dt / tau_mem)``, ``alpha_s = exp(-dt / tau_syn)``::
 
     z_{t-1} = H(v_{t-1} - thr)                         recomputed from the state
