@@ -1,5 +1,5 @@
 """Theory helpers of the LSC paper (Herranz-Celotti & Rouat, "Stabilizing RNN gradients through
-pre-training", Sec. II-C, III-B) for tests and notebooks.
+pre-training", Sec. II-B, App. A, Sec. III-B) for tests and notebooks.
 
 * Grid path counts (Lemma 2): shortest paths in a ``dt x dl`` grid ``C(dt+dl, dt)`` and
   ``sum_{t=0}^{T} sum_{dt=0}^{t} C(dl+dt, dt) = C(T+dl+2, T)``.
