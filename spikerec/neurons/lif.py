@@ -18,7 +18,7 @@ IEEE Signal Processing Magazine 36(6)), with
 
 The state holds ``v`` (and ``i``), the membrane *before* its reset, from which the spike is
 recomputed, so ``d state_t / d state_{t-1}`` includes the spike path through the surrogate
-(Herranz-Celotti & Rouat, Sec. III: the transition derivatives are taken of the full state).
+(Herranz-Celotti & Rouat, Sec. II-A: the transition derivatives are taken of the full state).
 ``detach_reset`` stops the gradient through ``z_{t-1}`` in the reset term (snnTorch's default,
 and the LSC paper's official code). With ``bias_into="voltage"`` the bias is added to ``v``
 instead of ``J`` (Loihi, Xylo). Every operation whose rule depends on the arithmetic (decay,

@@ -22,8 +22,8 @@ Transforms (how the stored value maps to the quantity it parametrises):
 * ``IDENTITY``: the value itself.
 
 A :class:`ParamSpec` also says whether the LSC clipped multiplier (Herranz-Celotti & Rouat,
-Sec. III-B) scales the parameter (``multiplier``; biases, the LRU's phase, normalisation and skip are
-left alone, as in the official code) and whether it belongs to the slow learning-rate group of the
+Sec. II-D) scales the parameter (``multiplier``; biases, the LRU's phase, normalisation and skip are
+left alone; for the LRU that is the official code's choice: ``nu``, ``B`` and ``C`` only) and whether it belongs to the slow learning-rate group of the
 recurrence (``slow``; default: role ``TIME``; the LRU adds ``gamma`` and ``B``, the "recurrent
 parameters" of Orvieto et al. 2023, App. D.2).
 """
