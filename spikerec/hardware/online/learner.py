@@ -272,24 +272,18 @@ class OnlineLearner:
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
         self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t")
-        closure = None
         if target_t is not None:
             if self.loss is None:
                 raise ValueError("OnlineLearner.step: a target was given but the learner has no loss; "
                                  "pass loss=fn(y_t, target_t) to OnlineLearner(...)")
             self._check_target(target_t)
-            loss, step_no = self.loss, self.steps
-
-            def closure(y, loss=loss, target_t=target_t, step_no=step_no):
-                try:
-                    return loss(y, target_t)
-                except (RuntimeError, ValueError, IndexError) as e:
-                    raise ValueError(f"OnlineLearner.step (step {step_no}): the loss failed on output "
-                                     f"{tuple(y.shape)} and target {tuple(target_t.shape)}: {e}") from None
-        if self.mode == "stream":
-            y, l = self._stream([x_t], [closure])
+        drop = getattr(self.model, "dropout", None)
+        if self.mode == "stream" or (drop is not None and drop.training):
+            # active dropout: step by step, so the output returned and the gradient share one mask
+            self._finish_block(carry=True)
+            y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
         else:
-            y, l = self._chunk_step(x_t, closure)
+            y, l = self._chunk_step(x_t, target_t)
         self.steps += 1
         self.since_update += 1
         if isinstance(self.update_every, int) and self.since_update >= self.update_every:
@@ -401,8 +395,9 @@ class OnlineLearner:
     def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The learner's stream state as ``(tensors, meta)``: layer states, traces, gradient
         accumulators and counters (the model's parameters and the optimiser are not included;
-        see :func:`spikerec.hardware.online.checkpoint.save_stream`)."""
-        self._finish_block(carry=True)
+        see :func:`spikerec.hardware.online.checkpoint.save_stream`). A chunked block being
+        filled is stored as it is (its inputs, targets and start states), not finished early, so
+        that a resumed run does the same arithmetic as an uninterrupted one."""
         tensors: dict[str, torch.Tensor] = {}
         meta = {"rule": self.rule, "mode": self.mode, "chunk": self.chunk, "steps": self.steps,
                 "since_update": self.since_update, "started": self.states is not None,
@@ -423,6 +418,16 @@ class OnlineLearner:
         names = {p: n for n, p in self.model.named_parameters()}
         for p, v in self.spatial.items():
             tensors[f"spatial/{names[p]}"] = v
+        meta["pending"] = []
+        for j, (x_t, target_t, step_no) in enumerate(self._pending):
+            tensors[f"pending/{j}/x"] = x_t
+            if target_t is not None:
+                tensors[f"pending/{j}/target"] = target_t
+            meta["pending"].append(step_no)
+        if self._pending:
+            for l, s in enumerate(self._block_start):
+                for f, v in zip(type(s)._fields, s):
+                    tensors[f"block_start/{l}/{f}"] = v
         return tensors, meta
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
@@ -457,10 +462,18 @@ class OnlineLearner:
                 ts = self._traces[int(l)]
                 d = {"trace_vec": ts.vec, "trace_mat": ts.mat, "acc": ts.G}[kind]
                 d[_unkey(n)] = v.clone()
+            elif kind in ("pending", "block_start"):
+                continue
             elif kind == "spatial":
                 if rest not in named:
                     raise ValueError(f"OnlineLearner checkpoint: accumulated gradient of unknown parameter {rest!r}")
                 self.spatial[named[rest]] = v.clone()
+        self._pending = [(tensors[f"pending/{j}/x"].clone(), tensors.get(f"pending/{j}/target"), int(step_no))
+                         for j, step_no in enumerate(meta.get("pending", []))]
+        self._block_start = None
+        if self._pending:
+            self._block_start = [type(s)(*(tensors[f"block_start/{l}/{f}"].clone() for f in type(s)._fields))
+                                 for l, s in enumerate(self.states)]
 
     # --- internals ------------------------------------------------------------------------------
     @property
@@ -641,11 +654,26 @@ class OnlineLearner:
                     stream_step(ts, P, g, self.kernel)
         return y.detach(), (None if total is None else total.detach())
 
-    def _chunk_step(self, x_t, closure):
+    def _closure(self, target_t, step_no):
+        """The step's loss as a function of the output (``None`` without a target)."""
+        if target_t is None:
+            return None
+        loss = self.loss
+
+        def closure(y):
+            try:
+                return loss(y, target_t)
+            except (RuntimeError, ValueError, IndexError) as e:
+                raise ValueError(f"OnlineLearner.step (step {step_no}): the loss failed on output "
+                                 f"{tuple(y.shape)} and target {tuple(target_t.shape)}: {e}") from None
+        return closure
+
+    def _chunk_step(self, x_t, target_t):
         """``step`` in chunked mode: the output now (a forward step without autograd), the
         gradient work when the block of ``chunk`` steps is full."""
         if not self._pending:
             self._block_start = list(self.states)
+        closure = self._closure(target_t, self.steps)
         with torch.no_grad():
             h = x_t
             for l, tr in enumerate(self.tracers):
@@ -656,7 +684,7 @@ class OnlineLearner:
                     h = tr.output(h, new)
                 self.states[l] = new
             l = closure(h) if closure is not None else None
-        self._pending.append((x_t, closure))
+        self._pending.append((x_t, target_t, self.steps))
         if len(self._pending) == self.chunk:
             self._finish_block(carry=True)
         return h, (None if l is None else l.detach())
@@ -667,7 +695,7 @@ class OnlineLearner:
             return
         pend, self._pending = self._pending, []
         end_states, self.states = self.states, self._block_start
-        self._block_batched(torch.stack([p[0] for p in pend]), [p[1] for p in pend], carry)
+        self._block_batched(torch.stack([p[0] for p in pend]), [self._closure(p[1], p[2]) for p in pend], carry)
         self.states = end_states
 
     def _block_batched(self, x, losses, carry):
