@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from ...layers.alif import ALIFState
-from ...layers.lif import CubaLIFState, LIFState
 from ...layers.readout import ReadoutState
+from ... import neurons
+from ...neurons import lif as _lif
 from ...surrogate import heaviside
 from .traces_base import LayerTrace, Partials
 
@@ -51,32 +52,11 @@ class LIFTrace(LayerTrace):
     def state_params(self):
         return ("weight", "bias", "recurrent_weight", "log_tau_mem", "log_tau_syn", "threshold")
 
-    def _current(self, x, zp):
-        c = self.cell
-        I = x @ c.weight.detach().t()
-        if c.bias is not None:
-            I = I + c.bias.detach()
-        w = c.effective_recurrent_weight()
-        if w is not None:
-            I = I + zp @ w.detach().t()
-        return I
-
     def step(self, x, prev):
+        """The neuron's one step (:func:`spikerec.neurons.lif.step`) with detached parameters."""
         c = self.cell
-        alpha, alpha_s = (d.detach() if d is not None else None for d in c.decays())
-        thr = c.threshold.detach()
-        zp = heaviside(prev.v - thr)
-        drive = self._current(x, zp)
-        if c.cuba:
-            i = alpha_s * prev.i + drive
-            drive = i
-        if c.reset == "subtract":
-            v = alpha * prev.v + drive - thr * zp
-        elif c.reset == "zero":
-            v = alpha * (1.0 - zp) * prev.v + drive
-        else:
-            v = alpha * prev.v + drive
-        return CubaLIFState(i, v) if c.cuba else LIFState(v)
+        p = type(c.params())(*(None if v is None else v.detach() for v in c.params()))
+        return _lif.step(p, prev, x, c.options())[1]
 
     def partials(self, x, prev, new):
         c = self.cell
@@ -254,3 +234,9 @@ class ReadoutTrace(LayerTrace):
             vec["bias"] = one[..., None]
         J = k["alpha"].expand_as(y0)[..., None, None]
         return Partials(J, vec, {"weight": (one[..., None], x)})
+
+
+_TEST = "tests/test_online_partials.py::test_hand_written_partials_equal_derived_ones"
+neurons.register_backend("lif", "online_partials", LIFTrace.partials, test=_TEST)
+neurons.register_backend("alif", "online_partials", ALIFTrace.partials, test=_TEST)
+neurons.register_backend("readout", "online_partials", ReadoutTrace.partials, test=_TEST)
