@@ -13,7 +13,7 @@ All methods of one (network, T) run interleaved in one fresh subprocess (so the 
 runs under the same load); the time is the best of ``--repeat`` rounds. Peak memory is taken on
 the C allocator: glibc's ``mallinfo2`` (bytes in use in the heap plus mmapped blocks, which is
 where torch's CPU tensors live) sampled after every step of ``stream`` and after the call for
-the others, minus the value just before; ``tracemalloc`` would not see torch's allocations and
+the others, and every millisecond by a polling thread, minus the value just before; ``tracemalloc`` would not see torch's allocations and
 the resident set counts pages the allocator has freed. Where ``mallinfo2`` is missing the growth
 of the peak resident set (VmHWM, reset via ``/proc/self/clear_refs``) is used (the method is
 printed).
@@ -28,6 +28,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 
 from ..atomic import atomic_path
@@ -112,6 +113,15 @@ class _Peak:
     def __enter__(self):
         if _MALLINFO2 is not None:
             self.base = self.peak = alloc_in_use()
+            self.stop = threading.Event()
+
+            def poll():  # within-call peaks of the methods that are not sampled per step
+                while not self.stop.is_set():
+                    self.sample()
+                    time.sleep(0.001)
+
+            self.thread = threading.Thread(target=poll, daemon=True)
+            self.thread.start()
         else:
             _reset_hwm()
             self.base = self.peak = (_hwm_kb() or 0) * 1024
@@ -123,6 +133,8 @@ class _Peak:
 
     def __exit__(self, *exc):
         if _MALLINFO2 is not None:
+            self.stop.set()
+            self.thread.join()
             self.sample()
         else:
             self.peak = (_hwm_kb() or 0) * 1024
