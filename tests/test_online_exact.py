@@ -32,7 +32,7 @@ CONFIGS = [
 
 @pytest.mark.parametrize("kind,kw", CONFIGS)
 def test_spiking_layer_without_lateral_weights_equals_bptt(kind, kw):
-    """Digest 003 §3.11: e-prop traces with the reset path in J are exact without lateral weights,
+    """Bellec et al. 2020 (e-prop), exact on independent modules (thesis Zucchet 2025, Sec. 4.3.1): traces with the reset path in J are exact without lateral weights,
     for either detach_reset setting (the traces follow the cell's own reset gradient)."""
     T, B, H, N = int(torch.randint(12, 25, ())), 3, 4, 6
     model = RecurrentStack([spiking_cell(kind, H, N, **kw)], LeakyReadout(N, 2))

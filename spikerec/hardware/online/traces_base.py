@@ -2,7 +2,8 @@
 
 A layer of independent modules has, per neuron ``n``, a small state ``s_t[n]`` of ``k``
 real numbers (LIF: ``v``; CUBA: ``(i, v)``; ALIF: ``(v, a)``; LRU: ``(Re h, Im h)``), and
-every parameter acts on one neuron only. Then RTRL is cheap (digest 003 §3.11):
+every parameter acts on one neuron only. Then RTRL (Williams & Zipser 1989) is cheap
+(Zucchet et al. 2023; thesis Zucchet 2025, Sec. 4.2.2 and 4.3.1):
 
     eps^p_t = J_t eps^p_{t-1} + d s_t / d p |immediate          J_t = d s_t[n] / d s_{t-1}[n]  (k x k)
     dL/dp  += sum_t g_t . eps^p_t                                g_t = d l_t / d s_t  (spatial backward at t)
@@ -11,12 +12,12 @@ Per-neuron parameters ``p[N]`` keep ``eps[B, N, k]``; matrix parameters ``P[N, H
 immediate partial factorises as ``c_t[b, n, :] * pre_t[b, h]`` keep ``eps[B, N, k, H]``.
 
 ``stream_*`` run these recursions forward (memory independent of T). ``chunk_*`` compute
-the *same* sums over a block of K steps with the layer-local reverse filter (digest 003
-§6 identity 6): ``gh_k = g_k + J_{k+1}^T gh_{k+1}``, then
+the *same* sums over a block of K steps with the layer-local reverse filter (the adjoint
+of the trace recursion; docs/decisions.md, Online learning 1): ``gh_k = g_k + J_{k+1}^T gh_{k+1}``, then
 ``sum_t g_t . eps_t = sum_k gh_k . imm_k + (J_{t0}^T gh_{t0}) . eps_{t0-1}``, and carry
 ``eps_{t1}`` to the next block with products of the J's (no per-step trace is stored).
 
-Rules (digest 003 §3.7): ``full`` / ``snap1`` use the recursion above (on independent
+Rules (thesis Zucchet 2025, Sec. 4.4, the baselines): ``full`` / ``snap1`` use the recursion above (on independent
 modules extended SnAp-1 *is* this rule); ``trunc1`` sets ``J = 0`` (traces are the
 immediate partials); ``spatial`` also cuts every path through ``s_{t-1}``, so only the
 input parameters keep their immediate partials (``lambda``, time constants, thresholds,

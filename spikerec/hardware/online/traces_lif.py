@@ -4,8 +4,9 @@ Each neuron is a module with state ``s = v`` (LIF), ``(i, v)`` (CUBA LIF), ``(v,
 (ALIF) or ``y`` (leaky readout). The 1- or 2-dimensional Jacobian ``J_t = d s_t / d s_{t-1}``
 includes the spike path through the surrogate ``psi = sigma'(v_{t-1} - thr)``: the reset
 (when ``detach_reset=False``) and the adaptation. Without lateral weights the modules are
-independent and the traces give the surrogate-gradient BPTT gradient exactly (digest 003
-§3.11, e-prop eligibility vectors of Bellec et al. 2020). Lateral weights ``W_rec`` get
+independent and the traces give the surrogate-gradient BPTT gradient exactly (e-prop
+eligibility vectors of Bellec et al. 2020, Methods; exact on independent modules as the
+thesis Zucchet 2025, Sec. 4.3.1 states for e-prop and SnAp-1). Lateral weights ``W_rec`` get
 e-prop traces with presynaptic ``z_{t-1}``; the lateral paths between neurons are dropped
 (the e-prop approximation), the self-connection (``zero_diagonal=False``) stays in J.
 

@@ -1,4 +1,5 @@
-"""Exact RTRL traces of one LRU layer (digest 003 §3.4, Eq. 4.6-4.7 / B.5-B.18; digest 001 §6.1).
+"""Exact RTRL traces of one LRU layer (Zucchet et al. 2023; thesis Zucchet 2025, Sec. 4.3.1,
+Eq. 4.6-4.7 and App. B.1.2, Eq. B.5-B.18; the LRU of Orvieto et al. 2023, Sec. 3).
 
     h_t = lam * h_{t-1} + gamma * (B x_t),   lam = exp(-exp(nu_log) + i exp(theta_log)),  gamma = exp(gamma_log)
 
@@ -12,7 +13,7 @@ Traces (all zero at t = 0; h holomorphic in lam and B):
     s^B_t[j, i] = lam_j s^B_{t-1}[j, i] + gamma_j x_t[i]   -> eps^{B_re} = s^B, eps^{B_im} = i s^B
 
 In the PyTorch convention (``g = dl/dRe h + i dl/dIm h``) a real parameter ``p`` gets
-``sum_t Re[conj(g_t) eps^p_t]`` (digest 003 §3.4.4), which is the real dot product of the
+``sum_t Re[conj(g_t) eps^p_t]`` (PyTorch's complex-gradient convention), which is the real dot product of the
 pairs used by the engine. ``C`` and ``D`` act in the output map only and get their spatial
 gradient from autograd.
 """
