@@ -55,6 +55,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
 
 __all__ = ["OnlineLearner", "RULES", "MODES", "StepResult", "classification_loss", "mse_loss", "tracer_for",
@@ -197,14 +198,18 @@ class OnlineLearner:
             gradient accumulated so far written into ``.grad``.
         use_triton: ``None`` = the Triton kernels on CUDA tensors, torch elsewhere; ``True``
             forces them (CPU works under ``TRITON_INTERPRET=1``); ``False`` = not used.
-        use_numba: ``None`` = the compiled numba kernel for the matrix traces on CPU tensors when
-            numba is installed; ``False`` = torch only.
+        use_numba: ``None`` = the compiled numba kernels (matrix traces; the whole trace step of
+            an LRU layer) on CPU tensors when numba is installed; ``False`` = torch only.
+        fast: ``None`` = in ``stream`` mode, the hand-written spatial backward of
+            :mod:`.spatial` (and the fused per-layer kernels) when every layer supports it;
+            ``False`` = the per-step autograd backward (the reference); ``True`` = the fast path
+            or an error saying why it cannot be used.
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None,
                  per_step_update: Callable | None = None, use_triton: bool | None = None, *,
                  loss: Callable | None = None, optimizer=None, update_every=None,
-                 use_numba: bool | None = None):
+                 use_numba: bool | None = None, fast: bool | None = None):
         if rule not in RULES:
             raise ValueError(f"OnlineLearner: rule must be one of {RULES}, got {rule!r}")
         if mode not in MODES:
@@ -227,6 +232,7 @@ class OnlineLearner:
         self.chunk = int(chunk) if chunk is not None else None
         self.per_step_update = per_step_update
         self.use_triton, self.use_numba = use_triton, use_numba
+        self.fast = fast
         self.loss, self.optimizer, self.update_every = loss, optimizer, update_every
         self.tracers = [] if rule == "bptt" else [tracer_for(c, rule, i) for i, c in enumerate(model.layers)]
         self.states = None  # no stream yet
@@ -281,7 +287,10 @@ class OnlineLearner:
         if self.mode == "stream" or (drop is not None and drop.training):
             # active dropout: step by step, so the output returned and the gradient share one mask
             self._finish_block(carry=True)
-            y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
+            if self._fast_kinds is not None and self.mode == "stream":
+                y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps))
+            else:
+                y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
         else:
             y, l = self._chunk_step(x_t, target_t)
         self.steps += 1
@@ -375,7 +384,10 @@ class OnlineLearner:
             t1 = min(T, t0 + K)
             if self.mode == "stream":
                 self._check_step(x[t0], f"OnlineLearner input x (step {t0})", start=False)
-                _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
+                if self._fast_kinds is not None:
+                    _, l = fast_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t))
+                else:
+                    _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
             else:
                 for t in range(t0, t1):
                     self._check_nan(x[t], f"OnlineLearner input x (step {t})")
@@ -555,6 +567,13 @@ class OnlineLearner:
             if isinstance(tr, GenericTrace):
                 self.frozen |= tr.frozen
         self.kernel = None
+        self._fast_kinds = None
+        if self.mode == "stream" and self.fast is not False:
+            if fast_supported(self):
+                self._fast_kinds = fast_kinds(self)
+            elif self.fast:
+                raise ValueError("OnlineLearner: fast=True needs a stack of LRU/ALIF layers with a leaky or linear "
+                                 "readout and no active dropout; use fast=None (automatic) or False")
         dev = torch.device(device)
         if self.use_triton or (self.use_triton is None and dev.type == "cuda"):
             from .triton_kernels import mat_trace_step, triton_available

@@ -1,0 +1,91 @@
+"""The stream mode's fast path (hand-written spatial backward, fused per-layer kernels) against
+the reference path (per-step autograd backward, torch trace updates): outputs, losses, traces
+and gradients in float64 on fresh random networks and inputs."""
+import pytest
+import torch
+
+from spikerec.hardware.online import OnlineLearner
+from spikerec.layers import ALIF, LIF, LeakyReadout
+from spikerec.layers.lru import LRU
+from spikerec.models import RecurrentStack
+
+from online_helpers import _fp64_one_thread, named  # noqa: F401
+
+SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
+
+
+def step_loss(y, tgt):
+    return 0.5 * ((y - tgt) ** 2).sum() + (y.tanh() * tgt).sum()
+
+
+def build(kind, leaky, H=5, N=6, K=3, seed=None):
+    torch.manual_seed(int(torch.randint(0, 10_000, ())) if seed is None else seed)
+    if kind == "lru":
+        cells = [LRU(H, N), LRU(H, N, output_size=4)]
+        width = 4
+    elif kind == "lru_diag_skip":
+        cells = [LRU(H, N)]
+        width = H
+    else:
+        cells = [ALIF(H, N, surrogate=SURR, tau_mem=5.0, b=0.3, beta=0.5, detach_reset=(kind == "alif")),
+                 ALIF(N, N, surrogate=SURR, tau_mem=5.0, b=0.3, beta=0.5, recurrent=(kind == "alif_reset"),
+                      detach_reset=(kind == "alif"), zero_diagonal=False)]
+        for c in cells:
+            with torch.no_grad():
+                c.weight.mul_(3.0)
+        width = N
+    return RecurrentStack(cells, LeakyReadout(width, K, tau=(4.0 if leaky else None)))
+
+
+def run(model, x, tgt, fast, resets=(), **kw):
+    model.zero_grad()
+    lr = OnlineLearner(model, loss=step_loss, fast=fast, **kw)
+    ys, ls = [], []
+    rs = dict(resets)
+    for t in range(x.shape[0]):
+        if t in rs:
+            lr.reset(rs[t])
+        y, l = lr.step(x[t], None if t % 4 == 3 else tgt[t])  # some steps without a loss
+        ys.append(y)
+        ls.append(torch.zeros(()) if l is None else l)
+    traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+    lr.update()
+    grads = {n: p.grad.clone() for n, p in named(model)}
+    model.zero_grad()
+    return torch.stack(ys), torch.stack(ls), traces, grads, lr
+
+
+@pytest.mark.parametrize("kind", ["lru", "lru_diag_skip", "alif", "alif_reset"])
+@pytest.mark.parametrize("leaky", [False, True])
+@pytest.mark.parametrize("rule", ["full", "trunc1", "spatial"])
+def test_fast_stream_equals_autograd_stream(kind, leaky, rule):
+    model = build(kind, leaky)
+    T, B = int(torch.randint(9, 15, ())), 3
+    x = torch.randn(T, B, 5) if kind.startswith("lru") else (torch.rand(T, B, 5) < 0.5).double()
+    tgt = torch.randn(T, B, 3)
+    resets = [(5, torch.tensor([True, False, True]))]
+    y0, l0, tr0, g0, lr0 = run(model, x, tgt, fast=False, resets=resets, rule=rule)
+    y1, l1, tr1, g1, lr1 = run(model, x, tgt, fast=True, resets=resets, rule=rule)
+    assert lr0._fast_kinds is None and lr1._fast_kinds is not None
+    assert torch.allclose(y0, y1, rtol=0, atol=1e-12)
+    assert torch.allclose(l0, l1, rtol=0, atol=1e-12)
+    assert tr0.keys() == tr1.keys()
+    for n in tr0:
+        assert torch.allclose(tr0[n], tr1[n], rtol=1e-10, atol=1e-12), n
+    assert g0.keys() == g1.keys()
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], rtol=1e-10, atol=1e-12), (n, (g0[n] - g1[n]).abs().max())
+    assert any(g.abs().sum() > 0 for g in g1.values())
+
+
+def test_fast_path_declines_unsupported_stacks():
+    lif = RecurrentStack([LIF(3, 4)], LeakyReadout(4, 2))
+    lr = OnlineLearner(lif, loss=step_loss)
+    lr.step(torch.randn(2, 3), torch.randn(2, 2))
+    assert lr._fast_kinds is None  # LIF: the autograd path
+    with pytest.raises(ValueError, match="fast=True"):
+        OnlineLearner(lif, loss=step_loss, fast=True).step(torch.randn(2, 3))
+    drop = RecurrentStack([LRU(3, 4)], LeakyReadout(3, 2), dropout=0.5)
+    lr = OnlineLearner(drop, loss=step_loss)
+    lr.step(torch.randn(2, 3), torch.randn(2, 2))
+    assert lr._fast_kinds is None  # active dropout: the autograd path
