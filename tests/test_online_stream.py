@@ -191,13 +191,12 @@ def test_bad_streaming_input_errors():
 RESUME = textwrap.dedent(
     """
     import sys, torch
-    sys.path.insert(0, {tests!r})
     from spikerec.hardware.online import OnlineLearner, load_stream, save_stream
     from spikerec.layers import ALIF, LeakyReadout
     from spikerec.layers.lru import LRU
     from spikerec.models import RecurrentStack
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
+
+
     def build():
         torch.manual_seed(0)
         lru = LRU(4, 6)
@@ -206,21 +205,29 @@ RESUME = textwrap.dedent(
         lr = OnlineLearner(m, mode={mode!r}, chunk={chunk!r}, optimizer=opt, update_every={every!r},
                            loss=lambda y, t: 0.5 * ((y - t) ** 2).sum())
         return m, lr
-    g = torch.Generator().manual_seed(5)
-    xs, ts = torch.randn(20, 3, 4, generator=g), torch.randn(20, 3, 2, generator=g)
-    mask = torch.tensor([True, False, True])
-    m, lr = build()
-    start, stop = int(sys.argv[1]), int(sys.argv[2])
-    if start > 0:
-        load_stream(sys.argv[3], lr)
-    for t in range(start, stop):
-        if t == 8:
-            lr.reset(mask)
-        y, l = lr.step(xs[t], ts[t])
-    if stop < 20:
-        save_stream(sys.argv[3], lr)
-    else:
-        torch.save({{k: v for k, v in m.state_dict().items()}}, sys.argv[4])
+
+
+    def main(start, stop, ck, out=None):
+        torch.set_default_dtype(torch.float64)
+        torch.set_num_threads(1)
+        g = torch.Generator().manual_seed(5)
+        xs, ts = torch.randn(20, 3, 4, generator=g), torch.randn(20, 3, 2, generator=g)
+        mask = torch.tensor([True, False, True])
+        m, lr = build()
+        if start > 0:
+            load_stream(ck, lr)
+        for t in range(start, stop):
+            if t == 8:
+                lr.reset(mask)
+            y, l = lr.step(xs[t], ts[t])
+        if stop < 20:
+            save_stream(ck, lr)
+        else:
+            torch.save({{k: v for k, v in m.state_dict().items()}}, out)
+
+
+    if __name__ == "__main__":
+        main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
     """
 )
 
@@ -228,28 +235,27 @@ RESUME = textwrap.dedent(
 @pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 4)])
 def test_checkpoint_mid_stream_resumes_bit_identically_in_a_new_process(tmp_path, mode, chunk):
     """Adam, a per-sample reset, an update policy, dropout (stream) or a half-filled block
-    (chunked): stop at step 11, restore in a new process, continue; the final weights equal an uninterrupted run's bit for bit."""
+    (chunked): stop at step 11, restore in a new process, continue; the final weights equal an
+    uninterrupted run's bit for bit. The uninterrupted run and the run up to the checkpoint are
+    done in this process; only the resume needs a new one."""
     script = tmp_path / "run.py"
     dropout = 0.1 if mode == "stream" else 0.0  # active dropout makes chunked step() go step by step
-    script.write_text(RESUME.format(tests=os.path.dirname(__file__), mode=mode, chunk=chunk, dropout=dropout,
-                                      every=3 if mode == "stream" else 7))
-    env = dict(os.environ)
+    text = RESUME.format(mode=mode, chunk=chunk, dropout=dropout, every=3 if mode == "stream" else 7)
+    script.write_text(text)
+    here = {"__name__": "resume_script"}
+    exec(compile(text, str(script), "exec"), here)
     ck, a, b = tmp_path / "ck.safetensors", tmp_path / "a.pt", tmp_path / "b.pt"
-
-    def run(*args):
-        r = subprocess.run([sys.executable, str(script), *map(str, args)], env=env, capture_output=True,
-                           text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-
-    run(0, 20, ck, a)
-    run(0, 11, ck)
-    run(11, 20, ck, b)
+    here["main"](0, 20, str(ck), str(a))
+    here["main"](0, 11, str(ck))
+    r = subprocess.run([sys.executable, str(script), "11", "20", str(ck), str(b)], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
     wa = torch.load(a, weights_only=True)
     wb = torch.load(b, weights_only=True)
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
-    run(0, 1, ck)  # a checkpoint after one step only has the initial weights
+    here["main"](0, 1, str(ck))  # a checkpoint after one step only has the initial weights
     from safetensors.torch import load_file
 
     w0 = {k[6:]: v for k, v in load_file(str(ck)).items() if k.startswith("model/")}
