@@ -89,3 +89,26 @@ def test_fast_path_declines_unsupported_stacks():
     lr = OnlineLearner(drop, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))
     assert lr._fast_kinds is None  # active dropout: the autograd path
+
+
+@pytest.mark.parametrize("kind", ["lru", "alif"])
+@pytest.mark.parametrize("use_numba", [False, True])
+def test_fused_kernels_and_torch_partials_equal_the_reference(kind, use_numba):
+    """The fast path with the compiled per-layer kernels (numba) and with the torch partials,
+    against the autograd reference; float32 within float rounding, float64 to 1e-10."""
+    if use_numba:
+        pytest.importorskip("numba")
+    for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
+        torch.set_default_dtype(dtype)
+        model = build(kind, leaky=True)
+        T, B = 11, 4
+        x = torch.randn(T, B, 5) if kind == "lru" else (torch.rand(T, B, 5) < 0.5).to(dtype)
+        tgt = torch.randn(T, B, 3)
+        _, _, tr0, g0, _ = run(model, x, tgt, fast=False, use_numba=False)
+        _, _, tr1, g1, lr1 = run(model, x, tgt, fast=True, use_numba=use_numba)
+        if kind == "lru":
+            assert lr1._fused[(dtype, x.device)][0] is use_numba
+        for n in tr0:
+            assert torch.allclose(tr0[n], tr1[n], rtol=tol, atol=tol), n
+        for n in g0:
+            assert torch.allclose(g0[n], g1[n], rtol=tol, atol=tol * max(1.0, float(g0[n].abs().max()))), n

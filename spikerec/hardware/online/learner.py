@@ -568,6 +568,7 @@ class OnlineLearner:
                 self.frozen |= tr.frozen
         self.kernel = None
         self._fast_kinds = None
+        self._fused = {}
         if self.mode == "stream" and self.fast is not False:
             if fast_supported(self):
                 self._fast_kinds = fast_kinds(self)

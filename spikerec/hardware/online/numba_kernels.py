@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["numba_available", "mat_trace_step_numba"]
+__all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -93,3 +93,87 @@ def mat_trace_step_numba(eps, J, c, x, gs):
     if not use_g:
         return [None] * len(gs)
     return [G1, G2] if len(gs) == 2 and two else ([G1] if len(gs) == 1 else [G1, None])
+
+
+# --- the whole trace step of one LRU layer ---------------------------------------------------
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _lru_trace(hr, hi, nr, ni, x, g, use_g, lr, li, gam, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga,
+                   G_bre, G_bim, has_bre, has_bim):  # pragma: no cover - compiled
+        B, N = hr.shape
+        H = x.shape[1]
+        m = cols.shape[0]
+        for n in range(N):
+            a, c = lr[n], li[n]
+            for b in range(B):
+                p0, p1 = hr[b, n], hi[b, n]
+                q0 = g[b, n, 0] if use_g else 0.0
+                q1 = g[b, n, 1] if use_g else 0.0
+                for j in range(m):
+                    kind = cols[j]
+                    if kind == 0:
+                        i0, i1 = wnu[n, 0] * p0 - wnu[n, 1] * p1, wnu[n, 0] * p1 + wnu[n, 1] * p0
+                    elif kind == 1:
+                        i0, i1 = wth[n, 0] * p0 - wth[n, 1] * p1, wth[n, 0] * p1 + wth[n, 1] * p0
+                    else:
+                        i0, i1 = nr[b, n] - (a * p0 - c * p1), ni[b, n] - (a * p1 + c * p0)
+                    e0, e1 = ev[b, n, 0, j], ev[b, n, 1, j]
+                    f0 = a * e0 - c * e1 + i0
+                    f1 = c * e0 + a * e1 + i1
+                    ev[b, n, 0, j] = f0
+                    ev[b, n, 1, j] = f1
+                    if use_g:
+                        val = q0 * f0 + q1 * f1
+                        if kind == 0:
+                            G_nu[n] += val
+                        elif kind == 1:
+                            G_th[n] += val
+                        else:
+                            G_ga[n] += val
+                if has_mat:
+                    gm = gam[n]
+                    for h in range(H):
+                        e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
+                        f0 = a * e0 - c * e1 + gm * x[b, h]
+                        f1 = c * e0 + a * e1
+                        em[n, b, 0, h] = f0
+                        em[n, b, 1, h] = f1
+                        if use_g:
+                            if has_bre:
+                                G_bre[n, h] += q0 * f0 + q1 * f1
+                            if has_bim:
+                                G_bim[n, h] += q1 * f0 - q0 * f1
+
+
+def lru_trace_step_numba(prev, new, x, g, lam, gam, wnu, wth, cols, ev, em, G_vec, G_bre, G_bim):
+    """The whole stream-mode trace step of one LRU layer (``full``/``snap1`` rule) in one pass,
+    the recursions of :mod:`.traces_lru` on (Re, Im) pairs:
+
+        eps^p <- lam eps^p + imm^p     for the stacked per-neuron traces ``ev [B, N, 2, m]``
+                                       (``cols[j]``: 0 = ``nu_log``, 1 = ``theta_log``, 2 = ``gamma_log``)
+        s^B   <- lam s^B + gamma x     for the input-matrix trace ``em [N, B, 2, H]`` (or ``None``)
+        G     += sum_b g . eps         into ``G_vec`` (three ``[N]`` accumulators or ``None``, by
+                                       ``cols`` kind), ``G_bre``, ``G_bim [N, H]`` (``None``: not traced)
+
+    all in place; ``g [B, N, 2]`` or ``None`` (no loss at this step: the traces still advance).
+    ``lam = (Re lam, Im lam)``, ``wnu``/``wth [N, 2]``: ``d lam / d nu_log``, ``d lam / d theta_log``."""
+    dt = ev.dtype
+    z = _EMPTY.get(dt)
+    if z is None:
+        z = _EMPTY[dt] = (torch.zeros(1, 2, dtype=dt).numpy(), torch.zeros(1, dtype=dt).numpy())
+    z2, z1 = z
+    use_g = g is not None
+    gn = g.numpy() if use_g else ev[:0, :, :, 0].numpy()
+    has_mat = em is not None
+    emn = em.numpy() if has_mat else ev[:1, :1, :1, :1].numpy()
+    Gs = [z1 if G is None else G.numpy() for G in G_vec]
+    _lru_trace(prev.x_re.numpy(), prev.x_im.numpy(), new.x_re.numpy(), new.x_im.numpy(), x.numpy(), gn, use_g,
+               lam[0].numpy(), lam[1].numpy(), gam.numpy(), z2 if wnu is None else wnu.numpy(),
+               z2 if wth is None else wth.numpy(), cols, ev.numpy(), emn, has_mat, Gs[0], Gs[1], Gs[2],
+               z2 if G_bre is None else G_bre.numpy(), z2 if G_bim is None else G_bim.numpy(),
+               G_bre is not None, G_bim is not None)
+
+
+_EMPTY: dict = {}

@@ -113,12 +113,27 @@ def fast_stream_step(learner, x_t, closure):
             loss = loss.detach()
     with torch.no_grad():
         gs = _spatial_backward(learner, kinds, recs, gy)
+        fused = _fused_flags(learner, x_t)
         for l, tr in enumerate(tracers):
             if kinds[l] == "readout" or not tr.traced:
                 continue
             x_in, prev, new, _ = recs[l]
-            stream_step(learner.traces[l], tr.partials(x_in, prev, new), gs[l], learner.kernel)
+            if fused[l]:
+                tr.fused_stream_step(learner.traces[l], x_in, prev, new, gs[l])
+            else:
+                stream_step(learner.traces[l], tr.partials(x_in, prev, new), gs[l], learner.kernel)
     return y, loss
+
+
+def _fused_flags(learner, x_t) -> list[bool]:
+    """Per layer: whether its whole trace step runs as one compiled kernel (``fused_stream_step``)."""
+    key = (x_t.dtype, x_t.device)
+    cache = learner.__dict__.setdefault("_fused", {})
+    flags = cache.get(key)
+    if flags is None:
+        flags = cache[key] = [learner.use_numba is not False and hasattr(tr, "fused_stream_step")
+                              and tr.fused_ready(x_t.dtype, x_t.device) for tr in learner.tracers]
+    return flags
 
 
 def _output(tr, kind, new):

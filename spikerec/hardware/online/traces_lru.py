@@ -19,9 +19,11 @@ gradient from autograd.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .traces_base import LayerTrace, Partials
+from .numba_kernels import lru_trace_step_numba, numba_available
+from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
 
@@ -118,6 +120,53 @@ class LRUTrace(LayerTrace):
             vec["gamma_log"] = torch.stack([new.x_re - (lr * hr - li * hi), new.x_im - (lr * hi + li * hr)], -1)
         cvec = k["cvec"].expand(x.shape[0], -1, -1)
         return Partials(k["J"], vec, {"B_re": (cvec, x)}, c_zero=(1,))
+
+    def fused_ready(self, dtype, device) -> bool:
+        """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
+        installed, CPU tensors of the parameters' float dtype."""
+        p = self.cell.B_re
+        return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
+                and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
+
+    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
+        (or ``None``) as one compiled pass (:func:`.numba_kernels.lru_trace_step_numba`); the same
+        result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
+        k = self.consts(x.dtype)
+        f = k.get("fused")
+        if f is None:
+            kinds = [j for j, (name, key) in enumerate((("nu_log", "w_nu"), ("theta_log", "w_theta"), ("gamma_log", None)))
+                     if (key in k if key else name in self.traced)]
+            names = [("nu_log", "theta_log", "gamma_log")[j] for j in kinds]
+            wnu = torch.stack(k["w_nu"], -1).to(x.dtype).contiguous() if "w_nu" in k else None
+            wth = torch.stack(k["w_theta"], -1).to(x.dtype).contiguous() if "w_theta" in k else None
+            f = k["fused"] = (np.asarray(kinds, dtype=np.int64), names, wnu, wth,
+                              (k["lr"].contiguous(), k["li"].contiguous()), k["gam"].contiguous())
+        cols, names, wnu, wth, lam, gam = f
+        B, N = prev.x_re.shape
+        ev = ts.vec.get(_STACK)
+        if ev is None and names:
+            ev = ts.vec[_STACK] = torch.zeros((B, N, 2, len(names)), dtype=x.dtype)
+        mat = "B_re" in self.traced or "B_im" in self.traced
+        em = ts.mat.get("B_re") if mat else None
+        if mat and em is None:
+            em = ts.mat["B_re"] = torch.zeros((N, B, 2, x.shape[1]), dtype=x.dtype)
+        G = {}
+        if g is not None:
+            for name in names + [n for n in ("B_re", "B_im") if n in self.traced]:
+                acc = ts.G.get(name)
+                if acc is None:
+                    acc = ts.G[name] = torch.zeros_like(self.params[name], memory_format=torch.contiguous_format)
+                elif not acc.is_contiguous():
+                    acc = ts.G[name] = acc.contiguous()
+                G[name] = acc
+        G_vec = [G.get(n) for n in ("nu_log", "theta_log", "gamma_log")]
+        if ev is None:
+            ev = torch.zeros((B, N, 2, 0), dtype=x.dtype)
+        c = lambda t: t if t.is_contiguous() else t.contiguous()  # noqa: E731
+        lru_trace_step_numba(type(prev)(c(prev.x_re), c(prev.x_im)), type(new)(c(new.x_re), c(new.x_im)), c(x),
+                             None if g is None else c(g), lam, gam, wnu, wth, cols, ev, em, G_vec,
+                             G.get("B_re"), G.get("B_im"))
 
     def mat_readers(self, P):
         out = []
