@@ -106,8 +106,7 @@ def test_fused_kernels_and_torch_partials_equal_the_reference(kind, use_numba):
         tgt = torch.randn(T, B, 3)
         _, _, tr0, g0, _ = run(model, x, tgt, fast=False, use_numba=False)
         _, _, tr1, g1, lr1 = run(model, x, tgt, fast=True, use_numba=use_numba)
-        if kind == "lru":
-            assert lr1._fused[(dtype, x.device)][0] is use_numba
+        assert lr1._fused[(dtype, x.device)][:2] == [use_numba, use_numba]
         for n in tr0:
             assert torch.allclose(tr0[n], tr1[n], rtol=tol, atol=tol), n
         for n in g0:

@@ -132,19 +132,32 @@ if _HAVE_NUMBA:
                             G_th[n] += val
                         else:
                             G_ga[n] += val
-                if has_mat:
+                if has_mat:  # branch-free inner loops over contiguous rows (vectorised by LLVM)
                     gm = gam[n]
-                    for h in range(H):
-                        e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
-                        f0 = a * e0 - c * e1 + gm * x[b, h]
-                        f1 = c * e0 + a * e1
-                        em[n, b, 0, h] = f0
-                        em[n, b, 1, h] = f1
-                        if use_g:
-                            if has_bre:
-                                G_bre[n, h] += q0 * f0 + q1 * f1
-                            if has_bim:
-                                G_bim[n, h] += q1 * f0 - q0 * f1
+                    e0r, e1r, xr = em[n, b, 0], em[n, b, 1], x[b]
+                    if use_g and has_bre and has_bim:
+                        Gr, Gi = G_bre[n], G_bim[n]
+                        for h in range(H):
+                            e0, e1 = e0r[h], e1r[h]
+                            f0 = a * e0 - c * e1 + gm * xr[h]
+                            f1 = c * e0 + a * e1
+                            e0r[h] = f0
+                            e1r[h] = f1
+                            Gr[h] += q0 * f0 + q1 * f1
+                            Gi[h] += q1 * f0 - q0 * f1
+                    else:
+                        for h in range(H):
+                            e0, e1 = e0r[h], e1r[h]
+                            e0r[h] = a * e0 - c * e1 + gm * xr[h]
+                            e1r[h] = c * e0 + a * e1
+                        if use_g and has_bre:
+                            Gr = G_bre[n]
+                            for h in range(H):
+                                Gr[h] += q0 * e0r[h] + q1 * e1r[h]
+                        if use_g and has_bim:
+                            Gi = G_bim[n]
+                            for h in range(H):
+                                Gi[h] += q1 * e0r[h] - q0 * e1r[h]
 
 
 def lru_trace_step_numba(prev, new, x, g, lam, gam, wnu, wth, cols, ev, em, G_vec, G_bre, G_bim):
@@ -177,3 +190,102 @@ def lru_trace_step_numba(prev, new, x, g, lam, gam, wnu, wth, cols, ev, em, G_ve
 
 
 _EMPTY: dict = {}
+
+
+# --- the whole trace step of one ALIF layer --------------------------------------------------
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _mat_rows(e0r, e1r, pre, j00, j01, j10, j11, q0, q1, G, use_g):  # pragma: no cover - compiled
+        H = pre.shape[0]
+        for h in range(H):
+            e0, e1 = e0r[h], e1r[h]
+            e0r[h] = j00 * e0 + j01 * e1 + pre[h]
+            e1r[h] = j10 * e0 + j11 * e1
+        if use_g:
+            for h in range(H):
+                G[h] += q0 * e0r[h] + q1 * e1r[h]
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _alif_trace(v0, a0, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
+                    detach_reset):  # pragma: no cover - compiled
+        B, N = v0.shape
+        m = cols.shape[0]
+        for n in range(N):
+            alpha, dalpha, rho, drho, omr, bb, beta = cn[0, n], cn[1, n], cn[2, n], cn[3, n], cn[4, n], cn[5, n], cn[6, n]
+            rd = Rd[n] if has_rd else 0.0
+            for b in range(B):
+                v, a, ps, z = v0[b, n], a0[b, n], psi[b, n], zp[b, n]
+                dz_a, dz_beta = -beta * ps, -a * ps
+                da_v, da_a, da_b, da_beta = omr * ps, omr * dz_a + rho, -(omr * ps), omr * dz_beta
+                da_rho = a - z
+                lta0 = 0.0
+                if detach_reset:
+                    if has_rd:
+                        dv_v = rd * ps + alpha
+                        dv_a, dv_b, dv_beta = rd * dz_a, -(rd * ps), rd * dz_beta
+                    else:
+                        dv_v, dv_a, dv_b, dv_beta = alpha, 0.0, 0.0, 0.0
+                else:
+                    a1 = rho * a + omr * z
+                    theta = bb + beta * a1
+                    dR_v = theta * ps + z * (beta * da_v)
+                    dR_a = theta * dz_a + z * (beta * da_a)
+                    dR_b = -(theta * ps) + z * (beta * da_b + 1.0)
+                    dR_beta = theta * dz_beta + z * (beta * da_beta + a1)
+                    lta0 = -(z * (beta * da_rho)) * drho
+                    if has_rd:
+                        dv_v = (rd * ps - dR_v) + alpha
+                        dv_a, dv_b, dv_beta = rd * dz_a - dR_a, -(rd * ps) - dR_b, rd * dz_beta - dR_beta
+                    else:
+                        dv_v, dv_a, dv_b, dv_beta = alpha - dR_v, -dR_a, -dR_b, -dR_beta
+                q0 = g[b, n, 0] if use_g else 0.0
+                q1 = g[b, n, 1] if use_g else 0.0
+                for j in range(m):
+                    kind = cols[j]
+                    if kind == 0:  # log_tau_mem
+                        i0, i1 = v * dalpha, 0.0
+                    elif kind == 1:  # log_tau_adapt
+                        i0, i1 = lta0, da_rho * drho
+                    elif kind == 2:  # b
+                        i0, i1 = dv_b, da_b
+                    elif kind == 3:  # beta
+                        i0, i1 = dv_beta, da_beta
+                    else:  # bias
+                        i0, i1 = 1.0, 0.0
+                    e0, e1 = ev[b, n, 0, j], ev[b, n, 1, j]
+                    f0 = dv_v * e0 + dv_a * e1 + i0
+                    f1 = da_v * e0 + da_a * e1 + i1
+                    ev[b, n, 0, j] = f0
+                    ev[b, n, 1, j] = f1
+                    if use_g:
+                        G_vec[kind, n] += q0 * f0 + q1 * f1
+                if has_w:
+                    _mat_rows(ew[n, b, 0], ew[n, b, 1], x[b], dv_v, dv_a, da_v, da_a, q0, q1, G_w[n], use_g)
+                if has_r:
+                    _mat_rows(er[n, b, 0], er[n, b, 1], zp[b], dv_v, dv_a, da_v, da_a, q0, q1, G_r[n], use_g)
+
+
+def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_w, G_r, Rd, detach_reset):
+    """The whole stream-mode trace step of one ALIF layer (``full``/``snap1`` rule) in one pass:
+    the partials of :meth:`.traces_lif.ALIFTrace.partials` (the 2x2 Jacobian ``J`` of ``(v, a)``
+    and the immediate partials, from ``v_{t-1}, a_{t-1}``, the surrogate derivative ``psi`` and the
+    previous spikes ``zp``), the trace advance ``eps <- J eps + imm`` of the stacked per-neuron
+    traces ``ev [B, N, 2, m]`` (``cols[j]``: 0 ``log_tau_mem``, 1 ``log_tau_adapt``, 2 ``b``,
+    3 ``beta``, 4 ``bias``) and of the matrix traces ``ew [N, B, 2, H]`` (pre-synaptic ``x``),
+    ``er [N, B, 2, N]`` (pre-synaptic ``zp``), and ``G += sum_b g . eps`` into ``G_vec [5, N]``,
+    ``G_w``, ``G_r`` (in place). ``cn [7, N]``: ``alpha, d alpha / d log tau_mem, rho,
+    d rho / d log tau_adapt, 1 - rho, b, beta``; ``Rd [N]``: the lateral self-weights or ``None``."""
+    dt = ev.dtype
+    z = _EMPTY.get(dt)
+    if z is None:
+        z = _EMPTY[dt] = (torch.zeros(1, 2, dtype=dt).numpy(), torch.zeros(1, dtype=dt).numpy())
+    z2, z1 = z
+    use_g = g is not None
+    gn = g.numpy() if use_g else ev[:0, :, :, 0].numpy()
+    dummy4 = ev[:1, :1, :1, :1].numpy()
+    _alif_trace(v0.numpy(), a0.numpy(), psi.numpy(), zp.numpy(), x.numpy(), gn, use_g, cn.numpy(), cols, ev.numpy(),
+                dummy4 if ew is None else ew.numpy(), dummy4 if er is None else er.numpy(), ew is not None,
+                er is not None, G_vec.numpy(), z2 if G_w is None else G_w.numpy(), z2 if G_r is None else G_r.numpy(),
+                z1 if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset))

@@ -15,6 +15,7 @@ The formulas follow :meth:`spikerec.layers.lif.LIF.step` and
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...layers.alif import ALIFState
@@ -22,7 +23,8 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .traces_base import LayerTrace, Partials
+from .numba_kernels import alif_trace_step_numba, numba_available
+from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
 
@@ -202,6 +204,80 @@ class ALIFTrace(LayerTrace):
         if c.recurrent_weight is not None:
             mat["recurrent_weight"] = (cvec, zp)
         return Partials(J, vec, mat, c_zero=(1,))
+
+    # --- the compiled stream step -------------------------------------------------------------
+    _VEC_ORDER = ("log_tau_mem", "log_tau_adapt", "b", "beta", "bias")
+
+    def fused_ready(self, dtype, device) -> bool:
+        """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
+        installed, CPU tensors of the parameters' float dtype."""
+        p = self.cell.weight
+        return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
+                and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
+
+    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
+        (or ``None``) as one compiled pass (:func:`.numba_kernels.alif_trace_step_numba`); the
+        same result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
+        c = self.cell
+        k = self.consts(x.dtype)
+        f = k.get("fused")
+        if f is None:
+            names = [n for n in self._VEC_ORDER if self.params.get(n) is not None and n in self.traced]
+            cols = np.asarray([self._VEC_ORDER.index(n) for n in names], dtype=np.int64)
+            cn = torch.stack([t.expand(k["b"].shape) for t in (k["alpha"], k["dalpha"], k["rho"], k["drho"],
+                                                                k["one_m_rho"], k["b"], k["beta"])]).contiguous()
+            Rd = None if k["Rd"] is None else k["Rd"].contiguous()
+            f = k["fused"] = (names, cols, cn, Rd)
+        names, cols, cn, Rd = f
+        v0, a0 = prev.v, prev.a
+        u = v0 - (k["b"] + k["beta"] * a0)
+        zp = heaviside(u)
+        psi = c.surrogate.derivative(u)
+        B, N = v0.shape
+        ev = ts.vec.get(_STACK)
+        if ev is None:
+            ev = ts.vec[_STACK] = torch.zeros((B, N, 2, len(names)), dtype=x.dtype)
+        mats = []
+        for name, H in (("weight", x.shape[1]), ("recurrent_weight", N)):
+            e = None
+            if name in self.traced:
+                e = ts.mat.get(name)
+                if e is None:
+                    e = ts.mat[name] = torch.zeros((N, B, 2, H), dtype=x.dtype)
+            mats.append(e)
+        Gv, Gw, Gr = self._accumulators(ts, names, g is not None, x.dtype, N)
+        cg = lambda t: t if t.is_contiguous() else t.contiguous()  # noqa: E731
+        alif_trace_step_numba(cg(v0), cg(a0), cg(psi), zp, cg(x), None if g is None else cg(g), cn, cols, ev,
+                              mats[0], mats[1], Gv, Gw, Gr, Rd, c.detach_reset)
+
+    def _accumulators(self, ts, names, use_g, dtype, N):
+        """The gradient accumulators the kernel adds into: the per-neuron ones are rows of one
+        ``[5, N]`` buffer (shared with ``ts.G``, so they are read and checkpointed as usual)."""
+        buf = getattr(ts, "_fused_buf", None)
+        if use_g and names:
+            ok = buf is not None and all(n in ts.G and ts.G[n].data_ptr() == buf[self._VEC_ORDER.index(n)].data_ptr()
+                                         for n in names)
+            if not ok:
+                buf = torch.zeros((5, N), dtype=dtype)
+                for n in names:
+                    if n in ts.G:
+                        buf[self._VEC_ORDER.index(n)] += ts.G[n]
+                    ts.G[n] = buf[self._VEC_ORDER.index(n)]
+                ts._fused_buf = buf
+        if buf is None or not (use_g and names):
+            buf = torch.zeros((5, N), dtype=dtype)
+        out = [buf]
+        for n in ("weight", "recurrent_weight"):
+            G = None
+            if use_g and n in self.traced:
+                G = ts.G.get(n)
+                if G is None:
+                    G = ts.G[n] = torch.zeros_like(self.params[n], memory_format=torch.contiguous_format)
+                elif not G.is_contiguous():
+                    G = ts.G[n] = G.contiguous()
+            out.append(G)
+        return out
 
 
 class ReadoutTrace(LayerTrace):
