@@ -4,7 +4,10 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
 128, 256 and smaller nets), one gradient of a per-step MSE loss is computed by
 
 * ``stream``: :meth:`~spikerec.hardware.online.OnlineLearner.step` fed one step at a time from a
-  generator (the input is never held whole), then ``update()``;
+  generator (the input is never held whole), then ``update()``; the fast path (hand-written
+  spatial backward, one compiled trace kernel per layer);
+* ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
+  the earlier implementation, kept as the reference), for a before/after comparison in one run;
 * ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``;
 * ``bptt``: autograd through the model's fast sequence path with the loss computed in one
   vectorised op, ``0.5 * ((y - target) ** 2).sum()``.
@@ -165,8 +168,8 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
         if m == "bptt":
             y, _ = model(x)
             (0.5 * ((y - tgt) ** 2).sum()).backward()
-        elif m == "stream":
-            lr = OnlineLearner(model, mode="stream", loss=step_loss)
+        elif m in ("stream", "stream_ref"):
+            lr = OnlineLearner(model, mode="stream", loss=step_loss, fast=None if m == "stream" else False)
             for x_t, t_t in steps():
                 lr.step(x_t, t_t)
                 if peak is not None:
@@ -235,13 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("stream", "chunked", "bptt"):
-            print(f"spikerec bench online: unknown method '{m}'; expected stream, chunked or bptt", file=sys.stderr)
+        if m not in ("stream", "stream_ref", "chunked", "chunked_ref", "bptt"):
+            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_ref, chunked, chunked_ref "
+                  f"or bptt", file=sys.stderr)
             return 2
     print(f"machine: {_machine()}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
     rows = []
-    header = f"{'net':<5} {'T':>5} {'method':<8} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
+    header = f"{'net':<5} {'T':>5} {'method':<11} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
     print(header)
     for net in nets:
         for T in Ts:
@@ -255,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             for row in json.loads(res.stdout.strip().splitlines()[-1]):
                 rows.append(row)
                 ratio = f"{row['x_bptt']:>7.2f}" if row["x_bptt"] is not None else f"{'-':>7}"
-                print(f"{net:<5} {T:>5} {row['method']:<8} {row['peak_mib']:>9.2f} "
+                print(f"{net:<5} {T:>5} {row['method']:<11} {row['peak_mib']:>9.2f} "
                       f"{row['seq_s']:>8.3f} {row['step_ms']:>8.3f} {ratio}", flush=True)
     if rows:
         print(f"peak memory: growth during the call, measured on the {rows[0]['memory']}; "

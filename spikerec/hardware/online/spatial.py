@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from ...surrogate import heaviside
 from .traces_base import stream_step
 from .traces_lif import ALIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
@@ -138,8 +139,8 @@ def _fused_flags(learner, x_t) -> list[bool]:
 
 def _output(tr, kind, new):
     c = tr.cell
-    if kind == "alif":
-        return c.surrogate(new.v - (c.b.detach() + c.beta.detach() * new.a)).detach()
+    if kind == "alif":  # the spike z = H(v - b - beta a) (the surrogate's forward is the Heaviside step)
+        return heaviside(new.v - (c.b.detach() + c.beta.detach() * new.a))
     return new.y  # leaky readout
 
 

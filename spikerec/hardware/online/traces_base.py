@@ -337,11 +337,17 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     ref = next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]
     _, Bsz, N, k_ = ref.shape
     Bj = J.shape[1]  # 1 when the Jacobians do not depend on the batch (LRU, readout): PH is shared
-    phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bj, N, k_, k_)
-    PH = torch.empty((K, Bj, N, k_, k_), dtype=ref.dtype, device=ref.device)
-    for k in range(K - 1, -1, -1):
-        PH[k] = phi
-        phi = phi @ Jk(k)  # becomes Phi_{t1, k-1}
+    const = J.shape[0] == 1 and J.shape[1] == 1  # one Jacobian for every step: the powers are per-sequence constants
+    cache = tr.consts(ref.dtype) if const else {}
+    PH, phi = cache.get(("powers", K), (None, None))
+    if PH is None:
+        phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bj, N, k_, k_)
+        PH = torch.empty((K, Bj, N, k_, k_), dtype=ref.dtype, device=ref.device)
+        for k in range(K - 1, -1, -1):
+            PH[k] = phi
+            phi = phi @ Jk(k)  # becomes Phi_{t1, k-1}
+        if const:
+            cache[("powers", K)] = (PH, phi)
     phi = phi.expand(Bsz, N, k_, k_)
     for name in vnames:
         new = _mv(PH, P.vec[name]).sum(0)
