@@ -111,3 +111,26 @@ def test_fused_kernels_and_torch_partials_equal_the_reference(kind, use_numba):
             assert torch.allclose(tr0[n], tr1[n], rtol=tol, atol=tol), n
         for n in g0:
             assert torch.allclose(g0[n], g1[n], rtol=tol, atol=tol * max(1.0, float(g0[n].abs().max()))), n
+
+
+def test_lru_block_scans_equal_the_step_loops():
+    """Chunked mode's closed-form LRU block scans (``scan_block``: the parallel scan of the states;
+    ``reverse_filter``: the reverse scan with ``conj(lam)``) equal the step-by-step loops."""
+    from spikerec.hardware.online.traces_base import _reverse_filter
+    from spikerec.hardware.online.traces_lru import LRUTrace
+    from spikerec.layers.lru import LRUState
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    tr = LRUTrace(LRU(5, 7), "full")
+    K, B = 9, 3
+    x = torch.randn(K, B, 5)
+    s = LRUState(torch.randn(B, 7), torch.randn(B, 7))
+    with torch.no_grad():
+        prevs, last = tr.scan_states(x, s)
+        prev, last2 = tr.scan_block(x, s)
+        for f in range(2):
+            assert torch.allclose(torch.cat([p[f] for p in prevs]), prev[f], rtol=0, atol=1e-12)
+            assert torch.allclose(last[f], last2[f], rtol=0, atol=1e-12)
+        G = torch.randn(K, B, 7, 2)
+        ref = _reverse_filter(tr.consts(torch.float64)["J"][None], G)
+        assert torch.allclose(tr.reverse_filter(G), ref, rtol=0, atol=1e-12)

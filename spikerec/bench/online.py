@@ -8,7 +8,8 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
   spatial backward, one compiled trace kernel per layer);
 * ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
   the earlier implementation, kept as the reference), for a before/after comparison in one run;
-* ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``;
+* ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``
+  (``chunked_ref``: with ``fast=False``, the step-loop block scans);
 * ``bptt``: autograd through the model's fast sequence path with the loss computed in one
   vectorised op, ``0.5 * ((y - target) ** 2).sum()``.
 
@@ -176,7 +177,8 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
                     peak.sample()
             lr.update()
         else:
-            OnlineLearner(model, mode="chunked", chunk=chunk).backward(x, tgt, mse_loss)
+            OnlineLearner(model, mode="chunked", chunk=chunk, fast=None if m == "chunked" else False).backward(
+                x, tgt, mse_loss)
 
     for m in methods:  # warm-up: first-call allocations, kernel compilation
         run(m, None)

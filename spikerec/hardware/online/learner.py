@@ -569,6 +569,8 @@ class OnlineLearner:
         self.kernel = None
         self._fast_kinds = None
         self._fused = {}
+        for tr in self.tracers:
+            tr.fast = self.fast is not False  # chunked: closed-form block scans where a cell has them
         if self.mode == "stream" and self.fast is not False:
             if fast_supported(self):
                 self._fast_kinds = fast_kinds(self)
@@ -758,9 +760,12 @@ class OnlineLearner:
                 out, new = tr.cell.step(hf, prev)
             else:
                 with torch.no_grad():  # the previous states of the block's steps
-                    prevs, s = tr.scan_states(hd, s)
+                    if tr.fast and hasattr(tr, "scan_block"):  # all K at once ([K*B] fields)
+                        prev, s = tr.scan_block(hd, s)
+                    else:
+                        prevs, s = tr.scan_states(hd, s)
+                        prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
                 self.states[l] = type(s)(*(f.detach() for f in s))
-                prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
                 new = tr.step(hf, prev)
                 new = type(new)(*(f.view_as(f) if f.requires_grad else f.detach().requires_grad_() for f in new))
                 out = tr.output(hf, new)

@@ -59,6 +59,7 @@ class LayerTrace:
     """
 
     kind = "?"
+    fast = False  # set by the learner: use the cell's closed-form block scans (scan_block, reverse_filter)
     rules = ("full", "spatial", "trunc1", "snap1", "bptt")
     k = 1
     input_params: tuple[str, ...] = ()
@@ -312,7 +313,8 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     Jk = (lambda k: J[k] if J.shape[0] == K else J[0]) if J is not None else None
     if G is not None:
         if use_J:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
-            GH = _reverse_filter(J, G)
+            rf = getattr(tr, "reverse_filter", None) if getattr(tr, "fast", False) else None
+            GH = _reverse_filter(J, G) if rf is None else rf(G)
         else:
             GH = G
         for name in vnames:
@@ -355,7 +357,12 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
         ts.vec[name] = new if e is None else new + _mv(phi, e)
     for base in {b for b, _, _ in readers}:
         c, pre = P.mat[base]
-        new = torch.einsum("kbnf,kbh->nbfh", _mv(PH, c), pre)
+        if PH.shape[1] == 1 and c.stride(1) == 0:  # c and the J's do not depend on the batch (LRU): one GEMM
+            Kc, Bc, Nc, kc = c.shape
+            pc = _mv(PH[:, 0], c[:, 0]).reshape(Kc, Nc * kc)  # [K, N*k]
+            new = (pc.t() @ pre.reshape(Kc, -1)).reshape(Nc, kc, Bc, -1).transpose(1, 2).contiguous()
+        else:
+            new = torch.einsum("kbnf,kbh->nbfh", _mv(PH, c), pre)
         e = ts.mat.get(base)
         if e is not None:
             new = new + torch.einsum("bnij,nbjh->nbih", phi, e)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...scan import linear_scan
 from .numba_kernels import lru_trace_step_numba, numba_available
 from .traces_base import _STACK, LayerTrace, Partials
 
@@ -105,6 +106,28 @@ class LRUTrace(LayerTrace):
             h_im = lr * state.x_im + li * state.x_re + u_im[t]
             state = type(state)(h_re, h_im)
         return prevs, state
+
+    def scan_block(self, x, state):
+        """The states before each of the K steps of ``x [K, B, H]`` as one state with ``[K*B, N]``
+        fields, and the final state, by the parallel scan of ``h_t = lam h_{t-1} + gamma B x_t``
+        (:func:`spikerec.scan.linear_scan`): the same values as :meth:`scan_states`."""
+        k = self.consts(x.dtype)
+        N = k["N"]
+        u = k["gam2"] * (x @ k["Bt"])
+        hs = linear_scan(torch.complex(k["lr"], k["li"]), torch.complex(u[..., :N], u[..., N:]),
+                         torch.complex(state.x_re, state.x_im))
+        K, B = x.shape[0], x.shape[1]
+        re = torch.cat([state.x_re[None], hs.real[:-1]]).reshape(K * B, N)
+        im = torch.cat([state.x_im[None], hs.imag[:-1]]).reshape(K * B, N)
+        return type(state)(re, im), type(state)(hs[-1].real.contiguous(), hs[-1].imag.contiguous())
+
+    def reverse_filter(self, G):
+        """``gh_k = g_k + J^T gh_{k+1}`` over a block, ``G [K, B, N, 2]``: ``J^T`` is the
+        multiplication by ``conj(lam)`` on (Re, Im) pairs, so this is a reverse linear scan."""
+        k = self.consts(G.dtype)
+        g = torch.complex(G[..., 0], G[..., 1]).flip(0)
+        gh = linear_scan(torch.complex(k["lr"], -k["li"]), g).flip(0)
+        return torch.stack([gh.real, gh.imag], -1)
 
     def partials(self, x, prev, new):
         k = self.consts(x.dtype)
