@@ -63,14 +63,26 @@ def supported(learner) -> bool:
     return True
 
 
-def _acc(spatial: dict, p, g) -> None:
-    """``spatial[p] += g`` (parameters without ``requires_grad`` are skipped)."""
+def _acc(spatial: dict, p, g, alpha: float = 1.0) -> None:
+    """``spatial[p] += alpha * g`` (parameters without ``requires_grad`` are skipped)."""
     if not p.requires_grad:
         return
-    if p in spatial:
-        spatial[p] += g
+    acc = spatial.get(p)
+    if acc is not None:
+        acc.add_(g, alpha=alpha)
     else:
-        spatial[p] = g.clone() if g._base is not None or not g.is_contiguous() else g
+        spatial[p] = g * alpha if (alpha != 1.0 or g._base is not None or not g.is_contiguous()) else g
+
+
+def _acc_mm(spatial: dict, p, a, b, alpha: float = 1.0) -> None:
+    """``spatial[p] += alpha * a @ b`` in place (one ``addmm_``)."""
+    if not p.requires_grad:
+        return
+    acc = spatial.get(p)
+    if acc is not None:
+        acc.addmm_(a, b, alpha=alpha)
+    else:
+        spatial[p] = torch.mm(a, b) if alpha == 1.0 else torch.mm(a, b).mul_(alpha)
 
 
 def fast_stream_step(learner, x_t, closure):
@@ -91,7 +103,7 @@ def fast_stream_step(learner, x_t, closure):
                 new = type(prev)(y)
                 out = y
             elif kind == "lru":
-                new = tr.step(h, prev)
+                new = _lru_state(tr, h, prev)
                 out = _lru_out(tr.cell, h, new)
             else:
                 new = tr.step(h, prev)
@@ -144,10 +156,25 @@ def _output(tr, kind, new):
     return new.y  # leaky readout
 
 
+def _lru_state(tr, u, prev):
+    """``h = lam h' + gamma B u`` on (Re, Im) pairs, with ``gamma`` folded into ``B`` once per
+    sequence (the same values as ``LRUTrace.step``, to float rounding)."""
+    k = tr.consts(u.dtype)
+    Bg = k.get("Bt_gamma")
+    if Bg is None:
+        Bg = k["Bt_gamma"] = (k["Bt"] * k["gam2"]).contiguous()
+    N, lr, li = k["N"], k["lr"], k["li"]
+    w = u @ Bg
+    h_re = torch.addcmul(w[:, :N], lr, prev.x_re).addcmul_(li, prev.x_im, value=-1.0)
+    h_im = torch.addcmul(w[:, N:], lr, prev.x_im).addcmul_(li, prev.x_re)
+    return type(prev)(h_re, h_im)
+
+
 def _lru_out(c, u, new):
-    y = new.x_re @ c.C_re.detach().t() - new.x_im @ c.C_im.detach().t()
+    """``y = C_re Re h - C_im Im h + D u``."""
     D = c.D.detach()
-    return y + (u * D if D.dim() == 1 else u @ D.t())
+    y = torch.addmm(u * D if D.dim() == 1 else u @ D.t(), new.x_re, c.C_re.detach().t())
+    return y.addmm_(new.x_im, c.C_im.detach().t(), alpha=-1.0)
 
 
 def _spatial_backward(learner, kinds, recs, gy):
@@ -164,7 +191,7 @@ def _spatial_backward(learner, kinds, recs, gy):
         c = tr.cell
         h_in, prev, new, _ = recs[l]
         if kind == "readout":
-            _acc(sp, c.weight, g_out.t() @ h_in)
+            _acc_mm(sp, c.weight, g_out.t(), h_in)
             if c.bias is not None:
                 _acc(sp, c.bias, g_out.sum(0))
             g_out = g_out @ c.weight.detach()
@@ -174,14 +201,14 @@ def _spatial_backward(learner, kinds, recs, gy):
         elif kind == "lru":
             g_re = g_out @ c.C_re.detach()
             g_im = -(g_out @ c.C_im.detach())
-            _acc(sp, c.C_re, g_out.t() @ new.x_re)
-            _acc(sp, c.C_im, -(g_out.t() @ new.x_im))
+            _acc_mm(sp, c.C_re, g_out.t(), new.x_re)
+            _acc_mm(sp, c.C_im, g_out.t(), new.x_im, -1.0)
             D = c.D.detach()
             if D.dim() == 1:
                 _acc(sp, c.D, (g_out * h_in).sum(0))
                 gu = g_out * D
             else:
-                _acc(sp, c.D, g_out.t() @ h_in)
+                _acc_mm(sp, c.D, g_out.t(), h_in)
                 gu = g_out @ D
             gs[l] = torch.stack([g_re, g_im], -1)
             if l > 0:
@@ -191,8 +218,8 @@ def _spatial_backward(learner, kinds, recs, gy):
         else:  # alif
             b, beta = c.b.detach(), c.beta.detach()
             gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
-            _acc(sp, c.b, -gp.sum(0))
-            _acc(sp, c.beta, -(gp * new.a).sum(0))
+            _acc(sp, c.b, gp.sum(0), -1.0)
+            _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
             gs[l] = torch.stack([gp, -beta * gp], -1)
             if l > 0:
                 g_out = gp @ c.weight.detach()
