@@ -134,3 +134,30 @@ def test_lru_block_scans_equal_the_step_loops():
         G = torch.randn(K, B, 7, 2)
         ref = _reverse_filter(tr.consts(torch.float64)["J"][None], G)
         assert torch.allclose(tr.reverse_filter(G), ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("loss", ["mse", "mean", "per_step"])
+def test_block_form_of_the_losses_equals_the_per_step_sum(loss):
+    """Chunked/parallel modes evaluate a loss's ``block`` form (all K steps in one op); gradients
+    and loss equal the per-step loop (``fast=False``) in float64."""
+    from spikerec.hardware.online import classification_loss, mse_loss
+
+    model = build("lru", leaky=False)
+    T, B = 13, 3
+    x = torch.randn(T, B, 5)
+    if loss == "mse":
+        fn, tgt = mse_loss, torch.randn(T, B, 3)
+    else:
+        fn = classification_loss(loss, T)
+        tgt = torch.randint(0, 3, (B,) if loss == "mean" else (T, B))
+    assert hasattr(fn, "block")
+    for mode, chunk in (("chunked", 4), ("parallel", None)):
+        out = []
+        for fast in (False, None):
+            model.zero_grad()
+            L = OnlineLearner(model, mode=mode, chunk=chunk, fast=fast).backward(x, tgt, fn)
+            out.append((L, {n: p.grad.clone() for n, p in named(model)}))
+        (L0, g0), (L1, g1) = out
+        assert abs(L0 - L1) <= 1e-12 * max(1.0, abs(L0))
+        for n in g0:
+            assert torch.allclose(g0[n], g1[n], rtol=1e-10, atol=1e-13), n

@@ -136,11 +136,22 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
     """
     T = int(steps)
     if readout_mode == "mean":
-        return lambda y, target, t: F.cross_entropy(y, target) / T
+        def mean(y, target, t):
+            return F.cross_entropy(y, target) / T
+
+        # all K steps of a block in one op: sum_k CE_mean(y_k) / T = K * CE_mean(all K*B rows) / T
+        mean.block = lambda y, target, t0, t1: F.cross_entropy(
+            y.flatten(0, 1), target.repeat(t1 - t0)) * ((t1 - t0) / T)
+        return mean
     if readout_mode == "last":
         return lambda y, target, t: F.cross_entropy(y, target) if t == T - 1 else None
     if readout_mode == "per_step":
-        return lambda y, target, t: F.cross_entropy(y, target[t]) / T
+        def per_step(y, target, t):
+            return F.cross_entropy(y, target[t]) / T
+
+        per_step.block = lambda y, target, t0, t1: F.cross_entropy(
+            y.flatten(0, 1), target[t0:t1].flatten(0, 1)) * ((t1 - t0) / T)
+        return per_step
     raise ValueError(f"classification_loss: readout mode '{readout_mode}' has no per-step form; "
                      f"use 'mean', 'last' or 'per_step' (or rule='bptt')")
 
@@ -148,6 +159,11 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
 def mse_loss(y, target, t):
     """``l_t = 0.5 * sum over batch and features of (y_t - target[t])^2`` for ``target [T, B, K]``."""
     return 0.5 * ((y - target[t]) ** 2).sum()
+
+
+# A per-step loss may carry ``block(y [K, B, ...], target, t0, t1)``: the sum of its steps t0..t1-1
+# in one op, which the chunked and parallel modes use instead of K separate loss graphs.
+mse_loss.block = lambda y, target, t0, t1: 0.5 * ((y - target[t0:t1]) ** 2).sum()
 
 
 def bptt_loss(model, x, target, loss_fn):
@@ -391,7 +407,10 @@ class OnlineLearner:
             else:
                 for t in range(t0, t1):
                     self._check_nan(x[t], f"OnlineLearner input x (step {t})")
+                block = getattr(loss_fn, "block", None) if self.fast is not False else None
                 l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
+                                        block_loss=None if block is None else
+                                        (lambda h, t0=t0, t1=t1: block(h, target, t0, t1)),
                                         carry=t1 < T)
             if l is not None:
                 total += float(l)
@@ -720,7 +739,7 @@ class OnlineLearner:
         self._block_batched(torch.stack([p[0] for p in pend]), [self._closure(p[1], p[2]) for p in pend], carry)
         self.states = end_states
 
-    def _block_batched(self, x, losses, carry):
+    def _block_batched(self, x, losses, carry, block_loss=None):
         """A block of K steps with whole-block tensor ops (chunked / parallel modes). Within the
         block every step starts from the *detached* previous state, so once the states are known
         (one cheap pass without autograd) the steps of a layer are independent rows: each layer is
@@ -774,7 +793,9 @@ class OnlineLearner:
             if l < n_cells and drop is not None:
                 h = drop(h)
         total = None
-        for k in range(K):
+        if block_loss is not None:  # the loss of all K steps in one op (the loss's ``block`` form)
+            total = block_loss(h)
+        for k in range(K if block_loss is None else 0):
             l_ = losses[k](h[k]) if losses[k] is not None else None
             if l_ is not None:
                 if l_.dim() != 0:
