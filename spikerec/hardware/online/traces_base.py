@@ -317,8 +317,11 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
             GH = _reverse_filter(J, G) if rf is None else rf(G)
         else:
             GH = G
-        for name in vnames:
-            ts.add(name, (GH * P.vec[name]).sum(dim=(0, 1, 3)))
+        if vnames:  # all per-neuron parameters at once: columns of one [K, B, N, k, m] tensor
+            V = torch.stack([P.vec[n] for n in vnames], -1)
+            Gv = (GH.unsqueeze(-1) * V).sum(dim=(0, 1, 3))  # [N, m]
+            for j, name in enumerate(vnames):
+                ts.add(name, Gv[:, j])
         for base, r, M in readers:
             c, pre = P.mat[base]
             a = (_mat_contract_g(GH, M) * c).sum(-1)  # [K, B, N]
@@ -351,10 +354,13 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
         if const:
             cache[("powers", K)] = (PH, phi)
     phi = phi.expand(Bsz, N, k_, k_)
-    for name in vnames:
-        new = _mv(PH, P.vec[name]).sum(0)
-        e = ts.vec.get(name)
-        ts.vec[name] = new if e is None else new + _mv(phi, e)
+    if vnames:
+        if G is None:
+            V = torch.stack([P.vec[n] for n in vnames], -1)
+        new = _mv_cols(PH, V).sum(0)  # [B, N, k, m]
+        for j, name in enumerate(vnames):
+            e = ts.vec.get(name)
+            ts.vec[name] = new[..., j] if e is None else new[..., j] + _mv(phi, e)
     for base in {b for b, _, _ in readers}:
         c, pre = P.mat[base]
         if PH.shape[1] == 1 and c.stride(1) == 0:  # c and the J's do not depend on the batch (LRU): one GEMM
