@@ -217,9 +217,12 @@ class OnlineLearner:
         use_numba: ``None`` = the compiled numba kernels (matrix traces; the whole trace step of
             an LRU layer) on CPU tensors when numba is installed; ``False`` = torch only.
         fast: ``None`` = in ``stream`` mode, the hand-written spatial backward of
-            :mod:`.spatial` (and the fused per-layer kernels) when every layer supports it;
-            ``False`` = the per-step autograd backward (the reference); ``True`` = the fast path
-            or an error saying why it cannot be used.
+            :mod:`.spatial` and one compiled trace kernel per layer when every layer supports
+            them (LRU, ALIF, leaky or linear readout; no active dropout); in ``chunked`` /
+            ``parallel`` mode, the cells' closed-form block scans and the losses' ``block``
+            forms. ``False`` = the reference path (a per-step autograd backward, torch partials,
+            step loops). ``True`` = like ``None``, but in ``stream`` mode an error says why the
+            fast path cannot be used.
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None,
