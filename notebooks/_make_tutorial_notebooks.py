@@ -419,6 +419,87 @@ back through time across layers). `trunc1` and `spatial` have no traces that car
 (full), 0.920 (trunc1) and 0.899 (spatial); the quick run (two epochs) is still close to chance for
 every rule. Online learning keeps its memory flat in `T`, at the price of a Python loop over time steps on
 the CPU (see `spikerec bench online`)."""),
+    new_markdown_cell("""## Learning on an endless stream
+
+The runs above still learn sequence by sequence. Online learning exists for streams that never end:
+a sensor, a robot, a chip that learns while it runs. `OnlineLearner.step(x_t, target_t)` takes one
+time step at a time and carries the layer states, the eligibility traces and the accumulated gradient
+across calls; `update_every=K` steps the optimiser every `K` steps. The `copy-stream` preset presents
+copy problems back to back in every lane of the batch: no reset between them, so the network must
+also learn to let go of the previous pattern when the next one starts. The input comes from a
+generator, one step at a time, so nothing grows with the length of the run: the memory in use
+(the C allocator's bytes in use, glibc `mallinfo2`) is plotted beside the running loss."""),
+    new_code_cell('''from tqdm.auto import tqdm
+
+from spikerec.bench.online import alloc_in_use
+from spikerec.models import build_model
+
+cfg = load_config("copy-stream", ["data.options={pattern_length=4,pad_length=2}"] if QUICK else [])
+info = dataset_info("copy", **cfg["data"]["options"])
+resolve_sizes(cfg, info)
+torch.manual_seed(0)
+model = build_model(cfg["model"])
+bits, L = info["bits"], info["steps"]
+pool = get_dataset("copy", "train", **cfg["data"]["options"], n_samples={"train": 512, "valid": 2, "test": 2})
+Bsz = cfg["data"]["batch_size"]
+
+def endless_copy_stream(seed=0):
+    """Copy problems back to back in each lane: yields (x_t [B, C], target_t [B, bits]) forever."""
+    g = torch.Generator().manual_seed(seed)
+    pos = [L] * Bsz
+    cur = [None] * Bsz
+    while True:
+        xs, ys = [], []
+        for b in range(Bsz):
+            if pos[b] == L:  # this lane's problem is over: the next one starts at once
+                cur[b], pos[b] = pool[int(torch.randint(len(pool), (1,), generator=g))], 0
+            xs.append(cur[b][0][pos[b]]); ys.append(cur[b][1][pos[b]])
+            pos[b] += 1
+        yield torch.stack(xs), torch.stack(ys)
+
+def bit_loss(y, target):
+    """Cross-entropy of every bit in the output window (2 logits per bit), summed over the batch."""
+    logits = y.reshape(y.shape[0], bits, 2).reshape(-1, 2)
+    return torch.nn.functional.cross_entropy(logits, target.reshape(-1), ignore_index=-100, reduction="sum") / Bsz
+
+opt = torch.optim.Adam(model.parameters(), lr=cfg["train"]["lr"])
+learner = OnlineLearner(model, rule=cfg["online"]["rule"], mode=cfg["online"]["mode"], loss=bit_loss,
+                        optimizer=opt, update_every=L)
+print(*(f"layer {i} ({k}): {how}" for i, k, how in learner.exactness()), sep="\\n")
+n_steps = 1500 if QUICK else 60_000
+running, run_loss, memory, correct = None, [], [], []
+base = alloc_in_use()
+for t, (x_t, y_t) in enumerate(tqdm(endless_copy_stream(), total=n_steps, mininterval=2.0, desc="stream")):
+    if t == n_steps:
+        break
+    out, l = learner.step(x_t, y_t)
+    if bool((y_t != -100).any()):
+        running = float(l) if running is None else 0.99 * running + 0.01 * float(l)
+        pred = out.reshape(Bsz, bits, 2).argmax(-1)
+        m = y_t != -100
+        correct.append(float((pred[m] == y_t[m]).double().mean()))
+    if t % 50 == 0 and running is not None:
+        run_loss.append((t, running))
+        if base is not None:
+            memory.append((t, (alloc_in_use() - base) / 2**20))
+print(f"{n_steps} steps ({n_steps / L:.0f} copy problems per lane): running loss {running:.4f}, "
+      f"bit accuracy over the last 1000 recall steps {np.mean(correct[-1000:]):.3f}")
+if memory:
+    mem = np.array([m for _, m in memory])
+    print(f"allocator memory in use, growth since the start: first tenth of the run {mem[:max(1, len(mem)//10)].max():.2f} MiB, "
+          f"whole run {mem.max():.2f} MiB, last tenth {mem[-max(1, len(mem)//10):].max():.2f} MiB")'''),
+    new_code_cell('''fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
+a1.plot(*zip(*run_loss), lw=0.8)
+a1.axhline(bits * np.log(2), color="k", lw=0.6, ls="--", label="chance")
+a1.set_xlabel("stream step"); a1.set_ylabel("running loss (EMA, recall steps)"); a1.legend()
+if memory:
+    a2.plot(*zip(*memory), lw=0.8)
+a2.set_xlabel("stream step"); a2.set_ylabel("allocator memory growth (MiB)")
+a2.set_ylim(bottom=0)
+for ax in (a1, a2):
+    ax.grid(alpha=0.3)
+fig.suptitle("copy problems back to back, learned online step by step (no resets)")
+''' + _savefig("online_stream.png")),
 ]
 
 

@@ -32,7 +32,7 @@ CONFIGS = [
 
 @pytest.mark.parametrize("kind,kw", CONFIGS)
 def test_spiking_layer_without_lateral_weights_equals_bptt(kind, kw):
-    """Digest 003 §3.11: e-prop traces with the reset path in J are exact without lateral weights,
+    """Bellec et al. 2020 (e-prop), exact on independent modules (thesis Zucchet 2025, Sec. 4.3.1): traces with the reset path in J are exact without lateral weights,
     for either detach_reset setting (the traces follow the cell's own reset gradient)."""
     T, B, H, N = int(torch.randint(12, 25, ())), 3, 4, 6
     model = RecurrentStack([spiking_cell(kind, H, N, **kw)], LeakyReadout(N, 2))
@@ -260,22 +260,41 @@ class _DenseRNNCell(torch.nn.Module):
         return {"time": [self.u.weight], "depth": [self.w.weight]}
 
 
-def test_layer_without_traces_names_layer_and_rules():
-    try:
-        from spikerec.layers.gru import GRU
-    except ImportError:
-        GRU = None
-    if GRU is not None:
-        gru_model = RecurrentStack([GRU(3, 5)], LeakyReadout(5, 2))
-        with pytest.raises(ValueError, match=r"layer 0 \(GRU\).*rules supported for GRU: trunc1, bptt"):
-            OnlineLearner(gru_model, rule="full")
+def test_cells_without_traces_learn_by_one_step_truncation_and_say_so():
+    """Any cell of the cell protocol is accepted (issue: mixed stacks); cells without eligibility
+    traces use 1-step truncation under every rule but bptt, and exactness() says so."""
+    from spikerec.layers.gru import GRU
+
+    gru_model = RecurrentStack([GRU(3, 5)], LeakyReadout(5, 2))
+    how = dict((k, h) for _, k, h in OnlineLearner(gru_model, rule="full").exactness())
+    assert "approximation" in how["GRU"] and "exact" in how["LeakyReadout"]
     model = RecurrentStack([_DenseRNNCell(3, 5)], LeakyReadout(5, 2))
-    for rule in ("full", "spatial", "snap1"):
-        with pytest.raises(ValueError, match=r"layer 0 \(_DenseRNNCell\).*rules supported for _DenseRNNCell: trunc1, bptt"):
-            OnlineLearner(model, rule=rule)
-    # trunc1 works: the dense cell gets its instantaneous partials
     x, tgt = torch.randn(9, 2, 3), torch.randn(9, 2, 2)
     ref = bptt_grads(model, x, tgt, mse_loss, detach_state=True)
+    # the readout is a traced layer: under full/snap1 it is exact BPTT, under trunc1 it is truncated too
+    for rule in ("trunc1", "full", "snap1"):
+        est = online_grads(model, x, tgt, mse_loss, rule=rule)
+        for n in ("cells.0.w.weight", "cells.0.w.bias", "cells.0.u.weight"):
+            assert rel(est[n], ref[n]) < 1e-10, (rule, n)
+            assert ref[n].abs().sum() > 0
     est = online_grads(model, x, tgt, mse_loss, rule="trunc1")
     for n in ref:
         assert rel(est[n], ref[n]) < 1e-10, n
+    # spatial: the recurrent weight gets a zero gradient (not None), the input weights keep theirs
+    model.zero_grad()
+    OnlineLearner(model, rule="spatial").backward(x, tgt, mse_loss)
+    u = model.cells[0].u.weight
+    assert u.grad is not None and float(u.grad.abs().max()) == 0.0
+    assert rel(model.cells[0].w.weight.grad, ref["cells.0.w.weight"]) < 1e-10
+
+
+def test_spatial_and_trunc1_set_zero_gradients_not_none():
+    model = deep_spiking_model()
+    x, tgt = torch.rand(6, 2, 4), torch.randn(6, 2, 2)
+    for rule in ("spatial", "trunc1"):
+        model.zero_grad(set_to_none=True)
+        OnlineLearner(model, rule=rule).backward(x, tgt, mse_loss)
+        for n, p in named(model):
+            assert p.grad is not None, (rule, n)
+        if rule == "spatial":
+            assert float(model.cells[0].log_tau_mem.grad.abs().max()) == 0.0

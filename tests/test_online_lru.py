@@ -135,7 +135,7 @@ def test_lru_modes_agree(K):
 
 
 def _copy_batch(gen, batch, P=5, pad=3, bits=3, width=16):
-    """Copy task (digest 003 §3.9.1 at a small size): ``P`` random ``bits``-bit vectors, ``pad``
+    """Copy task (thesis Zucchet 2025, Sec. 4.4.1, at a small size): ``P`` random ``bits``-bit vectors, ``pad``
     blank steps, a stop token, then recall of the pattern over the last ``P`` steps. The input
     has ``width`` channels (unused ones zero) so the LRU's output (of the input's width) is
     not a bottleneck."""

@@ -3,21 +3,30 @@
 For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--quick``: 64,
 128, 256 and smaller nets), one gradient of a per-step MSE loss is computed by
 
-* ``stream``: :class:`~spikerec.hardware.online.OnlineLearner` one step at a time (memory
-  independent of T),
-* ``chunked``: the same estimator in blocks of ``--chunk`` steps,
-* ``bptt``: autograd through the model's fast sequence path.
+* ``stream``: :meth:`~spikerec.hardware.online.OnlineLearner.step` fed one step at a time from a
+  generator (the input is never held whole), then ``update()``; the fast path (hand-written
+  spatial backward, one compiled trace kernel per layer);
+* ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
+  the earlier implementation, kept as the reference), for a before/after comparison in one run;
+* ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``
+  (``chunked_ref``: with ``fast=False``, the step-loop block scans);
+* ``bptt``: autograd through the model's fast sequence path with the loss computed in one
+  vectorised op, ``0.5 * ((y - target) ** 2).sum()``.
 
-Each (network, T, method) runs in a fresh subprocess. Peak memory is the growth of the
-process's resident set during the gradient computation: the kernel's peak counter (VmHWM)
-is reset through ``/proc/self/clear_refs`` just before the call and read after it; where
-that is not allowed a 2 ms sampling thread of the RSS is used instead (the method is
-printed). ``tracemalloc`` would not see torch's allocations. Time is the best of
-``--repeat`` calls, per step and per sequence.
+All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
+runs under the same load); the time is the best of ``--repeat`` rounds. Peak memory is taken on
+the C allocator: glibc's ``mallinfo2`` (bytes in use in the heap plus mmapped blocks, which is
+where torch's CPU tensors live) sampled after every step of ``stream`` and after the call for
+the others, and every millisecond by a polling thread, minus the value just before; ``tracemalloc`` would not see torch's allocations and
+the resident set counts pages the allocator has freed. Where ``mallinfo2`` is missing the growth
+of the peak resident set (VmHWM, reset via ``/proc/self/clear_refs``) is used (the method is
+printed).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import os
 import platform
@@ -28,14 +37,37 @@ import time
 
 from ..atomic import atomic_path
 
-__all__ = ["main", "run_one"]
+__all__ = ["main", "run_one", "alloc_in_use"]
 
 SIZES = {"full": dict(T=(256, 1024, 4096), B=8, H=64, N=64), "quick": dict(T=(64, 128, 256), B=4, H=32, N=32)}
 
 
-def _rss_kb() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = lib.mallinfo2
+        fn.restype = _MallInfo2
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLINFO2 = _libc()
+
+
+def alloc_in_use() -> int | None:
+    """Bytes the C allocator has handed out and not taken back (``uordblks + hblkhd`` of glibc's
+    ``mallinfo2``), or ``None`` where it is not available."""
+    if _MALLINFO2 is None:
+        return None
+    m = _MALLINFO2()
+    return int(m.uordblks + m.hblkhd)
 
 
 def _hwm_kb() -> int | None:
@@ -64,6 +96,7 @@ def _build(net: str, H: int, N: int):
     from spikerec.layers import ALIF, LeakyReadout
     from spikerec.models import RecurrentStack
 
+    torch.manual_seed(0)
     if net == "lru":
         from spikerec.layers.lru import LRU
 
@@ -72,12 +105,48 @@ def _build(net: str, H: int, N: int):
     else:
         cells = [ALIF(H, N), ALIF(N, N)]
         width = N
-    torch.manual_seed(0)
     return RecurrentStack(cells, LeakyReadout(width, 10))
 
 
-def run_one(net: str, method: str, T: int, B: int, H: int, N: int, chunk: int, repeat: int) -> dict:
-    """One configuration in this process; returns peak memory growth (MiB) and times."""
+class _Peak:
+    """Peak growth of the allocator's bytes in use (or of VmHWM) over a region."""
+
+    def __init__(self):
+        self.how = "allocator (glibc mallinfo2)" if _MALLINFO2 is not None else "VmHWM (resident set)"
+
+    def __enter__(self):
+        if _MALLINFO2 is not None:
+            self.base = self.peak = alloc_in_use()
+            self.stop = threading.Event()
+
+            def poll():  # within-call peaks of the methods that are not sampled per step
+                while not self.stop.is_set():
+                    self.sample()
+                    time.sleep(0.001)
+
+            self.thread = threading.Thread(target=poll, daemon=True)
+            self.thread.start()
+        else:
+            _reset_hwm()
+            self.base = self.peak = (_hwm_kb() or 0) * 1024
+        return self
+
+    def sample(self):
+        if _MALLINFO2 is not None:
+            self.peak = max(self.peak, alloc_in_use())
+
+    def __exit__(self, *exc):
+        if _MALLINFO2 is not None:
+            self.stop.set()
+            self.thread.join()
+            self.sample()
+        else:
+            self.peak = (_hwm_kb() or 0) * 1024
+        self.mib = max(0, self.peak - self.base) / 2 ** 20
+
+
+def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk: int, repeat: int) -> list[dict]:
+    """All ``methods`` for one configuration in this process, interleaved; returns one row each."""
     import torch
 
     from spikerec.hardware.online import OnlineLearner, mse_loss
@@ -87,45 +156,53 @@ def run_one(net: str, method: str, T: int, B: int, H: int, N: int, chunk: int, r
     g = torch.Generator().manual_seed(1)
     x = (torch.rand(T, B, H, generator=g) < 0.2).float() if net == "alif" else torch.randn(T, B, H, generator=g)
     tgt = torch.randn(T, B, 10, generator=g)
-    if method == "bptt":
-        learner = OnlineLearner(model, rule="bptt")
-    elif method == "stream":
-        learner = OnlineLearner(model, mode="stream")
-    else:
-        learner = OnlineLearner(model, mode="chunked", chunk=chunk)
-    learner.backward(x[:8], tgt, mse_loss)  # warm-up: first-call allocations
-    model.zero_grad()
-    base = _rss_kb()
-    how = "VmHWM reset via /proc/self/clear_refs"
-    peak_box = [base]
-    stop = threading.Event()
-    if not _reset_hwm():
-        how = "RSS sampled every 2 ms"
 
-        def sample():
-            while not stop.is_set():
-                peak_box[0] = max(peak_box[0], _rss_kb())
-                time.sleep(0.002)
+    def step_loss(y, target_t):
+        return 0.5 * ((y - target_t) ** 2).sum()
 
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
-    t0 = time.perf_counter()
-    learner.backward(x, tgt, mse_loss)
-    times = [time.perf_counter() - t0]
-    if how.startswith("VmHWM"):
-        peak = _hwm_kb() or base
-    else:
-        stop.set()
-        peak = peak_box[0]
-    for _ in range(repeat - 1):
+    def steps():  # the stream: one step at a time from a generator
+        for t in range(T):
+            yield x[t], tgt[t]
+
+    def run(m, peak):
         model.zero_grad()
-        t0 = time.perf_counter()
-        learner.backward(x, tgt, mse_loss)
-        times.append(time.perf_counter() - t0)
-    best = min(times)
-    return {"net": net, "method": method, "T": T, "peak_mib": max(0, peak - base) / 1024.0,
-            "process_peak_mib": peak / 1024.0,
-            "seq_s": best, "step_ms": best / T * 1e3, "memory": how}
+        if m == "bptt":
+            y, _ = model(x)
+            (0.5 * ((y - tgt) ** 2).sum()).backward()
+        elif m in ("stream", "stream_ref"):
+            lr = OnlineLearner(model, mode="stream", loss=step_loss, fast=None if m == "stream" else False)
+            for x_t, t_t in steps():
+                lr.step(x_t, t_t)
+                if peak is not None:
+                    peak.sample()
+            lr.update()
+        else:
+            OnlineLearner(model, mode="chunked", chunk=chunk, fast=None if m == "chunked" else False).backward(
+                x, tgt, mse_loss)
+
+    for m in methods:  # warm-up: first-call allocations, kernel compilation
+        run(m, None)
+    best = {m: float("inf") for m in methods}
+    mem = {}
+    for r in range(repeat):
+        for m in methods:
+            if r == 0:
+                with _Peak() as pk:
+                    t0 = time.perf_counter()
+                    run(m, pk)
+                    dt = time.perf_counter() - t0
+                mem[m] = (pk.mib, pk.how)
+            else:
+                t0 = time.perf_counter()
+                run(m, None)
+                dt = time.perf_counter() - t0
+            best[m] = min(best[m], dt)
+    rows = []
+    for m in methods:
+        rows.append({"net": net, "method": m, "T": T, "peak_mib": mem[m][0], "memory": mem[m][1],
+                     "seq_s": best[m], "step_ms": best[m] / T * 1e3,
+                     "x_bptt": best[m] / best["bptt"] if "bptt" in best else None})
+    return rows
 
 
 def _machine() -> str:
@@ -163,36 +240,32 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("stream", "chunked", "bptt"):
-            print(f"spikerec bench online: unknown method '{m}'; expected stream, chunked or bptt", file=sys.stderr)
+        if m not in ("stream", "stream_ref", "chunked", "chunked_ref", "bptt"):
+            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_ref, chunked, chunked_ref "
+                  f"or bptt", file=sys.stderr)
             return 2
     print(f"machine: {_machine()}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
     rows = []
-    header = f"{'net':<5} {'T':>5} {'method':<8} {'peak MiB':>9} {'proc MiB':>9} {'s/seq':>8} {'ms/step':>8}"
+    header = f"{'net':<5} {'T':>5} {'method':<11} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
     print(header)
     for net in nets:
-        if net == "lru":
-            try:
-                import spikerec.layers.lru  # noqa: F401
-            except ImportError:
-                print("lru: spikerec.layers.lru is not available; skipped")
-                continue
         for T in Ts:
-            for m in methods:
-                spec = dict(net=net, method=m, T=T, B=size["B"], H=size["H"], N=size["N"], chunk=args.chunk, repeat=args.repeat)
-                res = subprocess.run([sys.executable, "-m", "spikerec.bench.online", "--child", json.dumps(spec)],
-                                     capture_output=True, text=True)
-                if res.returncode != 0:
-                    print(f"{net:<5} {T:>5} {m:<8} failed: {res.stderr.strip().splitlines()[-1:]}")
-                    continue
-                row = json.loads(res.stdout.strip().splitlines()[-1])
+            spec = dict(net=net, methods=methods, T=T, B=size["B"], H=size["H"], N=size["N"], chunk=args.chunk,
+                        repeat=args.repeat)
+            res = subprocess.run([sys.executable, "-m", "spikerec.bench.online", "--child", json.dumps(spec)],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                print(f"{net:<5} {T:>5} failed: {res.stderr.strip().splitlines()[-1:]}")
+                continue
+            for row in json.loads(res.stdout.strip().splitlines()[-1]):
                 rows.append(row)
-                print(f"{net:<5} {T:>5} {m:<8} {row['peak_mib']:>9.1f} {row['process_peak_mib']:>9.1f} "
-                      f"{row['seq_s']:>8.3f} {row['step_ms']:>8.3f}", flush=True)
+                ratio = f"{row['x_bptt']:>7.2f}" if row["x_bptt"] is not None else f"{'-':>7}"
+                print(f"{net:<5} {T:>5} {row['method']:<11} {row['peak_mib']:>9.2f} "
+                      f"{row['seq_s']:>8.3f} {row['step_ms']:>8.3f} {ratio}", flush=True)
     if rows:
-        print(f"peak memory: growth during the call ('peak MiB', {rows[0]['memory']}); "
-              f"'proc MiB' = the whole process's peak resident set")
+        print(f"peak memory: growth during the call, measured on the {rows[0]['memory']}; "
+              f"'x BPTT': time per sequence over the vectorised-loss BPTT of the same process")
     if args.json:
         with atomic_path(args.json) as tmp, open(tmp, "w") as f:
             json.dump({"machine": _machine(), "rows": rows}, f, indent=1)

@@ -1,11 +1,16 @@
-"""Online eligibility-trace learning (digest 003 §3-§8): exact in-layer RTRL for independent
-recurrent modules (LRU, LIF/ALIF without lateral weights, leaky readouts), spatial errors
-across layers, streaming / chunked / parallel evaluation, Triton kernels on CUDA.
+"""Online eligibility-trace learning (Zucchet et al. 2023; Bellec et al. 2020): exact in-layer
+RTRL for independent recurrent modules (LRU, LIF/ALIF without lateral weights, leaky readouts),
+spatial errors across layers, a streaming interface that carries states, traces and gradient
+accumulators across calls, chunked / parallel evaluation, compiled CPU (numba) and Triton kernels.
 
-    learner = OnlineLearner(model, rule="full", mode="stream")
-    loss = learner.backward(x, target, classification_loss("mean", x.shape[0]))
-    optimizer.step(); optimizer.zero_grad()
+    learner = OnlineLearner(model, loss=step_loss, optimizer=opt, update_every=64)
+    for x_t, target_t in stream:
+        y_t, l_t = learner.step(x_t, target_t)
+
+    loss = learner.backward(x, target, classification_loss("mean", x.shape[0]))   # batch form
 """
-from .learner import MODES, RULES, OnlineLearner, bptt_loss, classification_loss, mse_loss, tracer_for
+from .checkpoint import load_stream, save_stream
+from .learner import MODES, RULES, OnlineLearner, StepResult, bptt_loss, classification_loss, mse_loss, tracer_for
 
-__all__ = ["OnlineLearner", "RULES", "MODES", "classification_loss", "mse_loss", "bptt_loss", "tracer_for"]
+__all__ = ["OnlineLearner", "StepResult", "RULES", "MODES", "classification_loss", "mse_loss", "bptt_loss",
+           "tracer_for", "save_stream", "load_stream"]

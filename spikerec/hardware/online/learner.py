@@ -1,97 +1,120 @@
-"""Online gradient estimation for a :class:`~spikerec.models.RecurrentStack` (Zucchet 2025,
-"Artificial models of biological learning", ETH Diss. 31520, ch. 4, §4.3.1-4.3.2).
+"""Online gradient estimation for a stack of cells (Zucchet et al. 2023, "Online learning of
+long-range dependencies", NeurIPS; thesis Zucchet 2025, Sec. 4.3.1-4.3.2 and Fig. 4.2; Bellec
+et al. 2020, "A solution to the learning dilemma for recurrent networks of spiking neurons",
+Nat. Commun., Methods: eligibility traces).
 
-Per time step ``t`` (Fig. 4.2 of the thesis):
+Per time step ``t``:
 
 1. every layer is advanced from its *detached* previous state (recurrent edges cut) with
    its parameters detached inside the state update, so the step's autograd graph only
    carries the spatial path input -> state -> output -> next layer -> loss;
-2. the instantaneous loss ``l_t = loss_fn(y_t, target, t)`` is backpropagated *spatially*,
-   giving ``g^l_t = d l_t / d s^l_t`` for every layer and ``d l_t / d theta`` through the output
+2. the instantaneous loss ``l_t`` is backpropagated *spatially*, giving
+   ``g^l_t = d l_t / d s^l_t`` for every layer and ``d l_t / d theta`` through the output
    maps (readout weights, LRU ``C``/``D``, LIF thresholds in the spike read-out, ...);
 3. each traced layer contracts ``g^l_t`` with its eligibility traces (:mod:`.traces_base`).
 
-The estimate is ``sum_t`` of these terms; :meth:`OnlineLearner.backward` adds it to ``.grad``
-like ``loss.backward()`` would (the optimiser steps outside, once per batch, as in the
-thesis). With ``per_step_update`` the accumulated gradient is flushed into ``.grad`` and the
-callable is invoked after every step (``stream``) or block (``chunked``): truly online
-learning, whose traces then mix parameter versions (not evaluated in the thesis).
+The streaming interface carries everything across calls::
 
-Loss convention: the total loss is ``L = sum_t loss_fn(y_t, target, t)`` over the readout
-outputs ``y_t [B, K]``; ``loss_fn`` returns ``None`` at steps without a loss. For
-classification use :func:`classification_loss`: ``mean`` readout -> per-step cross-entropy
-of the label at every step, averaged over T (the thesis's LRA adaptation; at inference
-average the logits over time, i.e. ``readout_mode="mean"``); ``last`` -> cross-entropy at the
-last step only; ``per_step`` -> one label per step. A loss on the time-*mean* of the readout
-is not a per-step loss and cannot be learned online; ``rule="bptt"`` handles any loss.
+    learner = OnlineLearner(model, loss=lambda y, tgt: F.mse_loss(y, tgt, reduction="sum"),
+                            optimizer=opt, update_every=100)
+    for x_t, target_t in stream:                      # x_t [B, C]; one step at a time, forever
+        y_t, l_t = learner.step(x_t, target_t)
+        if some_samples_ended:
+            learner.reset(ended_mask)                 # per-sample sequence boundary
 
-Exactness (float64): one recurrent layer with a memoryless readout -> every parameter
-equals BPTT except those upstream of the recurrent layer; several layers -> the last
-recurrent layer and everything downstream are exact, earlier layers are biased (only
-their future error terms are missing). A *leaky* readout is itself a traced recurrent layer,
-so it becomes the exact "last" layer and the cells below it are biased (spikerec's extension of
-the thesis's multi-layer rule, §4.3.2, to spiking layers).
+The gradient estimate is the sum over steps of the terms above; it is accumulated inside the
+learner and written into ``.grad`` (added, like ``loss.backward()``) by :meth:`OnlineLearner.update`,
+which also steps the optimiser when one was given. ``update_every=K`` calls it every K steps,
+``update_every="sequence"`` at every :meth:`reset`, ``None`` only when called. After an
+optimiser step the traces mix parameter versions (the "real-time" variant of Williams & Zipser
+1989, as opposed to accumulating over the whole sequence).
+:meth:`OnlineLearner.backward` is the batch convenience on top: a fresh stream over a whole
+``[T, B, C]`` sequence, the estimate added to ``.grad`` at the end.
+
+Loss convention: the total loss is ``L = sum_t l_t`` over the readout outputs ``y_t [B, K]``.
+For :meth:`backward` the per-step loss is ``loss_fn(y_t, target, t)`` (``None`` at steps without
+a loss); for :meth:`step` it is ``loss(y_t, target_t)``. For classification use
+:func:`classification_loss`: ``mean`` readout -> per-step cross-entropy of the label at every step,
+averaged over T; ``last`` -> cross-entropy at the last step only; ``per_step`` -> one label per step.
+A loss on the time-*mean* of the readout is not a per-step loss and cannot be learned online;
+``rule="bptt"`` handles any loss.
+
+Exactness (float64, see :meth:`OnlineLearner.exactness`): one recurrent layer with a memoryless
+readout -> every parameter equals BPTT except those upstream of the recurrent layer; several
+layers -> the last recurrent layer and everything downstream are exact, earlier layers are
+biased (only their future error terms are missing; thesis Sec. 4.3.2). A *leaky*
+readout is itself a traced recurrent layer, so it becomes the exact "last" layer. Cells without
+eligibility traces (a GRU, any other cell that follows the cell protocol) learn with their
+immediate partials only (1-step truncation; SnAp-1 of Menick et al. 2021 would keep a diagonal
+trace): an approximation.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ...layers.base import check_sequence
+from ...layers.alif import ALIF
+from ...layers.lif import LIF
+from ...layers.lru import LRU
+from ...layers.readout import LeakyReadout
+from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
+from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
+from .traces_lru import LRUTrace
 
-__all__ = ["OnlineLearner", "RULES", "MODES", "classification_loss", "mse_loss", "tracer_for", "bptt_loss"]
+__all__ = ["OnlineLearner", "RULES", "MODES", "StepResult", "classification_loss", "mse_loss", "tracer_for",
+           "bptt_loss"]
 
 RULES = ("full", "spatial", "trunc1", "snap1", "bptt")
 MODES = ("stream", "chunked", "parallel")
 
 
+class StepResult(NamedTuple):
+    """What :meth:`OnlineLearner.step` returns: the readout ``output [B, K]`` (detached) and the
+    step's loss (a detached 0-d tensor, ``None`` without a target)."""
+
+    output: torch.Tensor
+    loss: torch.Tensor | None
+
+
 class GenericTrace(LayerTrace):
-    """A layer without traces: advanced with live parameters from the detached previous state.
+    """A layer without eligibility traces: advanced with live parameters from the detached
+    previous state.
 
     Its parameters get ``d l_t / d theta`` through the instantaneous graph, which for
-    recurrent parameters is the immediate partial of 1-step truncation (``trunc1``). Exact
-    for stateless layers (a non-leaky readout)."""
+    recurrent parameters is the immediate partial of 1-step truncation (``trunc1``). Exact for stateless layers (a non-leaky readout), an approximation for
+    recurrent ones (a GRU). Under ``spatial`` only the parameters listed by the cell's
+    ``stability_groups()["depth"]`` (its input weights) keep their gradient."""
 
     def __init__(self, cell, rule, stateless: bool):
         self.cell, self.rule, self.params = cell, rule, dict(cell.named_parameters())
         self.traced, self.mask, self.stateless = [], {}, stateless
         self.kind = type(cell).__name__
+        self.frozen: set = set()
+        if rule == "spatial" and not stateless and hasattr(cell, "stability_groups"):
+            depth = {id(p) for p in cell.stability_groups().get("depth", [])}
+            self.frozen = {id(p) for p in cell.parameters() if id(p) not in depth}
 
 
 def tracer_for(cell, rule: str, index: int) -> LayerTrace:
-    """The online form of ``cell`` under ``rule``; a clear error for unsupported pairs."""
-    from ...layers.alif import ALIF
-    from ...layers.lif import LIF
-    from ...layers.lru import LRU
-    from ...layers.readout import LeakyReadout
-
+    """The online form of ``cell`` under ``rule``: eligibility traces for LIF, ALIF, LRU and the
+    leaky readout; 1-step truncation (:class:`GenericTrace`) for any other cell."""
     if isinstance(cell, LIF):
-        from .traces_lif import LIFTrace
-
         return LIFTrace(cell, rule)
     if isinstance(cell, ALIF):
-        from .traces_lif import ALIFTrace
-
         return ALIFTrace(cell, rule)
     if isinstance(cell, LeakyReadout):
         if cell.leaky:
-            from .traces_lif import ReadoutTrace
-
             return ReadoutTrace(cell, rule)
         return GenericTrace(cell, rule, stateless=True)
     if isinstance(cell, LRU):
-        from .traces_lru import LRUTrace
-
         return LRUTrace(cell, rule)
-    supported = ("trunc1", "bptt")
-    if rule not in supported:
-        raise ValueError(
-            f"OnlineLearner: layer {index} ({type(cell).__name__}) has no eligibility traces, so rule "
-            f"'{rule}' cannot train it; rules supported for {type(cell).__name__}: {', '.join(supported)} "
-            f"(traced kinds: LIF, ALIF, LRU, leaky readout)")
+    for m in ("initial_state", "step", "output"):
+        if not hasattr(cell, m):
+            raise TypeError(f"OnlineLearner: layer {index} ({type(cell).__name__}) does not follow the cell "
+                            f"protocol: it has no '{m}'")
     return GenericTrace(cell, rule, stateless=False)
 
 
@@ -107,11 +130,22 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
     """
     T = int(steps)
     if readout_mode == "mean":
-        return lambda y, target, t: F.cross_entropy(y, target) / T
+        def mean(y, target, t):
+            return F.cross_entropy(y, target) / T
+
+        # all K steps of a block in one op: sum_k CE_mean(y_k) / T = K * CE_mean(all K*B rows) / T
+        mean.block = lambda y, target, t0, t1: F.cross_entropy(
+            y.flatten(0, 1), target.repeat(t1 - t0)) * ((t1 - t0) / T)
+        return mean
     if readout_mode == "last":
         return lambda y, target, t: F.cross_entropy(y, target) if t == T - 1 else None
     if readout_mode == "per_step":
-        return lambda y, target, t: F.cross_entropy(y, target[t]) / T
+        def per_step(y, target, t):
+            return F.cross_entropy(y, target[t]) / T
+
+        per_step.block = lambda y, target, t0, t1: F.cross_entropy(
+            y.flatten(0, 1), target[t0:t1].flatten(0, 1)) * ((t1 - t0) / T)
+        return per_step
     raise ValueError(f"classification_loss: readout mode '{readout_mode}' has no per-step form; "
                      f"use 'mean', 'last' or 'per_step' (or rule='bptt')")
 
@@ -119,6 +153,11 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
 def mse_loss(y, target, t):
     """``l_t = 0.5 * sum over batch and features of (y_t - target[t])^2`` for ``target [T, B, K]``."""
     return 0.5 * ((y - target[t]) ** 2).sum()
+
+
+# A per-step loss may carry ``block(y [K, B, ...], target, t0, t1)``: the sum of its steps t0..t1-1
+# in one op, which the chunked and parallel modes use instead of K separate loss graphs.
+mse_loss.block = lambda y, target, t0, t1: 0.5 * ((y - target[t0:t1]) ** 2).sum()
 
 
 def bptt_loss(model, x, target, loss_fn):
@@ -136,27 +175,54 @@ def bptt_loss(model, x, target, loss_fn):
 
 # --- the learner ----------------------------------------------------------------------------
 
+_EXACTNESS = {
+    "LRU": "exact RTRL traces (diagonal linear recurrence)",
+    "LIF": "exact e-prop eligibility traces (independent neurons)",
+    "ALIF": "exact e-prop eligibility traces (independent neurons)",
+    "LeakyReadout": "exact eligibility traces (leaky integrator)",
+}
+
 
 class OnlineLearner:
-    """Online (eligibility-trace) gradients for a ``RecurrentStack``.
+    """Online (eligibility-trace) gradients for a stack of cells.
 
     Args:
-        model: a :class:`~spikerec.models.RecurrentStack` (LIF, ALIF, LRU cells; any readout).
+        model: a stack with ``layers`` (cells incl. the readout), ``initial_state``, ``input_size``
+            and optional ``dropout`` (a :class:`~spikerec.models.RecurrentStack`); any cell that
+            follows the cell protocol (``initial_state``, ``step``, ``output``) may appear in it.
         rule: ``full`` (exact in-layer RTRL + spatial errors), ``snap1`` (extended SnAp-1;
             identical to ``full`` on these independent-module layers), ``trunc1``, ``spatial``
-            or ``bptt`` (autograd through time, the reference).
+            or ``bptt`` (autograd through time over whole sequences, the reference; only
+            :meth:`backward`).
         mode: ``stream`` (one step at a time; memory independent of T), ``chunked`` (blocks of
             ``chunk`` steps, one spatial backward and a reverse filter per block: the same
-            estimator), ``parallel`` (one block of the whole sequence: the offline reference).
+            estimator; :meth:`step` then returns outputs at once and does the gradient work of a
+            block when it is full), ``parallel`` (one block of the whole sequence, only
+            :meth:`backward`: the offline reference).
         chunk: block length for ``chunked``.
-        per_step_update: optional callable invoked after each step/block with the gradient
-            accumulated so far written into ``.grad`` (e.g. ``lambda: (opt.step(), opt.zero_grad())``).
+        loss: the per-step loss ``loss(y_t, target_t) -> scalar`` used by :meth:`step`.
+        optimizer: stepped (and its gradients zeroed) by :meth:`update`.
+        update_every: ``None`` (update only when :meth:`update` is called), an int ``K`` (every
+            K steps) or ``"sequence"`` (at every :meth:`reset`).
+        per_step_update: legacy hook of :meth:`backward`: invoked after each step/block with the
+            gradient accumulated so far written into ``.grad``.
         use_triton: ``None`` = the Triton kernels on CUDA tensors, torch elsewhere; ``True``
-            forces them (CPU works under ``TRITON_INTERPRET=1``); ``False`` = torch only.
+            forces them (CPU works under ``TRITON_INTERPRET=1``); ``False`` = not used.
+        use_numba: ``None`` = the compiled numba kernels (matrix traces; the whole trace step of
+            an LRU layer) on CPU tensors when numba is installed; ``False`` = torch only.
+        fast: ``None`` = in ``stream`` mode, the hand-written spatial backward of
+            :mod:`.spatial` and one compiled trace kernel per layer when every layer supports
+            them (LRU, ALIF, leaky or linear readout; no active dropout); in ``chunked`` /
+            ``parallel`` mode, the cells' closed-form block scans and the losses' ``block``
+            forms. ``False`` = the reference path (a per-step autograd backward, torch partials,
+            step loops). ``True`` = like ``None``, but in ``stream`` mode an error says why the
+            fast path cannot be used.
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None,
-                 per_step_update: Callable | None = None, use_triton: bool | None = None):
+                 per_step_update: Callable | None = None, use_triton: bool | None = None, *,
+                 loss: Callable | None = None, optimizer=None, update_every=None,
+                 use_numba: bool | None = None, fast: bool | None = None):
         if rule not in RULES:
             raise ValueError(f"OnlineLearner: rule must be one of {RULES}, got {rule!r}")
         if mode not in MODES:
@@ -168,29 +234,156 @@ class OnlineLearner:
             raise ValueError(f"OnlineLearner: chunk is only used with mode 'chunked' (got mode {mode!r})")
         if per_step_update is not None and mode == "parallel":
             raise ValueError("OnlineLearner: per_step_update needs mode 'stream' or 'chunked'")
-        if not hasattr(model, "layers") or not hasattr(model, "initial_state"):
-            raise TypeError(f"OnlineLearner: model must be a RecurrentStack, got {type(model).__name__}")
+        if not (update_every is None or update_every == "sequence"
+                or (isinstance(update_every, int) and not isinstance(update_every, bool) and update_every >= 1)):
+            raise ValueError(f"OnlineLearner: update_every must be None, a positive int or 'sequence', "
+                             f"got {update_every!r}")
+        if not hasattr(model, "layers") or not hasattr(model, "initial_state") or not hasattr(model, "input_size"):
+            raise TypeError(f"OnlineLearner: model must be a stack of cells such as a RecurrentStack (with "
+                            f"'layers', 'initial_state' and 'input_size'), got {type(model).__name__}")
         self.model, self.rule, self.mode = model, rule, mode
         self.chunk = int(chunk) if chunk is not None else None
         self.per_step_update = per_step_update
-        self.use_triton = use_triton
+        self.use_triton, self.use_numba = use_triton, use_numba
+        self.fast = fast
+        self.loss, self.optimizer, self.update_every = loss, optimizer, update_every
         self.tracers = [] if rule == "bptt" else [tracer_for(c, rule, i) for i, c in enumerate(model.layers)]
+        self.states = None  # no stream yet
+        self.steps = 0  # steps of the current stream
+        self.since_update = 0
+        self._pending: list = []  # chunked step(): (x_t, loss closure) of the block being filled
+        self._block_start = None  # chunked step(): layer states at the start of that block
+        self._target_shape = None
 
-    # --- public -------------------------------------------------------------------------------
-    def _add_spatial(self, grads) -> None:
-        """Accumulate the immediate (spatial) partials of the parameters, one per ``self.params``."""
-        for p, gp in zip(self.params, grads):
-            if gp is not None:
-                if p in self.spatial:
-                    self.spatial[p] += gp
-                else:
-                    self.spatial[p] = gp.clone()
+    # --- what is exact ------------------------------------------------------------------------
+    def exactness(self) -> list[tuple[int, str, str]]:
+        """``(layer index, cell kind, how its gradient is estimated)`` for every layer.
 
+        Traced cells (LRU, LIF/ALIF without lateral weights, the leaky readout) are exact within the
+        layer; lateral weights get the e-prop approximation (paths between neurons dropped; Bellec
+        et al. 2020); other cells (GRU, ...) use 1-step truncation. Errors reaching a
+        layer from above are spatial only, so every layer below the last recurrent one is biased.
+        """
+        if self.rule == "bptt":
+            return [(i, type(c).__name__, "BPTT (autograd through time)") for i, c in enumerate(self.model.layers)]
+        out = []
+        for i, tr in enumerate(self.tracers):
+            kind = type(tr.cell).__name__
+            if isinstance(tr, GenericTrace):
+                how = "stateless (exact)" if tr.stateless else "1-step truncation (approximation: no traces)"
+            elif self.rule == "trunc1":
+                how = "1-step truncation"
+            elif self.rule == "spatial":
+                how = "spatial only (recurrent paths cut)"
+            else:
+                how = _EXACTNESS.get(tr.kind, "exact in-layer traces")
+                if getattr(tr.cell, "recurrent_weight", None) is not None:
+                    how = "e-prop traces (approximation: lateral paths between neurons dropped)"
+            out.append((i, kind, how))
+        return out
+
+    # --- the streaming interface ----------------------------------------------------------------
+    def step(self, x_t: torch.Tensor, target_t=None) -> StepResult:
+        """Advance the stream by one step ``x_t [B, C]``; with ``target_t`` the step's loss
+        ``loss(y_t, target_t)`` adds its gradient estimate to the accumulators. Returns
+        ``StepResult(output, loss)``."""
+        if self.rule == "bptt" or self.mode == "parallel":
+            raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
+                             f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
+        self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t")
+        if target_t is not None:
+            if self.loss is None:
+                raise ValueError("OnlineLearner.step: a target was given but the learner has no loss; "
+                                 "pass loss=fn(y_t, target_t) to OnlineLearner(...)")
+            self._check_target(target_t)
+        drop = getattr(self.model, "dropout", None)
+        if self.mode == "stream" or (drop is not None and drop.training):
+            # active dropout: step by step, so the output returned and the gradient share one mask
+            self._finish_block(carry=True)
+            if self._fast_kinds is not None and self.mode == "stream":
+                y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps))
+            else:
+                y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
+        else:
+            y, l = self._chunk_step(x_t, target_t)
+        self.steps += 1
+        self.since_update += 1
+        if isinstance(self.update_every, int) and self.since_update >= self.update_every:
+            self.update()
+        return StepResult(y, l)
+
+    def reset(self, batch_mask=None) -> None:
+        """Sequence boundary: reset the layer states and the traces of the samples in
+        ``batch_mask`` (bool ``[B]``; ``None`` = all). Accumulated gradients are kept; with
+        ``update_every="sequence"`` :meth:`update` is called."""
+        if self.states is None:
+            if batch_mask is not None:
+                raise ValueError("OnlineLearner.reset: batch_mask given before the first step (no stream yet)")
+            return
+        B = self.states[0][0].shape[0]
+        mask = self._mask(batch_mask, B, "reset")
+        self._finish_block(carry=True)
+        init = self.model.initial_state(B, self.states[0][0].device, self.states[0][0].dtype)
+        if mask is None:
+            self.states = [type(s)(*(f.clone() for f in s)) for s in init]
+            for ts in self._traces:
+                ts.vec.clear()
+                ts.mat.clear()
+            self.steps = 0
+        else:
+            self.states = [type(s)(*(torch.where(mask.view(-1, *([1] * (f.dim() - 1))), i, f) for f, i in zip(s, si)))
+                           for s, si in zip(self.states, init)]
+            self._zero_traces(mask)
+        self._target_shape = None
+        if self.update_every == "sequence":
+            self.update()
+
+    def truncate(self, batch_mask=None) -> None:
+        """Cut the gradient paths through the past (user-controlled truncation): the eligibility
+        traces of the samples in ``batch_mask`` (``None`` = all) are set to zero; states and
+        accumulated gradients are kept."""
+        if self.states is None:
+            return
+        mask = self._mask(batch_mask, self.states[0][0].shape[0], "truncate")
+        self._finish_block(carry=True)
+        if mask is None:
+            for ts in self._traces:
+                ts.vec.clear()
+                ts.mat.clear()
+        else:
+            self._zero_traces(mask)
+
+    def update(self) -> None:
+        """Write the accumulated estimate into ``.grad`` (added) and, with an optimiser, step it
+        and zero its gradients. Parameter-derived constants are recomputed afterwards."""
+        self._finish_block(carry=True)
+        self._flush()
+        self.since_update = 0
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            self._prepare()
+
+    def discard(self) -> None:
+        """Drop the accumulated (not yet applied) gradient estimate."""
+        self._finish_block(carry=True)
+        self.spatial = {}
+        for ts in self._traces:
+            ts.G = {}
+
+    # --- the batch convenience ------------------------------------------------------------------
     def backward(self, x: torch.Tensor, target, loss_fn: Callable) -> float:
         """Accumulate the rule's gradient estimate of ``L = sum_t loss_fn(y_t, target, t)`` into
-        ``.grad``; returns ``L`` as a float."""
-        check_sequence(x, self.model.input_size, "OnlineLearner input x")
+        ``.grad`` over a fresh stream of the whole ``x [T, B, C]``; returns ``L`` as a float."""
+        name = "OnlineLearner input x"
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.model.input_size:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name}: expected shape [T, B, {self.model.input_size}] (time-first), got {got}")
+        if x.is_complex():
+            raise TypeError(f"{name}: expected a real tensor, got dtype {x.dtype}")
         if self.rule == "bptt":
+            if x.is_floating_point() and torch.isnan(x).any():
+                raise ValueError(f"{name}: contains NaN values")
             total = bptt_loss(self.model, x, target, loss_fn)
             total.backward()
             if self.per_step_update is not None:
@@ -198,10 +391,27 @@ class OnlineLearner:
             return float(total.detach())
         T = x.shape[0]
         K = 1 if self.mode == "stream" else (T if self.mode == "parallel" else self.chunk)
-        self._begin(x)
+        self._start(x.shape[1], x.device, x.dtype)
         total = 0.0
         for t0 in range(0, T, K):
-            total += self._block(x, target, loss_fn, t0, min(T, t0 + K), carry=t0 + K < T)
+            t1 = min(T, t0 + K)
+            if self.mode == "stream":
+                self._check_step(x[t0], f"OnlineLearner input x (step {t0})", start=False)
+                if self._fast_kinds is not None:
+                    _, l = fast_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t))
+                else:
+                    _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
+            else:
+                for t in range(t0, t1):
+                    self._check_nan(x[t], f"OnlineLearner input x (step {t})")
+                block = getattr(loss_fn, "block", None) if self.fast is not False else None
+                l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
+                                        block_loss=None if block is None else
+                                        (lambda h, t0=t0, t1=t1: block(h, target, t0, t1)),
+                                        carry=t1 < T)
+            if l is not None:
+                total += float(l)
+            self.steps += t1 - t0
             if self.per_step_update is not None:
                 self._flush()
                 self.per_step_update()
@@ -209,33 +419,217 @@ class OnlineLearner:
         self._flush()
         return total
 
+    # --- checkpoint -----------------------------------------------------------------------------
+    def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The learner's stream state as ``(tensors, meta)``: layer states, traces, gradient
+        accumulators and counters (the model's parameters and the optimiser are not included;
+        see :func:`spikerec.hardware.online.checkpoint.save_stream`). A chunked block being
+        filled is stored as it is (its inputs, targets and start states), not finished early, so
+        that a resumed run does the same arithmetic as an uninterrupted one."""
+        tensors: dict[str, torch.Tensor] = {}
+        meta = {"rule": self.rule, "mode": self.mode, "chunk": self.chunk, "steps": self.steps,
+                "since_update": self.since_update, "started": self.states is not None,
+                "target_shape": None if self._target_shape is None else list(self._target_shape)}
+        if self.states is None:
+            return tensors, meta
+        meta["state_fields"] = [list(type(s)._fields) for s in self.states]
+        for l, s in enumerate(self.states):
+            for f, v in zip(type(s)._fields, s):
+                tensors[f"state/{l}/{f}"] = v
+        for l, ts in enumerate(self._traces):
+            for n, v in ts.vec.items():
+                tensors[f"trace_vec/{l}/{_key(n)}"] = v
+            for n, v in ts.mat.items():
+                tensors[f"trace_mat/{l}/{_key(n)}"] = v
+            for n, v in ts.G.items():
+                tensors[f"acc/{l}/{n}"] = v
+        names = {p: n for n, p in self.model.named_parameters()}
+        for p, v in self.spatial.items():
+            tensors[f"spatial/{names[p]}"] = v
+        meta["pending"] = []
+        for j, (x_t, target_t, step_no) in enumerate(self._pending):
+            tensors[f"pending/{j}/x"] = x_t
+            if target_t is not None:
+                tensors[f"pending/{j}/target"] = target_t
+            meta["pending"].append(step_no)
+        if self._pending:
+            for l, s in enumerate(self._block_start):
+                for f, v in zip(type(s)._fields, s):
+                    tensors[f"block_start/{l}/{f}"] = v
+        return tensors, meta
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Restore what :meth:`state_tensors` returned (same model structure, rule and mode)."""
+        for k in ("rule", "mode", "chunk"):
+            if meta.get(k) != getattr(self, k):
+                raise ValueError(f"OnlineLearner checkpoint: {k} is {meta.get(k)!r}, this learner has "
+                                 f"{getattr(self, k)!r}")
+        self.steps, self.since_update = int(meta["steps"]), int(meta["since_update"])
+        self._target_shape = None if meta["target_shape"] is None else tuple(meta["target_shape"])
+        if not meta["started"]:
+            self.states = None
+            return
+        fields = meta["state_fields"]
+        if len(fields) != len(self.model.layers):
+            raise ValueError(f"OnlineLearner checkpoint: {len(fields)} layer states, the model has "
+                             f"{len(self.model.layers)} layers")
+        s0 = tensors[f"state/0/{fields[0][0]}"]
+        init = self.model.initial_state(s0.shape[0], s0.device, s0.dtype)
+        self.states = []
+        for l, (s, names) in enumerate(zip(init, fields)):
+            if list(type(s)._fields) != list(names):
+                raise ValueError(f"OnlineLearner checkpoint: layer {l} state fields {names}, the model's are "
+                                 f"{list(type(s)._fields)}")
+            self.states.append(type(s)(*(tensors[f"state/{l}/{f}"].clone() for f in names)))
+        self._begin_traces(s0.device)
+        named = dict(self.model.named_parameters())
+        for key, v in tensors.items():
+            kind, _, rest = key.partition("/")
+            if kind in ("trace_vec", "trace_mat", "acc"):
+                l, _, n = rest.partition("/")
+                ts = self._traces[int(l)]
+                d = {"trace_vec": ts.vec, "trace_mat": ts.mat, "acc": ts.G}[kind]
+                d[_unkey(n)] = v.clone()
+            elif kind in ("pending", "block_start"):
+                continue
+            elif kind == "spatial":
+                if rest not in named:
+                    raise ValueError(f"OnlineLearner checkpoint: accumulated gradient of unknown parameter {rest!r}")
+                self.spatial[named[rest]] = v.clone()
+        self._pending = [(tensors[f"pending/{j}/x"].clone(), tensors.get(f"pending/{j}/target"), int(step_no))
+                         for j, step_no in enumerate(meta.get("pending", []))]
+        self._block_start = None
+        if self._pending:
+            self._block_start = [type(s)(*(tensors[f"block_start/{l}/{f}"].clone() for f in type(s)._fields))
+                                 for l, s in enumerate(self.states)]
+
     # --- internals ------------------------------------------------------------------------------
-    def _begin(self, x):
-        self.states = list(self.model.initial_state(x.shape[1], x.device, x.dtype))
+    @property
+    def _traces(self):
+        return getattr(self, "traces", [])
+
+    def _mask(self, batch_mask, B, what):
+        if batch_mask is None:
+            return None
+        m = torch.as_tensor(batch_mask)
+        if m.dim() != 1 or m.shape[0] != B:
+            raise ValueError(f"OnlineLearner.{what}: batch_mask must have shape [{B}] (one flag per sample of "
+                             f"the stream's batch), got {tuple(m.shape)}")
+        if m.dtype != torch.bool:
+            raise ValueError(f"OnlineLearner.{what}: batch_mask must be a bool tensor, got dtype {m.dtype}")
+        return m.to(self.states[0][0].device)
+
+    def _zero_traces(self, mask):
+        keep = (~mask)
+        for ts in self._traces:
+            for n, v in ts.vec.items():  # [B, N, ...]
+                v.mul_(keep.view(-1, *([1] * (v.dim() - 1))).to(v.dtype))
+            for n, v in ts.mat.items():  # [N, B, k, H]
+                v.mul_(keep.view(1, -1, *([1] * (v.dim() - 2))).to(v.dtype))
+
+    def _check_nan(self, x_t, name):
+        if x_t.is_floating_point() and bool(torch.isnan(x_t).any()):
+            raise ValueError(f"{name}: contains NaN values")
+
+    def _check_step(self, x_t, name, start=True):
+        C = self.model.input_size
+        if not isinstance(x_t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor of shape [B, {C}], got {type(x_t).__name__}")
+        if x_t.dim() != 2 or x_t.shape[-1] != C:
+            raise ValueError(f"{name}: expected shape [B, {C}], got {tuple(x_t.shape)}")
+        if x_t.is_complex():
+            raise TypeError(f"{name}: expected a real tensor, got dtype {x_t.dtype}")
+        if self.states is None:
+            if start:
+                self._start(x_t.shape[0], x_t.device, x_t.dtype)
+        else:
+            B = self.states[0][0].shape[0]
+            if x_t.shape[0] != B:
+                raise ValueError(f"{name}: batch size {x_t.shape[0]}, but the stream runs with batch {B} "
+                                 f"(call reset() on a new learner for another batch size)")
+        self._check_nan(x_t, name)
+
+    def _check_target(self, target_t):
+        name = f"OnlineLearner.step (step {self.steps}) target_t"
+        if not isinstance(target_t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(target_t).__name__}")
+        B = self.states[0][0].shape[0]
+        if target_t.dim() == 0 or target_t.shape[0] != B:
+            raise ValueError(f"{name}: expected a batch-first target with {B} samples, got shape "
+                             f"{tuple(target_t.shape)}")
+        out = self.model.layers[-1].output_size
+        if target_t.is_floating_point() and target_t.dim() == 2 and target_t.shape[1] != out:
+            raise ValueError(f"{name}: expected shape [{B}, {out}] (the readout's size), got {tuple(target_t.shape)}")
+        if self._target_shape is None:
+            self._target_shape = tuple(target_t.shape)
+        elif tuple(target_t.shape) != self._target_shape:
+            raise ValueError(f"{name}: shape {tuple(target_t.shape)} differs from the stream's earlier targets "
+                             f"{self._target_shape}")
+
+    def _start(self, B, device, dtype):
+        """A fresh stream: initial states, empty traces and accumulators."""
+        self.states = list(self.model.initial_state(B, device, dtype))
         self._prepare()
+        self._begin_traces(device)
+        self.steps, self.since_update = 0, 0
+        self._pending, self._block_start, self._target_shape = [], None, None
+
+    def _begin_traces(self, device):
         self.traces = [TraceState(tr) for tr in self.tracers]
         self.spatial = {}
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.frozen = set()
+        for tr in self.tracers:
+            if isinstance(tr, GenericTrace):
+                self.frozen |= tr.frozen
         self.kernel = None
-        if self.use_triton or (self.use_triton is None and x.is_cuda):
+        self._fast_kinds = None
+        self._fused = {}
+        for tr in self.tracers:
+            tr.fast = self.fast is not False  # chunked: closed-form block scans where a cell has them
+        if self.mode == "stream" and self.fast is not False:
+            if fast_supported(self):
+                self._fast_kinds = fast_kinds(self)
+            elif self.fast:
+                raise ValueError("OnlineLearner: fast=True needs a stack of LRU/ALIF layers with a leaky or linear "
+                                 "readout and no active dropout; use fast=None (automatic) or False")
+        dev = torch.device(device)
+        if self.use_triton or (self.use_triton is None and dev.type == "cuda"):
             from .triton_kernels import mat_trace_step, triton_available
 
-            if self.use_triton is None and not triton_available(x):
-                self.kernel = None
-            else:
+            probe = torch.empty(0, device=dev)
+            if self.use_triton or triton_available(probe):
                 self.kernel = mat_trace_step
+        if self.kernel is None and dev.type == "cpu" and self.use_numba is not False:
+            from .numba_kernels import mat_trace_step_numba, numba_available
+
+            if numba_available():
+                self.kernel = mat_trace_step_numba
+            elif self.use_numba:
+                raise RuntimeError("OnlineLearner: use_numba=True but numba is not installed "
+                                   "(pip install 'spikerec[fast]')")
 
     def _prepare(self):
         for tr in self.tracers:
             if not isinstance(tr, GenericTrace):
                 tr.prepare()
 
+    def _add_spatial(self, grads) -> None:
+        """Accumulate the immediate (spatial) partials of the parameters, one per ``self.params``."""
+        for p, gp in zip(self.params, grads):
+            if gp is not None and id(p) not in self.frozen:
+                if p in self.spatial:
+                    self.spatial[p] += gp
+                else:
+                    self.spatial[p] = gp.clone()
+
     def _forward_step(self, x_t):
         """One step of every layer; returns (y_t, per-layer (input, prev, new) records)."""
         model = self.model
         h = x_t
         recs = []
-        n_cells = len(model.cells)
+        n_cells = len(self.tracers) - 1
+        drop = getattr(model, "dropout", None)
         for l, tr in enumerate(self.tracers):
             prev = self.states[l]
             if not isinstance(tr, GenericTrace):
@@ -250,27 +644,25 @@ class OnlineLearner:
             recs.append((h.detach(), prev, new))
             self.states[l] = type(new)(*(s.detach() for s in new))
             h = out
-            if l < n_cells and model.dropout is not None:
-                h = model.dropout(h)
+            if l < n_cells and drop is not None:
+                h = drop(h)
         return h, recs
 
-    def _block(self, x, target, loss_fn, t0, t1, carry):
-        drop = self.model.dropout
-        if self.mode != "stream" and (drop is None or not drop.training):
-            return self._block_batched(x, target, loss_fn, t0, t1, carry)
+    def _stream(self, xs, losses):
+        """Steps ``xs`` one at a time with the forward recursions; returns ``(y_last, loss)``."""
         total = None
         all_recs = []
-        for t in range(t0, t1):
-            y, recs = self._forward_step(x[t])
+        y = None
+        for k, (x_t, lf) in enumerate(zip(xs, losses)):
+            y, recs = self._forward_step(x_t)
             all_recs.append(recs)
-            l = loss_fn(y, target, t)
+            l = lf(y) if lf is not None else None
             if l is not None:
                 if l.dim() != 0:
-                    raise ValueError(f"loss_fn must return a scalar at step {t}, got shape {tuple(l.shape)}")
+                    raise ValueError(f"loss must return a scalar at step {self.steps + k}, got shape {tuple(l.shape)}")
                 total = l if total is None else total + l
         traced = [i for i, tr in enumerate(self.tracers) if not isinstance(tr, GenericTrace)]
-        gs = {i: [None] * (t1 - t0) for i in traced}
-        loss_value = 0.0
+        gs = {i: [None] * len(xs) for i in traced}
         if total is not None and total.requires_grad:
             inputs, index = [], []
             for k, recs in enumerate(all_recs):
@@ -289,44 +681,81 @@ class OnlineLearner:
                     continue
                 ref = next(v for v in lst if v is not None)
                 gs[i][k] = torch.stack([v if v is not None else torch.zeros_like(ref) for v in lst], -1)
-        if total is not None:
-            loss_value = float(total.detach())
         with torch.no_grad():
             for i in traced:
                 tr, ts = self.tracers[i], self.traces[i]
                 if not tr.traced:
                     continue
-                if self.mode == "stream":
-                    for recs, g in zip(all_recs, gs[i]):
-                        x_in, prev, new = recs[i]
-                        P = tr.partials(x_in, prev, type(new)(*(v.detach() for v in new)))
-                        stream_step(ts, P, g, self.kernel)
-                else:  # one vectorised partials call for the whole block: inputs stacked as [K*B, ...]
-                    K, B = len(all_recs), x.shape[1]
-                    cat = lambda j: torch.cat([r[i][j] for r in all_recs])  # noqa: E731
-                    x_in = cat(0)
-                    prev = type(all_recs[0][i][1])(*(torch.cat([r[i][1][f] for r in all_recs]) for f in range(len(all_recs[0][i][1]))))
-                    new = type(all_recs[0][i][2])(*(torch.cat([r[i][2][f].detach() for r in all_recs]) for f in range(len(all_recs[0][i][2]))))
-                    P = stack_partials(tr.partials(x_in, prev, new), K, B)
-                    G = None
-                    if any(g is not None for g in gs[i]):
-                        ref = next(g for g in gs[i] if g is not None)
-                        G = torch.stack([g if g is not None else torch.zeros_like(ref) for g in gs[i]])
-                    chunk_contract(ts, P, G, carry)
-        return loss_value
+                for recs, g in zip(all_recs, gs[i]):
+                    x_in, prev, new = recs[i]
+                    P = tr.partials(x_in, prev, type(new)(*(v.detach() for v in new)))
+                    stream_step(ts, P, g, self.kernel)
+        return y.detach(), (None if total is None else total.detach())
 
-    def _block_batched(self, x, target, loss_fn, t0, t1, carry):
-        """A block of K steps with whole-block tensor ops (chunked / parallel modes, no active
-        dropout). Within the block every step starts from the *detached* previous state, so once
-        the states are known (one cheap pass without autograd) the steps of a layer are
-        independent rows: each layer is advanced for all K steps in one ``[K*B, ...]`` call with
-        the spatial graph, and one backward gives ``g_t`` for every step. Same estimator as the
-        step-by-step form (:meth:`_block` for ``stream``)."""
+    def _closure(self, target_t, step_no):
+        """The step's loss as a function of the output (``None`` without a target)."""
+        if target_t is None:
+            return None
+        loss = self.loss
+
+        def closure(y):
+            try:
+                return loss(y, target_t)
+            except (RuntimeError, ValueError, IndexError) as e:
+                raise ValueError(f"OnlineLearner.step (step {step_no}): the loss failed on output "
+                                 f"{tuple(y.shape)} and target {tuple(target_t.shape)}: {e}") from None
+        return closure
+
+    def _chunk_step(self, x_t, target_t):
+        """``step`` in chunked mode: the output now (a forward step without autograd), the
+        gradient work when the block of ``chunk`` steps is full."""
+        if not self._pending:
+            self._block_start = list(self.states)
+        closure = self._closure(target_t, self.steps)
+        with torch.no_grad():
+            h = x_t
+            for l, tr in enumerate(self.tracers):
+                if isinstance(tr, GenericTrace):
+                    h, new = tr.cell.step(h, self.states[l])
+                else:
+                    new = tr.step(h, self.states[l])
+                    h = tr.output(h, new)
+                self.states[l] = new
+            l = closure(h) if closure is not None else None
+        self._pending.append((x_t, target_t, self.steps))
+        if len(self._pending) == self.chunk:
+            self._finish_block(carry=True)
+        return h, (None if l is None else l.detach())
+
+    def _finish_block(self, carry: bool):
+        """Do the gradient work of the pending chunked block (no-op otherwise)."""
+        if not self._pending:
+            return
+        pend, self._pending = self._pending, []
+        end_states, self.states = self.states, self._block_start
+        self._block_batched(torch.stack([p[0] for p in pend]), [self._closure(p[1], p[2]) for p in pend], carry)
+        self.states = end_states
+
+    def _block_batched(self, x, losses, carry, block_loss=None):
+        """A block of K steps with whole-block tensor ops (chunked / parallel modes). Within the
+        block every step starts from the *detached* previous state, so once the states are known
+        (one cheap pass without autograd) the steps of a layer are independent rows: each layer is
+        advanced for all K steps in one ``[K*B, ...]`` call with the spatial graph, and one
+        backward gives ``g_t`` for every step. Same estimator as the step-by-step form."""
         model = self.model
-        K, B = t1 - t0, x.shape[1]
-        h = x[t0:t1]
+        K, B = x.shape[0], x.shape[1]
+        drop = getattr(model, "dropout", None)
+        if drop is not None and drop.training:
+            y = None
+            total = None
+            for k in range(K):  # active dropout: step by step so the masks match the stream form
+                y_, l_ = self._stream([x[k]], [losses[k]])
+                if l_ is not None:
+                    total = l_ if total is None else total + l_
+            return total
+        h = x
         recs = []
-        n_cells = len(model.cells)
+        n_cells = len(self.tracers) - 1
         for l, tr in enumerate(self.tracers):
             generic = isinstance(tr, GenericTrace)
             hd = h.detach()
@@ -347,22 +776,27 @@ class OnlineLearner:
                 out, new = tr.cell.step(hf, prev)
             else:
                 with torch.no_grad():  # the previous states of the block's steps
-                    prevs, s = tr.scan_states(hd, s)
+                    if tr.fast and hasattr(tr, "scan_block"):  # all K at once ([K*B] fields)
+                        prev, s = tr.scan_block(hd, s)
+                    else:
+                        prevs, s = tr.scan_states(hd, s)
+                        prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
                 self.states[l] = type(s)(*(f.detach() for f in s))
-                prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
                 new = tr.step(hf, prev)
                 new = type(new)(*(f.view_as(f) if f.requires_grad else f.detach().requires_grad_() for f in new))
                 out = tr.output(hf, new)
             recs.append((hd.reshape(K * B, *hd.shape[2:]), prev, new))
             h = out.reshape(K, B, *out.shape[1:])
-            if l < n_cells and model.dropout is not None:
-                h = model.dropout(h)
+            if l < n_cells and drop is not None:
+                h = drop(h)
         total = None
-        for k in range(K):
-            l_ = loss_fn(h[k], target, t0 + k)
+        if block_loss is not None:  # the loss of all K steps in one op (the loss's ``block`` form)
+            total = block_loss(h)
+        for k in range(K if block_loss is None else 0):
+            l_ = losses[k](h[k]) if losses[k] is not None else None
             if l_ is not None:
                 if l_.dim() != 0:
-                    raise ValueError(f"loss_fn must return a scalar at step {t0 + k}, got shape {tuple(l_.shape)}")
+                    raise ValueError(f"loss must return a scalar at step {self.steps + k}, got shape {tuple(l_.shape)}")
                 total = l_ if total is None else total + l_
         traced = [i for i, tr in enumerate(self.tracers) if not isinstance(tr, GenericTrace) and tr.traced]
         gs: dict[int, torch.Tensor | None] = {i: None for i in traced}
@@ -382,17 +816,20 @@ class OnlineLearner:
                 fields = [v if v is not None else torch.zeros_like(f) for v, f in zip(lst, recs[i][2])]
                 G = torch.stack(fields, -1)
                 gs[i] = G.reshape(K, B, *G.shape[1:])
-        loss_value = float(total.detach()) if total is not None else 0.0
         with torch.no_grad():
             for i in traced:
                 tr = self.tracers[i]
                 x_in, prev, new = recs[i]
                 P = stack_partials(tr.partials(x_in, prev, type(new)(*(v.detach() for v in new))), K, B)
                 chunk_contract(self.traces[i], P, gs[i], carry)
-        return loss_value
+        return None if total is None else total.detach()
 
     def _flush(self):
-        """Add the accumulated estimate to ``.grad`` and reset the accumulators."""
+        """Add the accumulated estimate to ``.grad`` and reset the accumulators. Parameters the
+        rule does not train get a zero gradient (not ``None``), so clipping and norm logging see
+        every parameter."""
+        if not hasattr(self, "traces"):
+            return
         with torch.no_grad():
             extra: dict = {}
             for ts in self.traces:
@@ -405,10 +842,16 @@ class OnlineLearner:
                     g = self.spatial[p]
                 if p in extra:
                     g = extra[p] if g is None else g + extra[p]
-                if g is None:
-                    continue
                 if p.grad is None:
-                    p.grad = g.detach().clone()
-                else:
+                    p.grad = torch.zeros_like(p) if g is None else g.detach().clone()
+                elif g is not None:
                     p.grad += g
             self.spatial = {}
+
+
+def _key(name: str) -> str:
+    return "__stacked__" if name.startswith("\0") else name
+
+
+def _unkey(name: str) -> str:
+    return "\0stacked" if name == "__stacked__" else name

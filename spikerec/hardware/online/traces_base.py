@@ -2,7 +2,8 @@
 
 A layer of independent modules has, per neuron ``n``, a small state ``s_t[n]`` of ``k``
 real numbers (LIF: ``v``; CUBA: ``(i, v)``; ALIF: ``(v, a)``; LRU: ``(Re h, Im h)``), and
-every parameter acts on one neuron only. Then RTRL is cheap (digest 003 §3.11):
+every parameter acts on one neuron only. Then RTRL (Williams & Zipser 1989) is cheap
+(Zucchet et al. 2023; thesis Zucchet 2025, Sec. 4.2.2 and 4.3.1):
 
     eps^p_t = J_t eps^p_{t-1} + d s_t / d p |immediate          J_t = d s_t[n] / d s_{t-1}[n]  (k x k)
     dL/dp  += sum_t g_t . eps^p_t                                g_t = d l_t / d s_t  (spatial backward at t)
@@ -11,12 +12,12 @@ Per-neuron parameters ``p[N]`` keep ``eps[B, N, k]``; matrix parameters ``P[N, H
 immediate partial factorises as ``c_t[b, n, :] * pre_t[b, h]`` keep ``eps[B, N, k, H]``.
 
 ``stream_*`` run these recursions forward (memory independent of T). ``chunk_*`` compute
-the *same* sums over a block of K steps with the layer-local reverse filter (digest 003
-§6 identity 6): ``gh_k = g_k + J_{k+1}^T gh_{k+1}``, then
+the *same* sums over a block of K steps with the layer-local reverse filter (the adjoint
+of the trace recursion; docs/decisions.md, Online learning 1): ``gh_k = g_k + J_{k+1}^T gh_{k+1}``, then
 ``sum_t g_t . eps_t = sum_k gh_k . imm_k + (J_{t0}^T gh_{t0}) . eps_{t0-1}``, and carry
 ``eps_{t1}`` to the next block with products of the J's (no per-step trace is stored).
 
-Rules (digest 003 §3.7): ``full`` / ``snap1`` use the recursion above (on independent
+Rules (thesis Zucchet 2025, Sec. 4.4, the baselines): ``full`` / ``snap1`` use the recursion above (on independent
 modules extended SnAp-1 *is* this rule); ``trunc1`` sets ``J = 0`` (traces are the
 immediate partials); ``spatial`` also cuts every path through ``s_{t-1}``, so only the
 input parameters keep their immediate partials (``lambda``, time constants, thresholds,
@@ -58,6 +59,7 @@ class LayerTrace:
     """
 
     kind = "?"
+    fast = False  # set by the learner: use the cell's closed-form block scans (scan_block, reverse_filter)
     rules = ("full", "spatial", "trunc1", "snap1", "bptt")
     k = 1
     input_params: tuple[str, ...] = ()
@@ -311,11 +313,15 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     Jk = (lambda k: J[k] if J.shape[0] == K else J[0]) if J is not None else None
     if G is not None:
         if use_J:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
-            GH = _reverse_filter(J, G)
+            rf = getattr(tr, "reverse_filter", None) if getattr(tr, "fast", False) else None
+            GH = _reverse_filter(J, G) if rf is None else rf(G)
         else:
             GH = G
-        for name in vnames:
-            ts.add(name, (GH * P.vec[name]).sum(dim=(0, 1, 3)))
+        if vnames:  # all per-neuron parameters at once: columns of one [K, B, N, k, m] tensor
+            V = torch.stack([P.vec[n] for n in vnames], -1)
+            Gv = (GH.unsqueeze(-1) * V).sum(dim=(0, 1, 3))  # [N, m]
+            for j, name in enumerate(vnames):
+                ts.add(name, Gv[:, j])
         for base, r, M in readers:
             c, pre = P.mat[base]
             a = (_mat_contract_g(GH, M) * c).sum(-1)  # [K, B, N]
@@ -336,19 +342,33 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     ref = next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]
     _, Bsz, N, k_ = ref.shape
     Bj = J.shape[1]  # 1 when the Jacobians do not depend on the batch (LRU, readout): PH is shared
-    phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bj, N, k_, k_)
-    PH = torch.empty((K, Bj, N, k_, k_), dtype=ref.dtype, device=ref.device)
-    for k in range(K - 1, -1, -1):
-        PH[k] = phi
-        phi = phi @ Jk(k)  # becomes Phi_{t1, k-1}
+    const = J.shape[0] == 1 and J.shape[1] == 1  # one Jacobian for every step: the powers are per-sequence constants
+    cache = tr.consts(ref.dtype) if const else {}
+    PH, phi = cache.get(("powers", K), (None, None))
+    if PH is None:
+        phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bj, N, k_, k_)
+        PH = torch.empty((K, Bj, N, k_, k_), dtype=ref.dtype, device=ref.device)
+        for k in range(K - 1, -1, -1):
+            PH[k] = phi
+            phi = phi @ Jk(k)  # becomes Phi_{t1, k-1}
+        if const:
+            cache[("powers", K)] = (PH, phi)
     phi = phi.expand(Bsz, N, k_, k_)
-    for name in vnames:
-        new = _mv(PH, P.vec[name]).sum(0)
-        e = ts.vec.get(name)
-        ts.vec[name] = new if e is None else new + _mv(phi, e)
+    if vnames:
+        if G is None:
+            V = torch.stack([P.vec[n] for n in vnames], -1)
+        new = _mv_cols(PH, V).sum(0)  # [B, N, k, m]
+        for j, name in enumerate(vnames):
+            e = ts.vec.get(name)
+            ts.vec[name] = new[..., j] if e is None else new[..., j] + _mv(phi, e)
     for base in {b for b, _, _ in readers}:
         c, pre = P.mat[base]
-        new = torch.einsum("kbnf,kbh->nbfh", _mv(PH, c), pre)
+        if PH.shape[1] == 1 and c.stride(1) == 0:  # c and the J's do not depend on the batch (LRU): one GEMM
+            Kc, Bc, Nc, kc = c.shape
+            pc = _mv(PH[:, 0], c[:, 0]).reshape(Kc, Nc * kc)  # [K, N*k]
+            new = (pc.t() @ pre.reshape(Kc, -1)).reshape(Nc, kc, Bc, -1).transpose(1, 2).contiguous()
+        else:
+            new = torch.einsum("kbnf,kbh->nbfh", _mv(PH, c), pre)
         e = ts.mat.get(base)
         if e is not None:
             new = new + torch.einsum("bnij,nbjh->nbih", phi, e)

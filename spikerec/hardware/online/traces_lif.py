@@ -4,8 +4,9 @@ Each neuron is a module with state ``s = v`` (LIF), ``(i, v)`` (CUBA LIF), ``(v,
 (ALIF) or ``y`` (leaky readout). The 1- or 2-dimensional Jacobian ``J_t = d s_t / d s_{t-1}``
 includes the spike path through the surrogate ``psi = sigma'(v_{t-1} - thr)``: the reset
 (when ``detach_reset=False``) and the adaptation. Without lateral weights the modules are
-independent and the traces give the surrogate-gradient BPTT gradient exactly (digest 003
-§3.11, e-prop eligibility vectors of Bellec et al. 2020). Lateral weights ``W_rec`` get
+independent and the traces give the surrogate-gradient BPTT gradient exactly (e-prop
+eligibility vectors of Bellec et al. 2020, Methods; exact on independent modules as the
+thesis Zucchet 2025, Sec. 4.3.1 states for e-prop and SnAp-1). Lateral weights ``W_rec`` get
 e-prop traces with presynaptic ``z_{t-1}``; the lateral paths between neurons are dropped
 (the e-prop approximation), the self-connection (``zero_diagonal=False``) stays in J.
 
@@ -14,13 +15,16 @@ The formulas follow :meth:`spikerec.layers.lif.LIF.step` and
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...layers.alif import ALIFState
-from ...layers.lif import CubaLIFState, LIFState
 from ...layers.readout import ReadoutState
+from ... import neurons
+from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .traces_base import LayerTrace, Partials
+from .numba_kernels import alif_trace_step_numba, numba_available
+from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
 
@@ -51,32 +55,11 @@ class LIFTrace(LayerTrace):
     def state_params(self):
         return ("weight", "bias", "recurrent_weight", "log_tau_mem", "log_tau_syn", "threshold")
 
-    def _current(self, x, zp):
-        c = self.cell
-        I = x @ c.weight.detach().t()
-        if c.bias is not None:
-            I = I + c.bias.detach()
-        w = c.effective_recurrent_weight()
-        if w is not None:
-            I = I + zp @ w.detach().t()
-        return I
-
     def step(self, x, prev):
+        """The neuron's one step (:func:`spikerec.neurons.lif.step`) with detached parameters."""
         c = self.cell
-        alpha, alpha_s = (d.detach() if d is not None else None for d in c.decays())
-        thr = c.threshold.detach()
-        zp = heaviside(prev.v - thr)
-        drive = self._current(x, zp)
-        if c.cuba:
-            i = alpha_s * prev.i + drive
-            drive = i
-        if c.reset == "subtract":
-            v = alpha * prev.v + drive - thr * zp
-        elif c.reset == "zero":
-            v = alpha * (1.0 - zp) * prev.v + drive
-        else:
-            v = alpha * prev.v + drive
-        return CubaLIFState(i, v) if c.cuba else LIFState(v)
+        p = type(c.params())(*(None if v is None else v.detach() for v in c.params()))
+        return _lif.step(p, prev, x, c.options())[1]
 
     def partials(self, x, prev, new):
         c = self.cell
@@ -222,6 +205,80 @@ class ALIFTrace(LayerTrace):
             mat["recurrent_weight"] = (cvec, zp)
         return Partials(J, vec, mat, c_zero=(1,))
 
+    # --- the compiled stream step -------------------------------------------------------------
+    _VEC_ORDER = ("log_tau_mem", "log_tau_adapt", "b", "beta", "bias")
+
+    def fused_ready(self, dtype, device) -> bool:
+        """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
+        installed, CPU tensors of the parameters' float dtype."""
+        p = self.cell.weight
+        return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
+                and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
+
+    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
+        (or ``None``) as one compiled pass (:func:`.numba_kernels.alif_trace_step_numba`); the
+        same result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
+        c = self.cell
+        k = self.consts(x.dtype)
+        f = k.get("fused")
+        if f is None:
+            names = [n for n in self._VEC_ORDER if self.params.get(n) is not None and n in self.traced]
+            cols = np.asarray([self._VEC_ORDER.index(n) for n in names], dtype=np.int64)
+            cn = torch.stack([t.expand(k["b"].shape) for t in (k["alpha"], k["dalpha"], k["rho"], k["drho"],
+                                                                k["one_m_rho"], k["b"], k["beta"])]).contiguous()
+            Rd = None if k["Rd"] is None else k["Rd"].contiguous()
+            f = k["fused"] = (names, cols, cn, Rd)
+        names, cols, cn, Rd = f
+        v0, a0 = prev.v, prev.a
+        u = v0 - (k["b"] + k["beta"] * a0)
+        zp = heaviside(u)
+        psi = c.surrogate.derivative(u)
+        B, N = v0.shape
+        ev = ts.vec.get(_STACK)
+        if ev is None:
+            ev = ts.vec[_STACK] = torch.zeros((B, N, 2, len(names)), dtype=x.dtype)
+        mats = []
+        for name, H in (("weight", x.shape[1]), ("recurrent_weight", N)):
+            e = None
+            if name in self.traced:
+                e = ts.mat.get(name)
+                if e is None:
+                    e = ts.mat[name] = torch.zeros((N, B, 2, H), dtype=x.dtype)
+            mats.append(e)
+        Gv, Gw, Gr = self._accumulators(ts, names, g is not None, x.dtype, N)
+        cg = lambda t: t if t.is_contiguous() else t.contiguous()  # noqa: E731
+        alif_trace_step_numba(cg(v0), cg(a0), cg(psi), zp, cg(x), None if g is None else cg(g), cn, cols, ev,
+                              mats[0], mats[1], Gv, Gw, Gr, Rd, c.detach_reset)
+
+    def _accumulators(self, ts, names, use_g, dtype, N):
+        """The gradient accumulators the kernel adds into: the per-neuron ones are rows of one
+        ``[5, N]`` buffer (shared with ``ts.G``, so they are read and checkpointed as usual)."""
+        buf = getattr(ts, "_fused_buf", None)
+        if use_g and names:
+            ok = buf is not None and all(n in ts.G and ts.G[n].data_ptr() == buf[self._VEC_ORDER.index(n)].data_ptr()
+                                         for n in names)
+            if not ok:
+                buf = torch.zeros((5, N), dtype=dtype)
+                for n in names:
+                    if n in ts.G:
+                        buf[self._VEC_ORDER.index(n)] += ts.G[n]
+                    ts.G[n] = buf[self._VEC_ORDER.index(n)]
+                ts._fused_buf = buf
+        if buf is None or not (use_g and names):
+            buf = torch.zeros((5, N), dtype=dtype)
+        out = [buf]
+        for n in ("weight", "recurrent_weight"):
+            G = None
+            if use_g and n in self.traced:
+                G = ts.G.get(n)
+                if G is None:
+                    G = ts.G[n] = torch.zeros_like(self.params[n], memory_format=torch.contiguous_format)
+                elif not G.is_contiguous():
+                    G = ts.G[n] = G.contiguous()
+            out.append(G)
+        return out
+
 
 class ReadoutTrace(LayerTrace):
     """Leaky-integrator readout ``y_t = alpha y_{t-1} + W x_t + b``: a layer of 1-d linear modules."""
@@ -254,3 +311,9 @@ class ReadoutTrace(LayerTrace):
             vec["bias"] = one[..., None]
         J = k["alpha"].expand_as(y0)[..., None, None]
         return Partials(J, vec, {"weight": (one[..., None], x)})
+
+
+_TEST = "tests/test_online_partials.py::test_hand_written_partials_equal_derived_ones"
+neurons.register_backend("lif", "online_partials", LIFTrace.partials, test=_TEST)
+neurons.register_backend("alif", "online_partials", ALIFTrace.partials, test=_TEST)
+neurons.register_backend("readout", "online_partials", ReadoutTrace.partials, test=_TEST)

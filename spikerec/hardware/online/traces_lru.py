@@ -1,4 +1,5 @@
-"""Exact RTRL traces of one LRU layer (digest 003 §3.4, Eq. 4.6-4.7 / B.5-B.18; digest 001 §6.1).
+"""Exact RTRL traces of one LRU layer (Zucchet et al. 2023; thesis Zucchet 2025, Sec. 4.3.1,
+Eq. 4.6-4.7 and App. B.1.2, Eq. B.5-B.18; the LRU of Orvieto et al. 2023, Sec. 3).
 
     h_t = lam * h_{t-1} + gamma * (B x_t),   lam = exp(-exp(nu_log) + i exp(theta_log)),  gamma = exp(gamma_log)
 
@@ -12,15 +13,18 @@ Traces (all zero at t = 0; h holomorphic in lam and B):
     s^B_t[j, i] = lam_j s^B_{t-1}[j, i] + gamma_j x_t[i]   -> eps^{B_re} = s^B, eps^{B_im} = i s^B
 
 In the PyTorch convention (``g = dl/dRe h + i dl/dIm h``) a real parameter ``p`` gets
-``sum_t Re[conj(g_t) eps^p_t]`` (digest 003 §3.4.4), which is the real dot product of the
+``sum_t Re[conj(g_t) eps^p_t]`` (PyTorch's complex-gradient convention), which is the real dot product of the
 pairs used by the engine. ``C`` and ``D`` act in the output map only and get their spatial
 gradient from autograd.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .traces_base import LayerTrace, Partials
+from ...scan import linear_scan
+from .numba_kernels import lru_trace_step_numba, numba_available
+from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
 
@@ -103,6 +107,28 @@ class LRUTrace(LayerTrace):
             state = type(state)(h_re, h_im)
         return prevs, state
 
+    def scan_block(self, x, state):
+        """The states before each of the K steps of ``x [K, B, H]`` as one state with ``[K*B, N]``
+        fields, and the final state, by the parallel scan of ``h_t = lam h_{t-1} + gamma B x_t``
+        (:func:`spikerec.scan.linear_scan`): the same values as :meth:`scan_states`."""
+        k = self.consts(x.dtype)
+        N = k["N"]
+        u = k["gam2"] * (x @ k["Bt"])
+        hs = linear_scan(torch.complex(k["lr"], k["li"]), torch.complex(u[..., :N], u[..., N:]),
+                         torch.complex(state.x_re, state.x_im))
+        K, B = x.shape[0], x.shape[1]
+        re = torch.cat([state.x_re[None], hs.real[:-1]]).reshape(K * B, N)
+        im = torch.cat([state.x_im[None], hs.imag[:-1]]).reshape(K * B, N)
+        return type(state)(re, im), type(state)(hs[-1].real.contiguous(), hs[-1].imag.contiguous())
+
+    def reverse_filter(self, G):
+        """``gh_k = g_k + J^T gh_{k+1}`` over a block, ``G [K, B, N, 2]``: ``J^T`` is the
+        multiplication by ``conj(lam)`` on (Re, Im) pairs, so this is a reverse linear scan."""
+        k = self.consts(G.dtype)
+        g = torch.complex(G[..., 0], G[..., 1]).flip(0)
+        gh = linear_scan(torch.complex(k["lr"], -k["li"]), g).flip(0)
+        return torch.stack([gh.real, gh.imag], -1)
+
     def partials(self, x, prev, new):
         k = self.consts(x.dtype)
         lr, li = k["lr"], k["li"]
@@ -117,6 +143,53 @@ class LRUTrace(LayerTrace):
             vec["gamma_log"] = torch.stack([new.x_re - (lr * hr - li * hi), new.x_im - (lr * hi + li * hr)], -1)
         cvec = k["cvec"].expand(x.shape[0], -1, -1)
         return Partials(k["J"], vec, {"B_re": (cvec, x)}, c_zero=(1,))
+
+    def fused_ready(self, dtype, device) -> bool:
+        """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
+        installed, CPU tensors of the parameters' float dtype."""
+        p = self.cell.B_re
+        return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
+                and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
+
+    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
+        (or ``None``) as one compiled pass (:func:`.numba_kernels.lru_trace_step_numba`); the same
+        result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
+        k = self.consts(x.dtype)
+        f = k.get("fused")
+        if f is None:
+            kinds = [j for j, (name, key) in enumerate((("nu_log", "w_nu"), ("theta_log", "w_theta"), ("gamma_log", None)))
+                     if (key in k if key else name in self.traced)]
+            names = [("nu_log", "theta_log", "gamma_log")[j] for j in kinds]
+            wnu = torch.stack(k["w_nu"], -1).to(x.dtype).contiguous() if "w_nu" in k else None
+            wth = torch.stack(k["w_theta"], -1).to(x.dtype).contiguous() if "w_theta" in k else None
+            f = k["fused"] = (np.asarray(kinds, dtype=np.int64), names, wnu, wth,
+                              (k["lr"].contiguous(), k["li"].contiguous()), k["gam"].contiguous())
+        cols, names, wnu, wth, lam, gam = f
+        B, N = prev.x_re.shape
+        ev = ts.vec.get(_STACK)
+        if ev is None and names:
+            ev = ts.vec[_STACK] = torch.zeros((B, N, 2, len(names)), dtype=x.dtype)
+        mat = "B_re" in self.traced or "B_im" in self.traced
+        em = ts.mat.get("B_re") if mat else None
+        if mat and em is None:
+            em = ts.mat["B_re"] = torch.zeros((N, B, 2, x.shape[1]), dtype=x.dtype)
+        G = {}
+        if g is not None:
+            for name in names + [n for n in ("B_re", "B_im") if n in self.traced]:
+                acc = ts.G.get(name)
+                if acc is None:
+                    acc = ts.G[name] = torch.zeros_like(self.params[name], memory_format=torch.contiguous_format)
+                elif not acc.is_contiguous():
+                    acc = ts.G[name] = acc.contiguous()
+                G[name] = acc
+        G_vec = [G.get(n) for n in ("nu_log", "theta_log", "gamma_log")]
+        if ev is None:
+            ev = torch.zeros((B, N, 2, 0), dtype=x.dtype)
+        c = lambda t: t if t.is_contiguous() else t.contiguous()  # noqa: E731
+        lru_trace_step_numba(type(prev)(c(prev.x_re), c(prev.x_im)), type(new)(c(new.x_re), c(new.x_im)), c(x),
+                             None if g is None else c(g), lam, gam, wnu, wth, cols, ev, em, G_vec,
+                             G.get("B_re"), G.get("B_im"))
 
     def mat_readers(self, P):
         out = []

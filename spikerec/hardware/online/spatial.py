@@ -1,0 +1,226 @@
+"""Hand-written spatial backward of one time step (the stream mode's fast path).
+
+At step ``t`` the online rule needs, for every traced layer ``l``, ``g^l_t = d l_t / d s^l_t``
+(the error reaching its state *within* the step) and the direct gradient of every parameter
+that acts in an output map (Zucchet et al. 2023, Sec. 3; thesis Zucchet 2025, Sec. 4.3.2: the
+"spatial" backward). With the recurrent edges cut this is a chain of small matrix products,
+written out here per cell instead of building and walking an autograd graph at every step:
+
+* linear readout ``y = W h + b``:        ``dW += gy^T h``, ``db += sum_b gy``, ``gh = gy W``;
+* leaky readout (state ``y``):           ``g_y = gy``, ``gh = g_y W`` (its parameters are traced);
+* LRU (Orvieto et al. 2023, Sec. 3), ``y = C_re Re h - C_im Im h + D u``, ``h = lam h' + gamma B u``:
+  ``g_re = gy C_re``, ``g_im = -gy C_im``, ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h``,
+  ``dD += gy u`` (``gy^T u`` for a matrix ``D``), ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``;
+* ALIF (Bellec et al. 2020; spikerec.neurons.alif), ``z = H(v - b - beta a)`` with surrogate
+  derivative ``psi``: ``g_v = gz psi``, ``g_a = -beta gz psi``, ``db -= sum_b gz psi``,
+  ``dbeta -= sum_b gz psi a``, ``gx = g_v W``.
+
+The only autograd call left is ``d l_t / d y_t`` of the user's loss on a leaf ``y_t``.
+The result equals the autograd spatial backward of :meth:`OnlineLearner._stream`
+(tests/test_online_fast.py, float64, fresh random inputs). Networks with other cells (LIF, GRU,
+...) or with active dropout keep the autograd path.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...surrogate import heaviside
+from .traces_base import stream_step
+from .traces_lif import ALIFTrace, ReadoutTrace
+from .traces_lru import LRUTrace
+
+__all__ = ["supported", "fast_kinds", "fast_stream_step"]
+
+
+def _kind(tr) -> str | None:
+    if isinstance(tr, LRUTrace):
+        return "lru"
+    if isinstance(tr, ALIFTrace):
+        return "alif"
+    if isinstance(tr, ReadoutTrace):
+        return "leaky_readout"
+    if getattr(tr, "stateless", False) and type(tr.cell).__name__ == "LeakyReadout":  # a linear readout
+        return "readout"
+    return None
+
+
+def fast_kinds(learner) -> list[str]:
+    """The per-layer kind tags :func:`fast_stream_step` dispatches on."""
+    return [_kind(tr) for tr in learner.tracers]
+
+
+def supported(learner) -> bool:
+    """Whether every layer of ``learner`` has a hand-written spatial backward (LRU, ALIF, leaky or
+    linear readout as the last layer) and no dropout is active."""
+    drop = getattr(learner.model, "dropout", None)
+    if drop is not None and drop.training:
+        return False
+    kinds = [_kind(tr) for tr in learner.tracers]
+    if any(k is None for k in kinds) or kinds[-1] not in ("readout", "leaky_readout"):
+        return False
+    if any(k in ("readout", "leaky_readout") for k in kinds[:-1]):
+        return False
+    return True
+
+
+def _acc(spatial: dict, p, g, alpha: float = 1.0) -> None:
+    """``spatial[p] += alpha * g`` (parameters without ``requires_grad`` are skipped)."""
+    if not p.requires_grad:
+        return
+    acc = spatial.get(p)
+    if acc is not None:
+        acc.add_(g, alpha=alpha)
+    else:
+        spatial[p] = g * alpha if (alpha != 1.0 or g._base is not None or not g.is_contiguous()) else g
+
+
+def _acc_mm(spatial: dict, p, a, b, alpha: float = 1.0) -> None:
+    """``spatial[p] += alpha * a @ b`` in place (one ``addmm_``)."""
+    if not p.requires_grad:
+        return
+    acc = spatial.get(p)
+    if acc is not None:
+        acc.addmm_(a, b, alpha=alpha)
+    else:
+        spatial[p] = torch.mm(a, b) if alpha == 1.0 else torch.mm(a, b).mul_(alpha)
+
+
+def fast_stream_step(learner, x_t, closure):
+    """One stream step of ``learner`` with the hand-written spatial backward; returns
+    ``(y_t, loss_t)`` (both detached; ``loss_t`` is ``None`` without a loss)."""
+    tracers, states = learner.tracers, learner.states
+    kinds = learner._fast_kinds
+    recs = []
+    h = x_t
+    with torch.no_grad():
+        for l, (tr, kind) in enumerate(zip(tracers, kinds)):
+            prev = states[l]
+            if kind == "readout":
+                c = tr.cell
+                y = h @ c.weight.detach().t()
+                if c.bias is not None:
+                    y = y + c.bias.detach()
+                new = type(prev)(y)
+                out = y
+            elif kind == "lru":
+                new = _lru_state(tr, h, prev)
+                out = _lru_out(tr.cell, h, new)
+            else:
+                new = tr.step(h, prev)
+                out = _output(tr, kind, new)
+            recs.append((h, prev, new, out))
+            states[l] = new
+            h = out
+    y = h
+    loss = None
+    gy = None
+    if closure is not None:
+        yl = y.detach().requires_grad_()
+        with torch.enable_grad():
+            loss = closure(yl)
+        if loss is not None:
+            if loss.dim() != 0:
+                raise ValueError(f"loss must return a scalar at step {learner.steps}, got shape {tuple(loss.shape)}")
+            if loss.requires_grad:
+                (gy,) = torch.autograd.grad(loss, yl, allow_unused=True)
+            loss = loss.detach()
+    with torch.no_grad():
+        gs = _spatial_backward(learner, kinds, recs, gy)
+        fused = _fused_flags(learner, x_t)
+        for l, tr in enumerate(tracers):
+            if kinds[l] == "readout" or not tr.traced:
+                continue
+            x_in, prev, new, _ = recs[l]
+            if fused[l]:
+                tr.fused_stream_step(learner.traces[l], x_in, prev, new, gs[l])
+            else:
+                stream_step(learner.traces[l], tr.partials(x_in, prev, new), gs[l], learner.kernel)
+    return y, loss
+
+
+def _fused_flags(learner, x_t) -> list[bool]:
+    """Per layer: whether its whole trace step runs as one compiled kernel (``fused_stream_step``)."""
+    key = (x_t.dtype, x_t.device)
+    cache = learner.__dict__.setdefault("_fused", {})
+    flags = cache.get(key)
+    if flags is None:
+        flags = cache[key] = [learner.use_numba is not False and hasattr(tr, "fused_stream_step")
+                              and tr.fused_ready(x_t.dtype, x_t.device) for tr in learner.tracers]
+    return flags
+
+
+def _output(tr, kind, new):
+    c = tr.cell
+    if kind == "alif":  # the spike z = H(v - b - beta a) (the surrogate's forward is the Heaviside step)
+        return heaviside(new.v - (c.b.detach() + c.beta.detach() * new.a))
+    return new.y  # leaky readout
+
+
+def _lru_state(tr, u, prev):
+    """``h = lam h' + gamma B u`` on (Re, Im) pairs, with ``gamma`` folded into ``B`` once per
+    sequence (the same values as ``LRUTrace.step``, to float rounding)."""
+    k = tr.consts(u.dtype)
+    Bg = k.get("Bt_gamma")
+    if Bg is None:
+        Bg = k["Bt_gamma"] = (k["Bt"] * k["gam2"]).contiguous()
+    N, lr, li = k["N"], k["lr"], k["li"]
+    w = u @ Bg
+    h_re = torch.addcmul(w[:, :N], lr, prev.x_re).addcmul_(li, prev.x_im, value=-1.0)
+    h_im = torch.addcmul(w[:, N:], lr, prev.x_im).addcmul_(li, prev.x_re)
+    return type(prev)(h_re, h_im)
+
+
+def _lru_out(c, u, new):
+    """``y = C_re Re h - C_im Im h + D u``."""
+    D = c.D.detach()
+    y = torch.addmm(u * D if D.dim() == 1 else u @ D.t(), new.x_re, c.C_re.detach().t())
+    return y.addmm_(new.x_im, c.C_im.detach().t(), alpha=-1.0)
+
+
+def _spatial_backward(learner, kinds, recs, gy):
+    """``g^l_t`` ``[B, N, k]`` per layer (``None`` without a loss) and the output-map gradients
+    added to ``learner.spatial``."""
+    n = len(kinds)
+    gs = [None] * n
+    if gy is None:
+        return gs
+    sp = learner.spatial
+    g_out = gy
+    for l in range(n - 1, -1, -1):
+        tr, kind = learner.tracers[l], kinds[l]
+        c = tr.cell
+        h_in, prev, new, _ = recs[l]
+        if kind == "readout":
+            _acc_mm(sp, c.weight, g_out.t(), h_in)
+            if c.bias is not None:
+                _acc(sp, c.bias, g_out.sum(0))
+            g_out = g_out @ c.weight.detach()
+        elif kind == "leaky_readout":
+            gs[l] = g_out.unsqueeze(-1)
+            g_out = g_out @ c.weight.detach()
+        elif kind == "lru":
+            g_re = g_out @ c.C_re.detach()
+            g_im = -(g_out @ c.C_im.detach())
+            _acc_mm(sp, c.C_re, g_out.t(), new.x_re)
+            _acc_mm(sp, c.C_im, g_out.t(), new.x_im, -1.0)
+            D = c.D.detach()
+            if D.dim() == 1:
+                _acc(sp, c.D, (g_out * h_in).sum(0))
+                gu = g_out * D
+            else:
+                _acc_mm(sp, c.D, g_out.t(), h_in)
+                gu = g_out @ D
+            gs[l] = torch.stack([g_re, g_im], -1)
+            if l > 0:
+                k = tr.consts(h_in.dtype)
+                gam = k["gam"]
+                g_out = gu + (g_re * gam) @ c.B_re.detach() + (g_im * gam) @ c.B_im.detach()
+        else:  # alif
+            b, beta = c.b.detach(), c.beta.detach()
+            gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
+            _acc(sp, c.b, gp.sum(0), -1.0)
+            _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
+            gs[l] = torch.stack([gp, -beta * gp], -1)
+            if l > 0:
+                g_out = gp @ c.weight.detach()
+    return gs

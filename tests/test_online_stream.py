@@ -1,0 +1,311 @@
+"""The streaming interface of the online learner: step-by-step == backward == BPTT (float64),
+per-sample resets, update policies, bad input, checkpoint and bit-identical resume in a new
+process, the compiled CPU kernel against the torch reference."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from spikerec.hardware.online import OnlineLearner, load_stream, mse_loss, save_stream
+from spikerec.layers import ALIF, LIF, LeakyReadout
+from spikerec.layers.lru import LRU
+from spikerec.models import RecurrentStack
+
+from online_helpers import _fp64_one_thread, bptt_grads, named, online_grads, rel  # noqa: F401
+
+SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
+
+
+def step_loss(y, tgt):
+    return 0.5 * ((y - tgt) ** 2).sum()
+
+
+def one_layer(kind, H=4, N=6, K=2):
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    if kind == "lru":
+        cell = LRU(H, N)
+        return RecurrentStack([cell], LeakyReadout(cell.output_size, K, tau=None))
+    kw = {} if kind == "lif" else dict(recurrent=False, tau_adapt=10.0, b=0.5, beta=0.5)
+    cell = (LIF if kind == "lif" else ALIF)(H, N, surrogate=SURR, tau_mem=5.0, **kw)
+    with torch.no_grad():
+        cell.weight.mul_(3.0)
+    return RecurrentStack([cell], LeakyReadout(N, K))
+
+
+def stream_grads(model, x, tgt, resets=(), **kw):
+    """Feed ``x`` step by step; ``resets``: (t, mask) pairs applied before step t."""
+    model.zero_grad()
+    lr = OnlineLearner(model, loss=step_loss, **kw)
+    rs = dict(resets)
+    for t in range(x.shape[0]):
+        if t in rs:
+            lr.reset(rs[t])
+        lr.step(x[t], tgt[t])
+    lr.update()
+    out = {n: p.grad.clone() for n, p in named(model)}
+    model.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["lru", "lif", "alif"])
+def test_step_by_step_equals_backward_equals_bptt(kind):
+    T, B = int(torch.randint(10, 20, ())), 3
+    model = one_layer(kind)
+    x, tgt = torch.randn(T, B, 4) if kind == "lru" else torch.rand(T, B, 4), torch.randn(T, B, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    whole = online_grads(model, x, tgt, mse_loss)
+    for mode, chunk in (("stream", None), ("chunked", 4)):
+        st = stream_grads(model, x, tgt, mode=mode, chunk=chunk)
+        for n in ref:
+            assert ref[n].abs().sum() > 0, n
+            assert rel(st[n], ref[n]) < 1e-10, (mode, n)
+            assert rel(st[n], whole[n]) < 1e-12, (mode, n)
+
+
+def segment_bptt(model, x, tgt, bounds):
+    """BPTT where every sample's stream restarts at its own reset times: run per segment."""
+    B = x.shape[1]
+    total = {n: torch.zeros_like(p) for n, p in named(model)}
+    for b in range(B):
+        cuts = [0] + sorted(t for t, m in bounds if bool(m[b])) + [x.shape[0]]
+        for t0, t1 in zip(cuts[:-1], cuts[1:]):
+            if t1 > t0:
+                g = bptt_grads(model, x[t0:t1, b:b + 1], tgt[t0:t1, b:b + 1], mse_loss)
+                for n in total:
+                    total[n] += g[n]
+    return total
+
+
+@pytest.mark.parametrize("kind", ["lru", "alif"])
+def test_reset_of_some_samples_mid_stream_equals_bptt_per_segment(kind):
+    T, B = 16, 3
+    model = one_layer(kind)
+    x, tgt = torch.randn(T, B, 4) if kind == "lru" else torch.rand(T, B, 4), torch.randn(T, B, 2)
+    resets = [(5, torch.tensor([True, False, False])), (9, torch.tensor([False, True, True])),
+              (12, torch.tensor([True, False, True]))]
+    ref = segment_bptt(model, x, tgt, resets)
+    for mode, chunk in (("stream", None), ("chunked", 3)):
+        est = stream_grads(model, x, tgt, resets, mode=mode, chunk=chunk)
+        for n in ref:
+            assert rel(est[n], ref[n]) < 1e-10, (mode, n)
+
+
+def test_update_every_k_steps_the_optimizer_and_policies():
+    T, B = 12, 2
+    model = one_layer("lru")
+    x, tgt = torch.randn(T, B, 4), torch.randn(T, B, 2)
+    calls = []
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            calls.append([p.grad.clone() for p in self.param_groups[0]["params"]])
+            return super().step(closure)
+
+    opt = Spy(model.parameters(), lr=0.0)  # lr 0: parameters fixed, so the pieces add up to the whole
+    lr = OnlineLearner(model, loss=step_loss, optimizer=opt, update_every=5)
+    for t in range(T):
+        lr.step(x[t], tgt[t])
+    assert len(calls) == 2  # after steps 5 and 10
+    lr.update()
+    assert len(calls) == 3
+    whole = online_grads(model, x, tgt, mse_loss)
+    for j, (n, p) in enumerate(named(model)):
+        acc = sum(c[j] for c in calls)
+        assert rel(acc, whole[n]) < 1e-10, n
+    # "sequence": one update per reset
+    calls.clear()
+    lr = OnlineLearner(model, loss=step_loss, optimizer=opt, update_every="sequence")
+    for t in range(T):
+        lr.step(x[t], tgt[t])
+    lr.reset()
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="update_every"):
+        OnlineLearner(model, update_every=0)
+
+
+def test_truncate_cuts_the_past_and_discard_drops_the_estimate():
+    T, B = 10, 2
+    model = one_layer("lru")
+    x, tgt = torch.randn(T, B, 4), torch.randn(T, B, 2)
+    lr = OnlineLearner(model, loss=step_loss)
+    for t in range(T):
+        if t == 6:
+            lr.truncate()
+        lr.step(x[t], tgt[t])
+    model.zero_grad()
+    lr.update()
+    got = {n: p.grad.clone() for n, p in named(model)}
+    # reference: autograd with the state detached once, before step 6
+    states = model.initial_state(B)
+    total = 0.0
+    for t in range(T):
+        if t == 6:
+            states = tuple(type(s)(*(v.detach() for v in s)) for s in states)
+        y, states = model.step(x[t], states)
+        total = total + mse_loss(y, tgt, t)
+    ps = named(model)
+    ref = dict(zip([n for n, _ in ps], torch.autograd.grad(total, [p for _, p in ps])))
+    for n in ref:
+        assert rel(got[n], ref[n]) < 1e-10, n
+    lr.step(x[0], tgt[0])
+    lr.discard()
+    model.zero_grad()
+    lr.update()
+    assert all(float(p.grad.abs().max()) == 0.0 for _, p in named(model))
+
+
+def test_bad_streaming_input_errors():
+    model = one_layer("lru")
+    lr = OnlineLearner(model, loss=step_loss)
+    with pytest.raises(ValueError, match=r"x_t: expected shape \[B, 4\]"):
+        lr.step(torch.randn(2, 5))
+    lr.step(torch.randn(3, 4), torch.randn(3, 2))
+    with pytest.raises(ValueError, match="batch size 2, but the stream runs with batch 3"):
+        lr.step(torch.randn(2, 4))
+    bad = torch.randn(3, 4)
+    bad[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"step 1\) x_t: contains NaN"):
+        lr.step(bad)
+    with pytest.raises(ValueError, match=r"target_t: expected shape \[3, 2\]"):
+        lr.step(torch.randn(3, 4), torch.randn(3, 7))
+    with pytest.raises(ValueError, match="batch-first target with 3 samples"):
+        lr.step(torch.randn(3, 4), torch.randn(2, 2))
+    with pytest.raises(ValueError, match=r"batch_mask must have shape \[3\]"):
+        lr.reset(torch.tensor([True, False]))
+    with pytest.raises(ValueError, match="batch_mask must be a bool"):
+        lr.reset(torch.tensor([1, 0, 1]))
+    with pytest.raises(ValueError, match="has no loss"):
+        OnlineLearner(model).step(torch.randn(3, 4), torch.randn(3, 2))
+    with pytest.raises(ValueError, match="needs the whole sequence"):
+        OnlineLearner(model, rule="bptt").step(torch.randn(3, 4))
+    # backward: NaN at one step is named, no whole-sequence temporary needed
+    x = torch.randn(6, 2, 4)
+    x[4, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"step 4\): contains NaN"):
+        OnlineLearner(model).backward(x, torch.randn(6, 2, 2), mse_loss)
+
+
+RESUME = textwrap.dedent(
+    """
+    import sys, torch
+    from spikerec.hardware.online import OnlineLearner, load_stream, save_stream
+    from spikerec.layers import ALIF, LeakyReadout
+    from spikerec.layers.lru import LRU
+    from spikerec.models import RecurrentStack
+
+
+    def build():
+        torch.manual_seed(0)
+        lru = LRU(4, 6)
+        m = RecurrentStack([lru, ALIF(lru.output_size, 5, recurrent=False)], LeakyReadout(5, 2), dropout={dropout!r})
+        opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+        lr = OnlineLearner(m, mode={mode!r}, chunk={chunk!r}, optimizer=opt, update_every={every!r},
+                           loss=lambda y, t: 0.5 * ((y - t) ** 2).sum())
+        return m, lr
+
+
+    def main(start, stop, ck, out=None):
+        torch.set_default_dtype(torch.float64)
+        torch.set_num_threads(1)
+        g = torch.Generator().manual_seed(5)
+        xs, ts = torch.randn(20, 3, 4, generator=g), torch.randn(20, 3, 2, generator=g)
+        mask = torch.tensor([True, False, True])
+        m, lr = build()
+        if start > 0:
+            load_stream(ck, lr)
+        for t in range(start, stop):
+            if t == 8:
+                lr.reset(mask)
+            y, l = lr.step(xs[t], ts[t])
+        if stop < 20:
+            save_stream(ck, lr)
+        else:
+            torch.save({{k: v for k, v in m.state_dict().items()}}, out)
+
+
+    if __name__ == "__main__":
+        main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
+    """
+)
+
+
+@pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 4)])
+def test_checkpoint_mid_stream_resumes_bit_identically_in_a_new_process(tmp_path, mode, chunk):
+    """Adam, a per-sample reset, an update policy, dropout (stream) or a half-filled block
+    (chunked): stop at step 11, restore in a new process, continue; the final weights equal an
+    uninterrupted run's bit for bit. The uninterrupted run and the run up to the checkpoint are
+    done in this process; only the resume needs a new one."""
+    script = tmp_path / "run.py"
+    dropout = 0.1 if mode == "stream" else 0.0  # active dropout makes chunked step() go step by step
+    text = RESUME.format(mode=mode, chunk=chunk, dropout=dropout, every=3 if mode == "stream" else 7)
+    script.write_text(text)
+    here = {"__name__": "resume_script"}
+    exec(compile(text, str(script), "exec"), here)
+    ck, a, b = tmp_path / "ck.safetensors", tmp_path / "a.pt", tmp_path / "b.pt"
+    here["main"](0, 20, str(ck), str(a))
+    here["main"](0, 11, str(ck))
+    r = subprocess.run([sys.executable, str(script), "11", "20", str(ck), str(b)], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    wa = torch.load(a, weights_only=True)
+    wb = torch.load(b, weights_only=True)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    here["main"](0, 1, str(ck))  # a checkpoint after one step only has the initial weights
+    from safetensors.torch import load_file
+
+    w0 = {k[6:]: v for k, v in load_file(str(ck)).items() if k.startswith("model/")}
+    assert max(float((wa[k] - w0[k]).abs().max()) for k in w0) > 1e-4
+
+
+def test_load_stream_errors(tmp_path):
+    model = one_layer("lru")
+    lr = OnlineLearner(model, loss=step_loss)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_stream(tmp_path / "none.safetensors", lr)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a file")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        load_stream(bad, lr)
+    lr.step(torch.randn(2, 4), torch.randn(2, 2))
+    save_stream(tmp_path / "ok.safetensors", lr)
+    with pytest.raises(ValueError, match="mode is 'stream'"):
+        load_stream(tmp_path / "ok.safetensors", OnlineLearner(model, mode="chunked", chunk=2))
+
+
+@pytest.mark.parametrize("k,bj,two", [(1, 3, False), (2, 1, True), (2, 3, False)])
+def test_numba_kernel_matches_torch_reference(k, bj, two):
+    pytest.importorskip("numba")
+    from spikerec.hardware.online.numba_kernels import mat_trace_step_numba
+    from spikerec.hardware.online.triton_kernels import mat_trace_step_torch
+
+    B, N, H = 3, 5, 7
+    for dtype in (torch.float64, torch.float32):
+        eps = torch.randn(N, B, k, H, dtype=dtype)
+        J, c, x = torch.randn(bj, N, k, k, dtype=dtype), torch.randn(B, N, k, dtype=dtype), torch.randn(B, H, dtype=dtype)
+        gs = [torch.randn(B, N, k, dtype=dtype)] + ([torch.randn(B, N, k, dtype=dtype)] if two else [])
+        e_ref = eps.clone()
+        out = mat_trace_step_numba(eps, J, c, x, gs)
+        ref = mat_trace_step_torch(e_ref, J, c, x, gs)
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        assert torch.allclose(eps, e_ref, rtol=tol, atol=tol)
+        for a, b in zip(out, ref):
+            assert torch.allclose(a, b, rtol=tol, atol=tol)
+        out = mat_trace_step_numba(eps, J, c, x, [None] * len(gs))  # no loss: traces still advance
+        mat_trace_step_torch(e_ref, J, c, x, [None] * len(gs))
+        assert all(o is None for o in out) and torch.allclose(eps, e_ref, rtol=tol, atol=tol)
+
+
+def test_learner_with_and_without_numba_agree():
+    pytest.importorskip("numba")
+    T, B = 12, 3
+    model = one_layer("alif")
+    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
+    a = online_grads(model, x, tgt, mse_loss, use_numba=False)
+    b = online_grads(model, x, tgt, mse_loss, use_numba=True)
+    for n in a:
+        assert rel(b[n], a[n]) < 1e-12, n
