@@ -9,7 +9,8 @@ are each layer's recurrent weights and whose blocks above the diagonal carry lay
 ``k+1``. Hence one step of delay per layer (layer ``k+1`` sees layer ``k``'s spikes of the previous
 step) and one more to the output neurons, and one weight shift per matrix.
 
-:func:`simulate_spec` runs the rules of :mod:`spikerec.hardware.xylo_arith` vectorised over the batch;
+:func:`simulate_spec` runs the one LIF step (:func:`spikerec.neurons.lif.step`) with the rules of
+:mod:`spikerec.hardware.xylo_arith` as its arithmetic (:class:`XyloArithmetic`), vectorised over the batch;
 ``xylosim`` (:mod:`spikerec.hardware.xylosim_bridge`) is the reference it is tested against.
 """
 from __future__ import annotations
@@ -20,9 +21,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..atomic import atomic_write_text
-from .xylo_arith import INPUT_EVENT_CAP, STATE_MAX, accumulate, multi_spike, saturate, xylo_decay
+from .. import neurons
+from ..neurons import lif
+from .xylo_arith import INPUT_EVENT_CAP, SPIKE_CAP, STATE_MAX, accumulate, multi_spike, saturate, xylo_decay
 
-__all__ = ["XyloSpec", "XyloResult", "XYLO_LIMITS", "XyloLimitError", "check_limits", "simulate_spec"]
+__all__ = ["XyloSpec", "XyloResult", "XyloArithmetic", "layer_params", "XYLO_LIMITS", "XyloLimitError", "check_limits", "simulate_spec"]
 
 
 class XyloLimitError(ValueError):
@@ -172,9 +175,89 @@ class XyloResult:
     isyn_out: torch.Tensor
 
 
+class XyloArithmetic:
+    """The Xylo datapath as an arithmetic of the one LIF step (:func:`spikerec.neurons.lif.step` with
+    ``synapse="add_then_decay"``, ``bias_into="voltage"``, reset "subtract"): decay codes are dashes,
+    input events saturate one by one, states saturate to 16 bits, spikes are counts up to ``spike_cap``
+    (31 for hidden neurons, 1 for output neurons) and the reset is immediate."""
+
+    reset_timing = "immediate"
+
+    def __init__(self, spike_cap: int = SPIKE_CAP):
+        self.spike_cap = spike_cap
+
+    def synaptic_input(self, x, weight):
+        return x @ weight.t()
+
+    def accumulate(self, i, sources):
+        for x, w in sources:
+            i = accumulate(i, x, w.t(), 0)
+        return i
+
+    def decay_factor(self, code, dt):
+        return code
+
+    def decay(self, x, code):
+        return xylo_decay(x, code)
+
+    def current(self, i):
+        return saturate(i)
+
+    def state(self, v):
+        return saturate(v)
+
+    def spike(self, v, threshold, surrogate):
+        return multi_spike(v, threshold, self.spike_cap)
+
+    def product(self, gain, x):
+        raise NotImplementedError("Xylo has no adaptive neurons")
+
+    def __repr__(self) -> str:
+        return f"XyloArithmetic(spike_cap={self.spike_cap})"
+
+
+HIDDEN, OUTPUT = XyloArithmetic(SPIKE_CAP), XyloArithmetic(1)
+OPTIONS = lif.LIFOptions(reset="subtract", synapse="add_then_decay", bias_into="voltage")
+
+
+def layer_params(spec: XyloSpec) -> tuple[list[lif.LIFParams], lif.LIFParams]:
+    """The core as one :class:`~spikerec.neurons.lif.LIFParams` per hidden layer (mantissas already
+    shifted) and one for the output neurons. Raises if ``weights_rec`` connects anything but a layer
+    to itself and to the next layer (the delays of the one-core layout assume that block structure)."""
+    sizes, offs = spec.layer_sizes, [sum(spec.layer_sizes[:k]) for k in range(len(spec.layer_sizes))]
+    if sum(sizes) != spec.n_hidden:
+        raise ValueError(f"Xylo spec: layer_sizes {sizes} do not add up to {spec.n_hidden} hidden neurons")
+    mask = torch.zeros_like(spec.weights_rec, dtype=torch.bool)
+    hidden = []
+    for k, (o, n) in enumerate(zip(offs, sizes)):
+        if k == 0:
+            w = spec.weights_in[:, o:o + n].t() << spec.weight_shift_in
+        else:
+            p = offs[k - 1]
+            w = spec.weights_rec[p:p + sizes[k - 1], o:o + n].t() << spec.weight_shift_rec
+            mask[p:p + sizes[k - 1], o:o + n] = True
+        mask[o:o + n, o:o + n] = True
+        wr = spec.weights_rec[o:o + n, o:o + n]
+        hidden.append(lif.LIFParams(
+            weight=w, bias=spec.bias[o:o + n] if spec.bias is not None else None,
+            recurrent_weight=(wr.t() << spec.weight_shift_rec) if bool((wr != 0).any()) else None,
+            log_tau_mem=spec.dash_mem[o:o + n], log_tau_syn=spec.dash_syn[o:o + n], threshold=spec.threshold[o:o + n]))
+    if bool((spec.weights_rec[~mask] != 0).any()):
+        raise ValueError("Xylo spec: weights_rec has connections outside the layer blocks (a layer to itself and to "
+                         "the next layer); spikerec's simulator runs stacked layers only")
+    o = offs[-1]
+    out = lif.LIFParams(weight=spec.weights_out[o:].t() << spec.weight_shift_out, bias=spec.bias_out,
+                        recurrent_weight=None, log_tau_mem=spec.dash_mem_out, log_tau_syn=spec.dash_syn_out,
+                        threshold=spec.threshold_out)
+    return hidden, out
+
+
 @torch.no_grad()
 def simulate_spec(spec: XyloSpec, x: torch.Tensor) -> XyloResult:
-    """Run the core on input event counts ``x[T, B, n_in]`` (integers; counts above 15 are cut)."""
+    """Run the core on input event counts ``x[T, B, n_in]`` (integers; counts above 15 are cut).
+
+    Each hidden layer and the output neurons advance with :func:`spikerec.neurons.lif.step` under
+    :class:`XyloArithmetic`; layer ``k+1`` and the outputs read the spike counts of the previous step."""
     x = torch.as_tensor(x)
     if x.dim() != 3 or x.shape[-1] != spec.n_in:
         raise ValueError(f"Xylo simulator input: expected [T, B, {spec.n_in}] event counts, got {tuple(x.shape)}")
@@ -182,32 +265,28 @@ def simulate_spec(spec: XyloSpec, x: torch.Tensor) -> XyloResult:
         raise ValueError("Xylo simulator input: expected integer event counts")
     x = x.long().clamp(0, INPUT_EVENT_CAP)
     T, B, _ = x.shape
-    N, K = spec.n_hidden, spec.n_out
+    hidden, out = layer_params(spec)
     zeros = lambda n: torch.zeros(B, n, dtype=torch.long)  # noqa: E731
-    i, v, n = zeros(N), zeros(N), zeros(N)
-    io, vo = zeros(K), zeros(K)
+    states = [lif.CubaLIFState(zeros(p.threshold.numel()), zeros(p.threshold.numel())) for p in hidden]
+    ostate = lif.CubaLIFState(zeros(spec.n_out), zeros(spec.n_out))
     rec = {k: [] for k in ("spikes", "vmem", "isyn", "out_spikes", "vmem_out", "isyn_out")}
     for t in range(T):
-        i = accumulate(i, x[t], spec.weights_in, spec.weight_shift_in)
-        i = accumulate(i, n, spec.weights_rec, spec.weight_shift_rec)
-        i = xylo_decay(i, spec.dash_syn)
-        v = xylo_decay(v, spec.dash_mem) + i
-        if spec.bias is not None:
-            v = v + spec.bias
-        v = saturate(v)
-        n_new = multi_spike(v, spec.threshold)
-        v = v - n_new * spec.threshold
-        # output neurons: the hidden counts of the previous step
-        io = accumulate(io, n, spec.weights_out, spec.weight_shift_out)
-        io = xylo_decay(io, spec.dash_syn_out)
-        vo = xylo_decay(vo, spec.dash_mem_out) + io
-        if spec.bias_out is not None:
-            vo = vo + spec.bias_out
-        vo = saturate(vo)
-        so = (vo >= spec.threshold_out).long()
-        vo = vo - so * spec.threshold_out
-        n = n_new
-        for k, val in zip(rec, (n, v, i, so, vo, io)):
-            rec[k].append(val)
-    return XyloResult(**{k: torch.stack(vals) if vals else torch.zeros(0, B, 0, dtype=torch.long)
-                         for k, vals in rec.items()})
+        prev = [HIDDEN.spike(s.v, p.threshold, None) for s, p in zip(states, hidden)]
+        zs = []
+        for k, p in enumerate(hidden):
+            z, states[k] = lif.step(p, states[k], x[t] if k == 0 else prev[k - 1], OPTIONS, HIDDEN)
+            zs.append(z)
+        zo, ostate = lif.step(out, ostate, prev[-1], OPTIONS, OUTPUT)
+        z = torch.cat(zs, 1)
+        rec["spikes"].append(z)
+        rec["vmem"].append(torch.cat([s.v for s in states], 1) - z * spec.threshold)
+        rec["isyn"].append(torch.cat([s.i for s in states], 1))
+        rec["out_spikes"].append(zo)
+        rec["vmem_out"].append(ostate.v - zo * spec.threshold_out)
+        rec["isyn_out"].append(ostate.i)
+    empty = torch.zeros(0, B, 0, dtype=torch.long)
+    return XyloResult(**{k: torch.stack(vals) if vals else empty for k, vals in rec.items()})
+
+
+neurons.register_backend("lif", "hardware.xylo.simulate_spec (Xylo integer core, XyloArithmetic)", simulate_spec,
+                         test="tests/test_xylo.py::test_random_networks_bit_exact_with_xylosim")

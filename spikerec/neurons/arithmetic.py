@@ -18,6 +18,10 @@ step's, and the few orderings that targets disagree on are options of the step (
   FLOAT: ``H(v - thr)`` with the surrogate derivative; binary integers: ``[v > thr]`` (or ``>=``);
   multi-spike targets: the count ``clamp(floor(v / thr), 0, n_max)``, and reset "subtract" then
   removes ``n thr``;
+* ``accumulate(i, sources)`` (optional; integer chips only): add the synaptic input of this step to
+  the current ``i`` source by source (``sources`` = ``[(x_t, W), (z_{t-1}, W_rec)]``), with the
+  chip's overflow after every event (Xylo saturates after each input event). An arithmetic without
+  it uses ``synaptic_input`` and one ``current`` overflow;
 * ``product(beta, a)``: the product of a gain and a state in the arithmetic's fixed point (ALIF's
   ``beta a``; an integer arithmetic shifts out its fractional bits);
 * ``reset_timing``: ``"next_step"`` (spikerec's float model, snnTorch ``reset_delay=True``: the

@@ -114,12 +114,20 @@ def step(params: LIFParams, state, x_t: torch.Tensor, options: LIFOptions, arith
     alpha, alpha_s = decays(params, options, arith)
     thr = params.threshold
     z_prev = arith.spike(state.v, thr, options.surrogate)
-    J = arith.synaptic_input(x_t, params.weight)
-    if params.bias is not None and options.bias_into == "current":
+    accumulate = getattr(arith, "accumulate", None)  # optional hook: inputs added to the state source by source
+    per_event = accumulate is not None and alpha_s is not None and options.synapse == "add_then_decay"
+    J = None if per_event else arith.synaptic_input(x_t, params.weight)
+    if J is not None and params.bias is not None and options.bias_into == "current":
         J = J + params.bias
-    if params.recurrent_weight is not None:
+    if J is not None and params.recurrent_weight is not None:
         J = J + arith.synaptic_input(z_prev, params.recurrent_weight)
-    if alpha_s is None:
+    if J is None:  # per-event saturation (Xylo): input events, then recurrent events, then the decay
+        sources = [(x_t, params.weight)] + ([(z_prev, params.recurrent_weight)] if params.recurrent_weight is not None else [])
+        i = accumulate(state.i, sources)
+        if params.bias is not None and options.bias_into == "current":
+            i = arith.current(i + params.bias)
+        i = arith.decay(i, alpha_s)
+    elif alpha_s is None:
         i = arith.current(J)
     elif options.synapse == "decay_then_add":
         i = arith.current(arith.decay(state.i, alpha_s) + J)
