@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from .profiles import TargetProfile
-from .quantize import QLayer, QuantizedNetwork
+from .qnetwork import QLayer, QuantizedNetwork
+from .xylo_network import XyloNetwork
 
 __all__ = ["simulate", "evaluate", "IntSimResult", "check_integer_input", "decay", "overflow"]
 
@@ -106,7 +107,13 @@ def _readout_step(q: QLayer, p: TargetProfile, x, y):
 
 @torch.no_grad()
 def simulate(qnet: QuantizedNetwork, x: torch.Tensor) -> IntSimResult:
-    """Run the integer network on ``x[T, B, C]`` (integer-valued)."""
+    """Run the integer network on ``x[T, B, C]`` (integer-valued). A Xylo network
+    (:class:`~spikerec.hardware.xylo_network.XyloNetwork`) runs its whole core
+    (:func:`~spikerec.hardware.xylo.simulate_spec`); ``y`` is then ``Vmem_out``."""
+    if isinstance(qnet, XyloNetwork):
+        x = check_integer_input(x, qnet.input_size)
+        r = qnet.run(x)
+        return IntSimResult(r.vmem_out, qnet.layer_spikes(r.spikes), qnet.spec.out_scale)
     p = qnet.profile
     x = check_integer_input(x, qnet.input_size)
     T, B, _ = x.shape
@@ -130,7 +137,8 @@ def logits(qnet: QuantizedNetwork, y: torch.Tensor) -> torch.Tensor:
     """Aggregate the integer readout like the float model (in float, divided by the readout scale)."""
     from ..layers.readout import aggregate
 
-    return aggregate(y.double() / qnet.layers[-1].scale, qnet.readout_mode)
+    scale = qnet.spec.out_scale if isinstance(qnet, XyloNetwork) else qnet.layers[-1].scale
+    return aggregate(y.double() / scale, qnet.readout_mode)
 
 
 def evaluate(qnet: QuantizedNetwork, batches) -> dict:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..atomic import atomic_path
-from .quantize import QuantizedNetwork
+from .qnetwork import QuantizedNetwork
 
 __all__ = ["write_netx", "NetxExportError"]
 

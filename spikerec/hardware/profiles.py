@@ -16,8 +16,9 @@ zero; ``d`` is the *effective* decay, Lava's ``du + 1`` / ``dv``) and ``"bitshif
 ``x <- x - (x >> dash)`` (Xylo, arithmetic shift = floor; ``dash = 0`` removes all of ``x``).
 Overflow: ``"wrap"`` (two's complement) or ``"saturate"`` (to ``±(2^(N-1) - 1)``).
 
-Profiles are models of the published arithmetic, not bit-exact emulators of the chips
-(Lava's ``PyLifModelBitAcc`` and Rockpool's closed ``XyloSim`` are the references they follow).
+``loihi2`` follows Lava's ``PyLifModelBitAcc`` (see ``hardware/loihi2/README.md`` for the release);
+``xylo``/``xylo2`` are the Xylo core itself, simulated by :mod:`spikerec.hardware.xylo` and tested
+bit for bit against SynSense's ``xylosim``.
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ class TargetProfile:
         adapt_frac_bits: fractional bits of the ALIF adaptation variable.
         supports: layer kinds the target runs (see :data:`LAYER_KINDS`).
         description: one line for reports.
+        chip: ``"xylo"`` when the profile is a chip whose whole core spikerec simulates bit for bit
+            (:mod:`spikerec.hardware.xylo`); ``""`` for the per-layer rules above.
+        chip_version: the chip's version (Xylo: 1 = syns61300, 2 = syns61201).
     """
 
     name: str
@@ -77,6 +81,8 @@ class TargetProfile:
     adapt_frac_bits: int = 12
     supports: tuple[str, ...] = LAYER_KINDS
     description: str = ""
+    chip: str = ""
+    chip_version: int = 0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -160,8 +166,8 @@ PROFILES: dict[str, TargetProfile] = {
         description="Loihi-2-like CUBA: int8 weights << (6 + exp), 24-bit u (wrap) and v (saturate), "
                     "12-bit multiply-and-shift decays, zero reset, v > vth",
     ),
-    # Xylo (Rockpool docs): int8 weights with a per-matrix left shift, 16-bit state and threshold,
-    # 4-bit dash decays v - (v >> dash), bias, subtractive reset right after the spike.
+    # Xylo SNN core (SynSense), bit-exact with the vendor's simulator xylosim: see spikerec.hardware.xylo_arith
+    # and hardware/xylo/README.md. Version 1 (syns61300) has no bias; version 2 (syns61201, "xylo2") has one.
     "xylo": TargetProfile(
         name="xylo",
         weight_bits=8,
@@ -179,9 +185,33 @@ PROFILES: dict[str, TargetProfile] = {
         reset_timing="immediate",
         strict_threshold=False,
         bias_into="voltage",
+        supports=("lif", "cuba", "recurrent", "readout", "readout_leaky"),
+        chip="xylo",
+        chip_version=1,
+        description="Xylo v1 (syns61300) SNN core, bit-exact with xylosim: CUBA LIF, int8 weights with one shift "
+                    "per matrix, 16-bit saturating state, dash decays, multi-spike subtractive reset, no bias",
+    ),
+    "xylo2": TargetProfile(
+        name="xylo2",
+        weight_bits=8,
+        weight_shift_range=(0, 7),
+        current_bits=16,
+        state_bits=16,
+        current_overflow="saturate",
+        state_overflow="saturate",
+        threshold_bits=15,
+        threshold_shift=0,
+        bias_bits=16,
+        decay="bitshift",
+        decay_bits=4,
+        resets=("subtract",),
+        reset_timing="immediate",
+        strict_threshold=False,
+        bias_into="voltage",
         supports=("lif", "cuba", "recurrent", "readout", "readout_leaky", "bias"),
-        description="Xylo-like: int8 weights << shift, 16-bit saturating state, bit-shift decays "
-                    "v - (v >> dash) with 4-bit dash, subtractive reset, v >= thr",
+        chip="xylo",
+        chip_version=2,
+        description="Xylo v2 (syns61201) SNN core, bit-exact with xylosim: as 'xylo' plus a 16-bit bias per neuron",
     ),
     # Configurable: defaults follow spikerec's float semantics on an 8-bit / 16-bit grid.
     "generic": TargetProfile(

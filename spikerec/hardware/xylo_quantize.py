@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .quantize import HEADROOM, QuantizationError
+from .qnetwork import HEADROOM, QuantizationError
 from .xylo import XYLO_LIMITS, XyloLimitError, XyloSpec, check_limits
 
 __all__ = ["quantize_xylo", "dash_of", "alpha_of_dash"]
@@ -169,6 +169,13 @@ def quantize_xylo(model, version: int = 1, *, adapt_reset: bool = False) -> tupl
                      "weight_rel_err": float((L["W"] - mant(L["W"], s, sh_in if k == 0 else sh_rec).double() * step).norm()
                                              / L["W"].norm().clamp_min(1e-30))})
     w_out[offs[-1]:offs[-1] + sizes[-1]] = mant(Wo, s_o, sh_out).t()
+    for k, L in enumerate(layers):
+        sh = sh_in if k == 0 else sh_rec
+        if bool((mant(L["W"], L["s"], sh) == 0).all()):
+            raise QuantizationError(
+                f"layer {names[k]}: weights cannot be represented on '{pname}': with max|W| = {wmax(L['W']):.4g} and "
+                f"threshold {float(L['thr'].max()):.4g} the 16-bit membrane (headroom {HEADROOM:g} x threshold) leaves "
+                f"{L['s']:.4g} state units per unit of weight, so every int8 mantissa rounds to 0 at shift {sh}")
     spec = XyloSpec(
         weights_in=w_in, weights_rec=w_rec, weights_out=w_out,
         dash_mem=torch.cat([L["dm"] for L in layers]), dash_syn=torch.cat([L["ds"] for L in layers]),
