@@ -30,7 +30,10 @@ import logging
 import numpy as np
 import torch
 
+from .intsim import check_integer_input, logits, simulate
 from .nir_io import DEFAULT_DT, fold_lif_r, to_nir
+from .xylo_network import XyloNetwork
+from .xylosim_bridge import run_xylosim, xylosim_available
 
 __all__ = ["spiking_subgraph", "run_snntorch", "run_norse", "spike_agreement", "cross_check", "UnsupportedBySimulator"]
 
@@ -171,13 +174,22 @@ def cross_check(model, x: torch.Tensor, labels=None, *, qnet=None, dt: float = D
     if labels is not None:
         labels = torch.as_tensor(labels)
         report["float"]["accuracy"] = float((model.logits(y_ref).argmax(-1) == labels).double().mean())
+    if isinstance(qnet, XyloNetwork) and "intsim" in simulators and "xylosim" not in simulators:
+        simulators = tuple(simulators) + ("xylosim",)
     for sim in simulators:
         try:
-            if sim == "intsim":
+            if sim == "xylosim":
+                if not isinstance(qnet, XyloNetwork):
+                    continue
+                if not xylosim_available():
+                    raise UnsupportedBySimulator("xylosim is not installed (pip install 'spikerec[xylo]')")
+                xi = check_integer_input(x, qnet.input_size)
+                ref, ours = run_xylosim(qnet.spec, xi), qnet.run(xi)
+                layers, acc_logits = qnet.layer_spikes(ref.spikes), logits(qnet, ref.vmem_out)
+                same = {k: bool(torch.equal(getattr(ref, k), getattr(ours, k))) for k in ref.__dict__}
+            elif sim == "intsim":
                 if qnet is None:
                     continue
-                from .intsim import logits, simulate
-
                 res = simulate(qnet, x)
                 layers, acc_logits = res.spikes, logits(qnet, res.y)
             else:
@@ -189,6 +201,9 @@ def cross_check(model, x: torch.Tensor, labels=None, *, qnet=None, dt: float = D
             report[sim] = {"skipped": str(e)}
             continue
         entry = {"layers": [spike_agreement(zf, zs) for zf, zs in zip(hidden, layers)]}
+        if sim == "xylosim":
+            entry["bit_identical_to_intsim"] = all(same.values())
+            entry["identical_fields"] = same
         entry["matched"] = min(e["matched"] for e in entry["layers"])
         if labels is not None:
             entry["accuracy"] = float((acc_logits.argmax(-1) == labels).double().mean())

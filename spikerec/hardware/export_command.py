@@ -98,7 +98,7 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
 
         model = adapt_model(model, qnet.profile)
     files = {"nir": write_nir(model, os.path.join(out_dir, "model.nir"), dt=dt)}
-    files["quantized"] = list(qnet.save(out_dir))
+    files["quantized" if not hasattr(qnet, "spec") else "xylo_spec"] = list(qnet.save(out_dir))
     if target == "loihi2":
         from .netx import write_netx
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
                          finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
                          random_input=args.random_input)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # QuantizationError and XyloLimitError are ValueErrors
         print(f"spikerec export: {e}", file=sys.stderr)
         return 2
     print(_summary(rep))

@@ -27,7 +27,7 @@ from .intsim import simulate
 from .profiles import TargetProfile, get_profile
 from .qnetwork import HEADROOM, QLayer, QuantizationError, QuantizedNetwork, QuantReport, SilentLayerWarning
 from .xylo_network import XyloNetwork
-from .xylo_quantize import quantize_xylo
+from .xylo_quantize import fake_quant_params_xylo, quantize_xylo
 
 __all__ = [
     "QLayer", "QuantizedNetwork", "QuantReport", "QuantizationError", "SilentLayerWarning",
@@ -317,7 +317,10 @@ def _ste(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def fake_quant_params(model, profile: TargetProfile) -> dict[str, torch.Tensor]:
     """Parameters of ``model`` replaced by their dequantised values with an STE (for
-    :func:`torch.func.functional_call`): weights, biases, thresholds and time constants."""
+    :func:`torch.func.functional_call`): weights, biases, thresholds and time constants. For a chip
+    profile (Xylo) these are the values the chip runs (:func:`~spikerec.hardware.xylo_quantize.fake_quant_params_xylo`)."""
+    if profile.chip == "xylo":
+        return fake_quant_params_xylo(model, profile.chip_version)
     params = dict(model.named_parameters())
     out = {}
     for k, cell in enumerate(model.layers):

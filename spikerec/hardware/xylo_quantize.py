@@ -26,7 +26,7 @@ import torch
 from .qnetwork import HEADROOM, QuantizationError
 from .xylo import XYLO_LIMITS, XyloLimitError, XyloSpec, check_limits
 
-__all__ = ["quantize_xylo", "dash_of", "alpha_of_dash"]
+__all__ = ["quantize_xylo", "fake_quant_params_xylo", "dash_of", "alpha_of_dash"]
 
 STATE_MAX = 2**15 - 1
 
@@ -189,3 +189,57 @@ def quantize_xylo(model, version: int = 1, *, adapt_reset: bool = False) -> tupl
     rows.append({"name": "readout", "scale": s_o, "dash_mem": dm_o.tolist(), "dash_syn": ds_o.tolist()})
     return spec, {"profile": pname, "layers": rows,
                   "shifts": {"in": sh_in, "rec": sh_rec, "out": sh_out}}
+
+
+def _ste(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Forward ``q``, backward identity (straight-through estimator)."""
+    return x + (q.to(x.dtype) - x).detach()
+
+
+def _log_tau(alpha: torch.Tensor, dt: float, fallback: torch.Tensor) -> torch.Tensor:
+    ok = (alpha > 0) & (alpha < 1)
+    safe = torch.where(ok, alpha, torch.full_like(alpha, 0.5))
+    return torch.where(ok, (-dt / torch.log(safe)).log(), fallback.detach())
+
+
+def fake_quant_params_xylo(model, version: int = 1) -> dict[str, torch.Tensor]:
+    """The parameters the chip runs, in float (dequantised from :func:`quantize_xylo`'s spec, the
+    ``1 / a_s`` fold undone), each with a straight-through estimator: weights, recurrent weights,
+    biases, thresholds and time constants (the dashes' ``1 - 2^-dash``). For
+    :func:`torch.func.functional_call` during quantisation-aware fine-tuning."""
+    with torch.no_grad():
+        spec, rep = quantize_xylo(model, version, adapt_reset=True)
+    out = {}
+    offs = [sum(spec.layer_sizes[:k]) for k in range(len(spec.layer_sizes))]
+    for k, c in enumerate(model.cells):
+        o, n, s = offs[k], spec.layer_sizes[k], rep["layers"][k]["scale"]
+        ds, dm = spec.dash_syn[o:o + n], spec.dash_mem[o:o + n]
+        a_s = alpha_of_dash(ds)
+        if k == 0:
+            w = spec.weights_in[:, o:o + n].t().double() * 2**spec.weight_shift_in
+        else:
+            p = offs[k - 1]
+            w = spec.weights_rec[p:p + spec.layer_sizes[k - 1], o:o + n].t().double() * 2**spec.weight_shift_rec
+        out[f"cells.{k}.weight"] = _ste(c.weight, w * a_s[:, None] / s)
+        if c.recurrent_weight is not None:
+            wr = spec.weights_rec[o:o + n, o:o + n].t().double() * 2**spec.weight_shift_rec
+            out[f"cells.{k}.recurrent_weight"] = _ste(c.recurrent_weight, wr * a_s[:, None] / s)
+        if c.bias is not None:
+            b = spec.bias[o:o + n].double() if spec.bias is not None else torch.zeros(n, dtype=torch.double)
+            out[f"cells.{k}.bias"] = _ste(c.bias, b * (1 - a_s) / s)
+        if c.threshold.requires_grad:
+            thr = spec.threshold[o:o + n].double() / s
+            out[f"cells.{k}.threshold"] = _ste(c.threshold, thr if c.threshold.numel() == n else thr.mean().reshape(c.threshold.shape))
+        for name, dash in (("log_tau_mem", dm), ("log_tau_syn", ds)):
+            p = getattr(c, name)
+            out[f"cells.{k}.{name}"] = _ste(p, _log_tau(alpha_of_dash(dash), c.dt, p).expand_as(p))
+    ro, s_o = model.readout, spec.out_scale
+    o = offs[-1]
+    wo = spec.weights_out[o:].t().double() * 2**spec.weight_shift_out * alpha_of_dash(spec.dash_syn_out)[:, None] / s_o
+    out["readout.weight"] = _ste(ro.weight, wo)
+    if ro.bias is not None:
+        bo = spec.bias_out.double() / s_o if spec.bias_out is not None else torch.zeros_like(ro.bias, dtype=torch.double)
+        out["readout.bias"] = _ste(ro.bias, bo)
+    if ro.leaky:
+        out["readout.log_tau"] = _ste(ro.log_tau, _log_tau(alpha_of_dash(spec.dash_mem_out), ro.dt, ro.log_tau))
+    return out
