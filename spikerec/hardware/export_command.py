@@ -72,6 +72,18 @@ def load_test_batches(run_dir: str, split: str = "test", limit: int = 512, batch
     return batches
 
 
+@torch.no_grad()
+def _accuracy(model, batches) -> float | None:
+    n = correct = 0
+    for x, y in batches:
+        if y is None:
+            return None
+        out, _ = model(x.to(next(model.parameters()).dtype))
+        correct += int((model.logits(out).argmax(-1) == y).sum())
+        n += len(y)
+    return correct / max(1, n)
+
+
 def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples: int = 512, dt: float = 1e-4,
                finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3, random_input: bool = False) -> dict:
     """Do the whole export of one run; returns the report (also written as ``report.json``)."""
@@ -81,14 +93,15 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
 
     model = load_run_model(run_dir).float().eval()
     out_dir = out_dir or os.path.join(run_dir, "export", target)
-    os.makedirs(out_dir, exist_ok=True)
     if random_input:
         g = torch.Generator().manual_seed(0)
         batches = [((torch.rand(50, 64, model.input_size, generator=g) < 0.1).float(), None)]
     else:
         batches = load_test_batches(run_dir, "test", samples)
+    trained_accuracy = None
     if finetune_epochs > 0:
         train = load_test_batches(run_dir, "train", 10**9)
+        trained_accuracy = _accuracy(model, batches)
         model = finetune(model, target, train, epochs=finetune_epochs, lr=lr, adapt_reset=adapt_reset)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -117,6 +130,8 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
                 continue
             if "accuracy" in entry:
                 acc["accuracy"] = acc.get("accuracy", 0.0) + entry["accuracy"] * b
+            if "bit_identical_to_intsim" in entry:
+                acc["bit_identical_to_intsim"] = acc.get("bit_identical_to_intsim", True) and entry["bit_identical_to_intsim"]
             for k, lay in enumerate(entry.get("layers", [])):
                 acc.setdefault("layers", [dict(spikes_float=0, spikes_sim=0, both=0, union=0) for _ in entry["layers"]])
                 for key, src in (("spikes_float", "spikes_a"), ("spikes_sim", "spikes_b"), ("both", "both"), ("union", "union")):
@@ -129,6 +144,8 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
             lay["matched"] = lay["both"] / lay["union"] if lay["union"] else 1.0
         if acc.get("layers"):
             acc["matched"] = min(lay["matched"] for lay in acc["layers"])
+    if trained_accuracy is not None:
+        pooled["float"]["accuracy_before_finetune"] = trained_accuracy
     pooled["float"]["firing_rates"] = cross_check(model, batches[0][0], None, simulators=())["float"]["firing_rates"]
     report = {"run": run_dir, "target": target, "dt": dt, "samples": n_total, "files": files,
               "quantization": qrep.to_dict(), "warnings": [str(w.message) for w in caught], "simulators": pooled}
@@ -144,6 +161,10 @@ def _summary(rep: dict) -> str:
             lines.append(f"  {sim:<9} skipped: {e['skipped']}")
             continue
         acc = f"accuracy {100 * e['accuracy']:.2f}%" if "accuracy" in e else ""
+        if e.get("accuracy_before_finetune") is not None:
+            acc += f" (trained model before fine-tuning: {100 * e['accuracy_before_finetune']:.2f}%)"
+        if "bit_identical_to_intsim" in e:
+            acc += "  bit-identical to intsim" if e["bit_identical_to_intsim"] else "  DIFFERS from intsim"
         match = f"spike agreement {100 * e['matched']:.2f}%" if "matched" in e else \
             "firing rates " + " ".join(f"{r:.3f}" for r in e.get("firing_rates", []))
         lines.append(f"  {sim:<9} {acc}  {match}")

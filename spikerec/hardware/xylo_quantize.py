@@ -81,7 +81,6 @@ def quantize_xylo(model, version: int = 1, *, adapt_reset: bool = False) -> tupl
     if version not in XYLO_LIMITS:
         raise ValueError(f"Xylo version must be 1 or 2, got {version!r}")
     lim = XYLO_LIMITS[version]
-    _check_cells(model, pname, adapt_reset)
     if adapt_reset:
         model = copy.deepcopy(model)
         for c in model.cells:
@@ -104,6 +103,7 @@ def quantize_xylo(model, version: int = 1, *, adapt_reset: bool = False) -> tupl
             if getattr(c, "bias", None) is not None and bool((c.bias.detach() != 0).any()):
                 raise XyloLimitError(f"layer {name}: a bias is not supported on Xylo v1 (use profile 'xylo2', or build "
                                      "the layer with bias=False and train)")
+    _check_cells(model, pname, adapt_reset)
     rows, layers = [], []
     for k, c in enumerate(model.cells):
         alpha, alpha_s = (a.detach().double() for a in c.decays())
