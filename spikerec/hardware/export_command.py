@@ -1,8 +1,8 @@
 """``spikerec export RUN --target T``: quantise a finished run for a target, write its files
 (NIR graph, quantised network, netx HDF5 for loihi2, report) and cross-check the simulators.
 
-The cross-check runs the float model, the NIR graph in snnTorch and in Norse, and the integer
-simulator on the run's test set, and reports per-layer spike-train agreement with the float model
+The cross-check runs the float model, the NIR graph in snnTorch and in Norse (unpatched, as a
+user loads the file), and the integer simulator (and SynSense's xylosim for Xylo) on the run's test set, and reports per-layer spike-train agreement with the float model
 and each simulator's accuracy (see :mod:`spikerec.hardware.crosscheck`).
 """
 from __future__ import annotations
@@ -85,10 +85,11 @@ def _accuracy(model, batches) -> float | None:
 
 
 def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples: int = 512, dt: float = 1e-4,
-               finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3, random_input: bool = False) -> dict:
+               finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3, random_input: bool = False,
+               nir_extensions: bool = False) -> dict:
     """Do the whole export of one run; returns the report (also written as ``report.json``)."""
     from .crosscheck import cross_check
-    from .nir_io import write_nir
+    from .nir_io import NIRExportError, write_nir
     from .quantize import finetune, quantize
 
     model = load_run_model(run_dir).float().eval()
@@ -110,7 +111,11 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
         from .quantize import adapt_model
 
         model = adapt_model(model, qnet.profile)
-    files = {"nir": write_nir(model, os.path.join(out_dir, "model.nir"), dt=dt)}
+    files, notes = {}, []
+    try:
+        files["nir"] = write_nir(model, os.path.join(out_dir, "model.nir"), dt=dt, extensions=nir_extensions)
+    except NIRExportError as e:
+        notes.append(f"model.nir not written: {e}")
     files["quantized" if not hasattr(qnet, "spec") else "xylo_spec"] = list(qnet.save(out_dir))
     if target == "loihi2":
         from .netx import write_netx
@@ -120,7 +125,7 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
     pooled: dict = {}
     n_total = 0
     for x, y in batches:
-        r = cross_check(model, x, y, qnet=qnet, dt=dt)
+        r = cross_check(model, x, y, qnet=qnet, dt=dt, extensions=nir_extensions)
         b = x.shape[1]
         n_total += b
         for sim, entry in r.items():
@@ -130,6 +135,9 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
                 continue
             if "accuracy" in entry:
                 acc["accuracy"] = acc.get("accuracy", 0.0) + entry["accuracy"] * b
+            for key in ("peer_bug", "label", "readout"):
+                if key in entry:
+                    acc[key] = entry[key]
             if "bit_identical_to_intsim" in entry:
                 acc["bit_identical_to_intsim"] = acc.get("bit_identical_to_intsim", True) and entry["bit_identical_to_intsim"]
             for k, lay in enumerate(entry.get("layers", [])):
@@ -148,7 +156,8 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
         pooled["float"]["accuracy_before_finetune"] = trained_accuracy
     pooled["float"]["firing_rates"] = cross_check(model, batches[0][0], None, simulators=())["float"]["firing_rates"]
     report = {"run": run_dir, "target": target, "dt": dt, "samples": n_total, "files": files,
-              "quantization": qrep.to_dict(), "warnings": [str(w.message) for w in caught], "simulators": pooled}
+              "quantization": qrep.to_dict(), "warnings": [str(w.message) for w in caught] + notes,
+              "simulators": pooled}
     path = os.path.join(out_dir, "report.json")
     atomic_write_text(path, json.dumps(report, indent=1, default=str))
     return report
@@ -168,6 +177,9 @@ def _summary(rep: dict) -> str:
         match = f"spike agreement {100 * e['matched']:.2f}%" if "matched" in e else \
             "firing rates " + " ".join(f"{r:.3f}" for r in e.get("firing_rates", []))
         lines.append(f"  {sim:<9} {acc}  {match}")
+        for key in ("peer_bug", "label"):
+            if key in e:
+                lines.append(f"            ({e[key]})")
     for w in rep["warnings"]:
         lines.append(f"  warning: {w}")
     paths = []
@@ -188,11 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3, help="fine-tuning learning rate")
     ap.add_argument("--adapt-reset", action="store_true", help="switch resets the target lacks (then fine-tune)")
     ap.add_argument("--random-input", action="store_true", help="cross-check on random spikes instead of the test set")
+    ap.add_argument("--nir-extensions", action="store_true",
+                    help="write what NIR cannot express (reset subtract/none, ALIF) as spikerec extension metadata "
+                         "(only spikerec reads it); without it such models get no model.nir")
     args = ap.parse_args(argv)
     try:
         rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
                          finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
-                         random_input=args.random_input)
+                         random_input=args.random_input, nir_extensions=args.nir_extensions)
     except (FileNotFoundError, ValueError) as e:  # QuantizationError and XyloLimitError are ValueErrors
         print(f"spikerec export: {e}", file=sys.stderr)
         return 2
