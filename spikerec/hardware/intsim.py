@@ -30,10 +30,15 @@ __all__ = ["simulate", "evaluate", "IntSimResult", "check_integer_input", "decay
 
 
 def overflow(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
-    """Two's-complement wrap or symmetric saturation to a signed ``bits``-bit range."""
+    """Two's-complement wrap to ``[-2^(N-1), 2^(N-1))``, Lava's wrap to ``(-2^(N-1), 2^(N-1)]``
+    (``"wrap_lava"``: ``x > 2^(N-1)`` loses ``2^N``, ``x <= -2^(N-1)`` gains ``2^N``), or symmetric
+    saturation to ``+-(2^(N-1) - 1)``."""
     if mode == "wrap":
         half = 1 << (bits - 1)
         return torch.remainder(x + half, 1 << bits) - half
+    if mode == "wrap_lava":
+        half = 1 << (bits - 1)
+        return half - torch.remainder(half - x, 1 << bits)
     lim = (1 << (bits - 1)) - 1
     return x.clamp(-lim, lim)
 

@@ -10,6 +10,13 @@ __all__ = ["simulate_reference", "simulate_xylo_reference"]
 
 
 def _ov(x: int, bits: int, mode: str) -> int:
+    if mode == "wrap_lava":  # Lava 0.10.0 PyLifModelBitAcc: (-2^(N-1), 2^(N-1)]
+        half = 1 << (bits - 1)
+        while x > half:
+            x -= 1 << bits
+        while x <= -half:
+            x += 1 << bits
+        return x
     if mode == "wrap":
         m = 1 << bits
         x = x % m

@@ -26,6 +26,9 @@ from dataclasses import asdict, dataclass, field, replace
 
 __all__ = ["TargetProfile", "PROFILES", "get_profile", "LAYER_KINDS"]
 
+#: overflow rules: two's complement, Lava's wrap into (-2^(N-1), 2^(N-1)], symmetric saturation
+OVERFLOWS = ("wrap", "wrap_lava", "saturate")
+
 #: layer kinds a profile may support
 LAYER_KINDS = ("lif", "cuba", "recurrent", "alif", "readout", "readout_leaky", "bias")
 
@@ -40,7 +43,8 @@ class TargetProfile:
         weight_shift_range: allowed per-layer left shifts of the weights (Loihi: ``6 + weight_exp``,
             ``weight_exp`` in 0..7; Xylo: the ``weight_shift`` register).
         current_bits, state_bits: signed widths of the synaptic current ``i`` and membrane ``v``.
-        current_overflow, state_overflow: ``"wrap"`` or ``"saturate"``.
+        current_overflow, state_overflow: ``"wrap"`` (two's complement), ``"wrap_lava"`` (Lava's
+            ``PyLifModelBitAcc``: into ``(-2^(N-1), 2^(N-1)]``) or ``"saturate"``.
         threshold_bits: unsigned bits of the stored threshold mantissa.
         threshold_shift: the stored threshold is ``mant << threshold_shift`` (Loihi ``vth << 6``).
         bias_bits, bias_exp_bits: signed bias mantissa and exponent (``bias = mant << exp``).
@@ -91,8 +95,8 @@ class TargetProfile:
             (self.current_bits >= 2 and self.state_bits >= 2, "current_bits/state_bits must be >= 2"),
             (self.current_bits <= 48 and self.state_bits <= 48, "current_bits/state_bits must be <= 48"),
             (self.decay in ("mulshift", "bitshift"), f"decay must be 'mulshift' or 'bitshift', got {self.decay!r}"),
-            (self.current_overflow in ("wrap", "saturate") and self.state_overflow in ("wrap", "saturate"),
-             "current_overflow/state_overflow must be 'wrap' or 'saturate'"),
+            (self.current_overflow in OVERFLOWS and self.state_overflow in OVERFLOWS,
+             f"current_overflow/state_overflow must be one of {OVERFLOWS}"),
             (self.bias_into in ("current", "voltage"), "bias_into must be 'current' or 'voltage'"),
             (self.reset_timing in ("next_step", "immediate"), "reset_timing must be 'next_step' or 'immediate'"),
             (set(self.resets) <= {"zero", "subtract", "none"}, "resets must be a subset of zero/subtract/none"),
@@ -142,15 +146,16 @@ class TargetProfile:
 
 
 PROFILES: dict[str, TargetProfile] = {
-    # Lava PyLifModelBitAcc: 24-bit u (wraps) and v (saturates), du/dv 12-bit (>>12, toward zero),
-    # a_in << 6, vth << 6 (17-bit mantissa), bias 13-bit mantissa << 3-bit exponent, zero reset, strict >.
+    # Lava 0.10.0 PyLifModelBitAcc (src/lava/proc/lif/models.py): 24-bit u wraps into (-2^23, 2^23],
+    # v saturates to +-(2^23 - 1), du/dv 12-bit (>> 12, toward zero), a_in << 6, vth << 6 (17-bit
+    # mantissa), bias 13-bit mantissa << 3-bit exponent, reset to 0 right after the spike, strict >.
     "loihi2": TargetProfile(
         name="loihi2",
         weight_bits=8,
         weight_shift_range=(6, 13),
         current_bits=24,
         state_bits=24,
-        current_overflow="wrap",
+        current_overflow="wrap_lava",
         state_overflow="saturate",
         threshold_bits=17,
         threshold_shift=6,
