@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from spikerec.hardware import export_command
+from spikerec.cli import export as export_command
 from spikerec.hardware.intsim import evaluate
 from spikerec.hardware.netx import NetxExportError, write_netx
 from spikerec.hardware.quantize import finetune, quantize
@@ -198,7 +198,7 @@ enabled = false
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A run folder written by the real trainer (`spikerec train <file> --out ...`)."""
-    from spikerec.train import commands
+    from spikerec.cli import train as commands
 
     d = tmp_path_factory.mktemp("run")
     (d / "lif.toml").write_text(LIF_PRESET)
@@ -236,7 +236,7 @@ XYLO_PRESET = (Path(__file__).resolve().parents[1] / "spikerec" / "configs" / "x
 @pytest.fixture(scope="module")
 def xylo_run(tmp_path_factory):
     """The xylo-digits preset trained by the real trainer (fewer epochs)."""
-    from spikerec.train import commands
+    from spikerec.cli import train as commands
 
     d = tmp_path_factory.mktemp("xylo")
     text = XYLO_PRESET.read_text().replace("epochs = 25", "epochs = 12")

@@ -199,7 +199,7 @@ def test_every_backend_names_an_existing_equality_test():
     import spikerec.layers  # noqa: F401  (registers the layer backends)
 
     kinds = [k for k in neurons.KINDS if neurons.backends_of(k)]
-    assert {"lif", "alif", "readout"} <= set(kinds)
+    assert kinds == list(neurons.KINDS), "every kind has at least its layer's forward as a backend"
     for k in kinds:
         for b in neurons.backends_of(k).values():
             path, name = b.test.split("::")
@@ -240,3 +240,92 @@ def test_readout_forward_equals_step():
 def test_bad_options(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize("variant", ["linear", "A", "B", "no_tanh"])
+def test_wcrnn_forward_equals_step_with_gradients(variant):
+    from spikerec.layers import WCRNN
+
+    cell = WCRNN(3, 6, residual="informed", variant=variant, seed=2, trainable_residual=True).double()
+    x = torch.randn(9, 2, 3, dtype=F64)
+    x0 = torch.randn(2, 6, dtype=F64)
+    res = []
+    for path in ("forward", "loop"):
+        cell.zero_grad()
+        xx, hh = x.clone().requires_grad_(), x0.clone().requires_grad_()
+        st = type(cell.initial_state(2))(hh)
+        y, s = cell(xx, st) if path == "forward" else cell.step_loop(xx, st)
+        ((y * torch.linspace(-1, 1, 6, dtype=F64)).sum() + 0.5 * s.x.sum()).backward()
+        res.append([y.detach(), s.x.detach(), xx.grad, hh.grad] + [p.grad.clone() for p in cell.parameters()])
+    for u, v in zip(*res):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-13)
+
+
+# --- consumers select by role ------------------------------------------------------------------------------
+def _mixed_model():
+    torch.manual_seed(3)
+    return build_model({"input_size": 3, "layers": [
+        {"kind": "lif", "size": 4, "recurrent": True, "tau_syn": 5.0}, {"kind": "alif", "size": 4},
+        {"kind": "lru", "size": 5, "output_size": 4}, {"kind": "gru", "size": 4},
+        {"kind": "wcrnn", "size": 4, "trainable_residual": True}], "readout": {"size": 2, "tau": 4.0}})
+
+
+def test_trainer_slow_group_by_role():
+    from spikerec.train.trainer import _recurrent_names
+
+    got = _recurrent_names(_mixed_model())
+    assert got == {"cells.0.recurrent_weight", "cells.0.log_tau_mem", "cells.0.log_tau_syn",
+                   "cells.1.recurrent_weight", "cells.1.log_tau_mem", "cells.1.log_tau_adapt",
+                   "cells.2.nu_log", "cells.2.theta_log", "cells.2.gamma_log", "cells.2.B_re", "cells.2.B_im",
+                   "cells.3.rnn.weight_hh_l0", "cells.4.weight_xx", "cells.4.residual"}
+
+
+def test_lru_model_param_groups_by_role():
+    from spikerec.lru_model import LRUModel, lru_param_groups
+
+    m = LRUModel(3, 2, d_model=8, d_state=6, n_layers=2)
+    groups = lru_param_groups(m, lr=1e-3, lr_factor=0.5, weight_decay=0.1)
+    slow = {id(p) for p in groups[0]["params"]}
+    names = {n.rsplit(".", 1)[-1] for n, p in m.named_parameters() if id(p) in slow}
+    assert groups[0]["name"] == "recurrent" and names == {"nu_log", "theta_log", "gamma_log", "B_re", "B_im"}
+    assert len(slow) == 10
+
+
+def test_lsc_multiplier_scales_by_transform():
+    """tau -> kappa tau for log-tau, |lambda|'s time constant exp(-nu) -> kappa exp(-nu), weights -> kappa w, phases
+    and non-multiplier parameters untouched; the lists come from the roles, not the names."""
+    import math
+
+    from spikerec.stability.lsc import apply_clipped_multiplier
+
+    m = _mixed_model()
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    radii = {f"time/{l}": 1.0 for l in range(5)} | {"input/0": 1.0} | {f"depth/{l}": 1.0 for l in range(1, 5)}
+    targets = {k: 1.1 for k in radii}
+    kappas = apply_clipped_multiplier(m, radii, targets)
+    assert all(k == pytest.approx(1.1) for k in kappas.values())
+    after = dict(m.named_parameters())
+    lk = math.log(1.1)
+    torch.testing.assert_close(after["cells.0.log_tau_mem"], before["cells.0.log_tau_mem"] + lk)
+    torch.testing.assert_close(after["cells.1.log_tau_adapt"], before["cells.1.log_tau_adapt"] + lk)
+    torch.testing.assert_close(after["cells.2.nu_log"], before["cells.2.nu_log"] - lk)
+    torch.testing.assert_close(after["cells.0.weight"], before["cells.0.weight"] * 1.1)
+    torch.testing.assert_close(after["cells.2.C_re"], before["cells.2.C_re"] * 1.1)
+    torch.testing.assert_close(after["cells.3.rnn.weight_hh_l0"], before["cells.3.rnn.weight_hh_l0"] * 1.1)
+    for n in ("cells.2.theta_log", "cells.2.gamma_log", "cells.2.D", "cells.0.bias", "cells.3.rnn.bias_hh_l0",
+              "cells.4.bias_xx", "readout.weight"):
+        assert torch.equal(after[n], before[n]), n
+
+
+def test_every_cell_follows_the_one_protocol():
+    from spikerec.layers.base import CellProtocol, protocol_missing
+
+    m = _mixed_model()
+    for c in m.layers:
+        assert isinstance(c, CellProtocol) and protocol_missing(c) == [], type(c).__name__
+        assert c.param_specs(), f"{type(c).__name__} declares no parameter roles"
+    assert not isinstance(torch.nn.Linear(2, 2), CellProtocol)
+    assert "step" in protocol_missing(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="missing"):
+        from spikerec.models import RecurrentStack
+        RecurrentStack([torch.nn.Linear(2, 2)], LeakyReadout(2, 2))

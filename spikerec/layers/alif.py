@@ -22,7 +22,7 @@ from torch import nn
 from .. import neurons
 from ..neurons import alif as _alif
 from ..neurons.alif import ALIFOptions, ALIFParams, ALIFState
-from ..neurons.roles import ParamSpec, Role, Transform, stability_groups_from_specs
+from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
 from ._lif_kernel import ALIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
@@ -175,9 +175,6 @@ class ALIF(Cell):
             p.recurrent_weight, o.surrogate, o.detach_reset,
         )
         return Z, ALIFState(v, a)
-
-    def stability_groups(self):
-        return stability_groups_from_specs(self)
 
     def extra_repr(self):
         return f"{self.input_size}, {self.hidden_size}, recurrent={self.recurrent}, dt={self.dt}, surrogate={self.surrogate.name}"

@@ -14,7 +14,7 @@ from torch import nn
 from .. import neurons
 from ..neurons import lif as _lif
 from ..neurons.lif import RESET_MODES, CubaLIFState, LIFOptions, LIFParams, LIFState
-from ..neurons.roles import ParamSpec, Role, Transform, stability_groups_from_specs
+from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
 from ._lif_kernel import LIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
@@ -175,9 +175,6 @@ class LIF(Cell):
             p.recurrent_weight, o.surrogate, o.reset, o.detach_reset,
         )
         return Z, (CubaLIFState(i, v) if self.cuba else LIFState(v))
-
-    def stability_groups(self):
-        return stability_groups_from_specs(self)
 
     def extra_repr(self):
         kind = "CUBA" if self.cuba else "LIF"

@@ -13,7 +13,7 @@ from torch import nn
 from .. import neurons
 from ..neurons import readout as _readout
 from ..neurons.readout import ReadoutOptions, ReadoutParams, ReadoutState
-from ..neurons.roles import ParamSpec, Role, Transform, stability_groups_from_specs
+from ..neurons.roles import ParamSpec, Role, Transform
 from ..scan import linear_scan
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
@@ -95,9 +95,6 @@ class LeakyReadout(Cell):
             return J, ReadoutState(J[-1])
         y = linear_scan(self.alpha().expand_as(J), J, state.y)
         return y, ReadoutState(y[-1])
-
-    def stability_groups(self):
-        return stability_groups_from_specs(self)
 
 
 neurons.register_backend("readout", "layers.LeakyReadout.forward (linear scan)", LeakyReadout.forward,

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import alif, arithmetic, lif, readout, roles
+from . import alif, arithmetic, gru, lif, lru, readout, roles, wcrnn
 from .arithmetic import FLOAT, Arithmetic, FloatArithmetic
 from .roles import ParamSpec, Role, Transform, parameters_by_role
 
-__all__ = ["lif", "alif", "readout", "roles", "arithmetic", "FLOAT", "Arithmetic", "FloatArithmetic",
+__all__ = ["lif", "alif", "readout", "lru", "gru", "wcrnn", "roles", "arithmetic", "FLOAT", "Arithmetic", "FloatArithmetic",
            "ParamSpec", "Role", "Transform", "parameters_by_role", "Backend", "BACKENDS", "KINDS",
            "register_backend", "backends_of"]
 

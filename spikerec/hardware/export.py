@@ -1,55 +1,32 @@
-"""``spikerec export RUN --target T``: quantise a finished run for a target, write its files
-(NIR graph, quantised network, netx HDF5 for loihi2, report) and cross-check the simulators.
+"""The export of a trained model to a target: quantise, (fine-tune), write the files (NIR graph,
+quantised network or the Xylo specification, netx HDF5 for loihi2, report) and cross-check the
+simulators (:mod:`spikerec.hardware.crosscheck`). The command ``spikerec export RUN --target T``
+(:mod:`spikerec.cli.export`) loads the run and calls :func:`export_model`.
 
 The cross-check runs the float model, the NIR graph in snnTorch and in Norse (unpatched, as a
-user loads the file), and the integer simulator (and SynSense's xylosim for Xylo) on the run's test set, and reports per-layer spike-train agreement with the float model
-and each simulator's accuracy (see :mod:`spikerec.hardware.crosscheck`).
+user loads the file), and the integer simulator (and SynSense's xylosim for Xylo) on the test set,
+and reports per-layer spike-train agreement with the float model and each simulator's accuracy.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import warnings
 
 import torch
 
+from .. import data as sdata
 from ..atomic import atomic_write_text
-from .profiles import PROFILES
+from .crosscheck import cross_check
+from .netx import write_netx
+from .nir_io import NIRExportError, write_nir
+from .quantize import adapt_model, finetune, quantize
 
-__all__ = ["main", "load_run_model", "load_test_batches", "export_run"]
-
-
-def load_run_model(run_dir: str):
-    """The run's model: ``spikerec.train.runs.load_model`` when available, else
-    ``build_model(config["model"])`` + ``model.safetensors``."""
-    try:
-        from ..train.runs import load_model  # type: ignore[attr-defined]
-    except ImportError:
-        load_model = None
-    if load_model is not None:
-        return load_model(run_dir)
-    from safetensors.torch import load_file
-
-    from ..models import build_model
-
-    cfg_path, w_path = os.path.join(run_dir, "config.json"), os.path.join(run_dir, "model.safetensors")
-    for p in (cfg_path, w_path):
-        if not os.path.exists(p):
-            raise FileNotFoundError(f"run folder '{run_dir}': missing {os.path.basename(p)}")
-    cfg = json.load(open(cfg_path))
-    if "model" not in cfg:
-        raise ValueError(f"{cfg_path}: no 'model' section")
-    model = build_model(cfg["model"])
-    model.load_state_dict(load_file(w_path))
-    return model.eval()
+__all__ = ["load_test_batches", "export_model", "summary"]
 
 
 def load_test_batches(run_dir: str, split: str = "test", limit: int = 512, batch_size: int = 128):
     """``[(x[T, B, C], y)]`` from the run's data set (``config["data"]``), at most ``limit`` samples."""
-    from .. import data as sdata
-
     cfg = json.load(open(os.path.join(run_dir, "config.json")))
     dcfg = dict(cfg.get("data", {}))
     name = dcfg.pop("name", None)
@@ -84,32 +61,23 @@ def _accuracy(model, batches) -> float | None:
     return correct / max(1, n)
 
 
-def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples: int = 512, dt: float = 1e-4,
-               finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3, random_input: bool = False,
-               nir_extensions: bool = False) -> dict:
-    """Do the whole export of one run; returns the report (also written as ``report.json``)."""
-    from .crosscheck import cross_check
-    from .nir_io import NIRExportError, write_nir
-    from .quantize import finetune, quantize
-
-    model = load_run_model(run_dir).float().eval()
-    out_dir = out_dir or os.path.join(run_dir, "export", target)
-    if random_input:
-        g = torch.Generator().manual_seed(0)
-        batches = [((torch.rand(50, 64, model.input_size, generator=g) < 0.1).float(), None)]
-    else:
-        batches = load_test_batches(run_dir, "test", samples)
+def export_model(model, target: str, out_dir: str, batches, *, train_batches=None, run_label: str = "", dt: float = 1e-4,
+                 finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3,
+                 nir_extensions: bool = False) -> dict:
+    """Do the whole export of ``model`` to ``out_dir``; returns the report (also written as
+    ``report.json``). ``batches``: ``[(x[T, B, C], labels or None)]`` for the cross-check (the first one
+    calibrates); ``train_batches``: for fine-tuning. Nothing is written if quantisation fails."""
+    model = model.float().eval()
     trained_accuracy = None
     if finetune_epochs > 0:
-        train = load_test_batches(run_dir, "train", 10**9)
+        if not train_batches:
+            raise ValueError("export: fine-tuning needs training batches")
         trained_accuracy = _accuracy(model, batches)
-        model = finetune(model, target, train, epochs=finetune_epochs, lr=lr, adapt_reset=adapt_reset)
+        model = finetune(model, target, train_batches, epochs=finetune_epochs, lr=lr, adapt_reset=adapt_reset)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         qnet, qrep = quantize(model, target, calibration=batches[0][0], adapt_reset=adapt_reset)
     if adapt_reset:
-        from .quantize import adapt_model
-
         model = adapt_model(model, qnet.profile)
     files, notes = {}, []
     try:
@@ -118,8 +86,6 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
         notes.append(f"model.nir not written: {e}")
     files["quantized" if not hasattr(qnet, "spec") else "xylo_spec"] = list(qnet.save(out_dir))
     if target == "loihi2":
-        from .netx import write_netx
-
         files["netx"] = write_netx(qnet, os.path.join(out_dir, "netx.h5"))
     # cross-check over all batches, pooled
     pooled: dict = {}
@@ -155,7 +121,7 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
     if trained_accuracy is not None:
         pooled["float"]["accuracy_before_finetune"] = trained_accuracy
     pooled["float"]["firing_rates"] = cross_check(model, batches[0][0], None, simulators=())["float"]["firing_rates"]
-    report = {"run": run_dir, "target": target, "dt": dt, "samples": n_total, "files": files,
+    report = {"run": run_label, "target": target, "dt": dt, "samples": n_total, "files": files,
               "quantization": qrep.to_dict(), "warnings": [str(w.message) for w in caught] + notes,
               "simulators": pooled}
     path = os.path.join(out_dir, "report.json")
@@ -163,7 +129,8 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
     return report
 
 
-def _summary(rep: dict) -> str:
+def summary(rep: dict) -> str:
+    """The report as printed by ``spikerec export``."""
     lines = [f"export of {rep['run']} to '{rep['target']}' ({rep['samples']} samples, NIR dt = {rep['dt']:g})"]
     for sim, e in rep["simulators"].items():
         if "skipped" in e:
@@ -187,29 +154,3 @@ def _summary(rep: dict) -> str:
         paths += v if isinstance(v, list) else [v["path"]] if isinstance(v, dict) else [v]
     lines.append("  files: " + ", ".join(paths))
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="spikerec export", description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", help="run folder (config.json + model.safetensors)")
-    ap.add_argument("--target", required=True, choices=sorted(PROFILES), help="target profile")
-    ap.add_argument("--out", default=None, help="output folder (default RUN/export/TARGET)")
-    ap.add_argument("--samples", type=int, default=512, help="test samples for the cross-check")
-    ap.add_argument("--dt", type=float, default=1e-4, help="NIR dt (snnTorch's importer needs 1e-4)")
-    ap.add_argument("--finetune-epochs", type=int, default=0, help="quantisation-aware fine-tuning epochs (STE)")
-    ap.add_argument("--lr", type=float, default=1e-3, help="fine-tuning learning rate")
-    ap.add_argument("--adapt-reset", action="store_true", help="switch resets the target lacks (then fine-tune)")
-    ap.add_argument("--random-input", action="store_true", help="cross-check on random spikes instead of the test set")
-    ap.add_argument("--nir-extensions", action="store_true",
-                    help="write what NIR cannot express (reset subtract/none, ALIF) as spikerec extension metadata "
-                         "(only spikerec reads it); without it such models get no model.nir")
-    args = ap.parse_args(argv)
-    try:
-        rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
-                         finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
-                         random_input=args.random_input, nir_extensions=args.nir_extensions)
-    except (FileNotFoundError, ValueError) as e:  # QuantizationError and XyloLimitError are ValueErrors
-        print(f"spikerec export: {e}", file=sys.stderr)
-        return 2
-    print(_summary(rep))
-    return 0
