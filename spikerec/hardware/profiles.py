@@ -2,7 +2,7 @@
 
 A :class:`TargetProfile` says how a quantised layer is stored and stepped by
 :mod:`spikerec.hardware.intsim`. Every quantity lives in integer *state units*;
-one layer step is (digests ``snn_libs.md`` §4.2-4.3)::
+one layer step is (Lava's ``PyLifModelBitAcc`` for the order of operations)::
 
     a     = (W_q x + W_rec_q z_{t-1}) << shift           weight mantissas, per-layer left shift
     i     = wrap_or_sat_I( decay(i, d_i) + a )             current (plain LIF: d_i removes all of i)
