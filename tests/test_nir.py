@@ -218,3 +218,19 @@ def test_unsupported_nodes_are_named():
     g = to_nir(_model())
     with pytest.raises(NIRImportError, match="unstable"):
         from_nir(g, dt=1.0)  # tau << dt: not the step this graph was written for
+
+
+def test_rockpool_is_a_further_reader_when_installed():
+    """Rockpool runs the file unpatched when installed; its figure (or the reason it cannot run the graph)
+    is reported beside snnTorch and Norse, never silently dropped."""
+    pytest.importorskip("rockpool.nn.modules.torch.nir", reason="Rockpool is not installed (pip install 'spikerec[rockpool]')")
+    x = _x(4, T=40, B=4)
+    torch.manual_seed(3)
+    cuba = build_model({"input_size": 10, "layers": [{"kind": "lif", "size": 24, "reset": "zero", "tau_syn": 5.0,
+                                                      "threshold": 0.5, "tau_mem": 12.0}], "readout": {"size": 4}})
+    with torch.no_grad():
+        cuba.cells[0].weight.mul_(1.5)
+    rep = cross_check(cuba, x, simulators=("rockpool",))
+    assert rep["rockpool"]["layers"][0]["spikes_a"] > 20 and 0.5 < rep["rockpool"]["matched"] <= 1.0
+    rep = cross_check(_model(3, reset="zero"), x, simulators=("rockpool",))  # plain LIF nodes
+    assert "rockpool" in rep and ("skipped" in rep["rockpool"]) != ("matched" in rep["rockpool"])

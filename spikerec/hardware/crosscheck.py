@@ -13,6 +13,10 @@ does with spikerec's graphs:
   agreement, and adds a labelled figure from snnTorch's own node mapping on the flat graph.
 * **Norse** (``norse.torch.from_nir(graph, dt=...)``): give it the graph's ``dt``. It ignores ``r``
   of ``LIF`` nodes; spikerec writes ``r = 1`` (folded into the weights), so it reads the file as is.
+* **Rockpool** (``rockpool.nn.modules.torch.nir.from_nir``), when installed: a further reader, run
+  unpatched; Rockpool 3.1 fails on NIR ``LIF`` nodes (it reads ``tau_mem``) and runs ``CubaLIF``
+  with its own dynamics, so its figure is reported, not required. (Sinabs is not a checked reader:
+  installing it next to Rockpool downgrades ``nir``.)
 * Reset ``subtract``/``none`` and ALIF are not NIR: such models get no graph unless written with
   spikerec's extensions, and then the unpatched figures come first and a figure with the reset
   patched from the metadata is labelled as such.
@@ -32,7 +36,7 @@ from .nir_io import DEFAULT_DT, NIRExportError, fold_lif_r, nir_extensions_neede
 from .xylo_network import XyloNetwork
 from .xylosim_bridge import run_xylosim, xylosim_available
 
-__all__ = ["spiking_subgraph", "run_snntorch", "run_norse", "spike_agreement", "cross_check", "UnsupportedBySimulator"]
+__all__ = ["spiking_subgraph", "run_snntorch", "run_norse", "run_rockpool", "spike_agreement", "cross_check", "UnsupportedBySimulator"]
 
 
 class UnsupportedBySimulator(ValueError):
@@ -176,6 +180,23 @@ def run_norse(graph, x: torch.Tensor, *, patched: bool = False) -> torch.Tensor:
     return torch.stack(outs)
 
 
+@torch.no_grad()
+def run_rockpool(graph, x: torch.Tensor) -> torch.Tensor:
+    """Run a NIR graph with Rockpool's importer (``rockpool.nn.modules.torch.nir.from_nir``), unpatched,
+    batch-first as Rockpool expects; returns ``[T, B, N]``. Skipped when Rockpool is not installed
+    (``pip install "spikerec[rockpool]"``) or its importer fails on the graph (the reason is reported)."""
+    try:
+        from rockpool.nn.modules.torch.nir import from_nir as rockpool_from_nir
+    except ImportError:
+        raise UnsupportedBySimulator("Rockpool is not installed (pip install 'spikerec[rockpool]')") from None
+    try:
+        net = rockpool_from_nir(copy.deepcopy(graph))
+        out = net(x.float().transpose(0, 1))[0]
+    except Exception as e:  # the reader's own failure, reported instead of a figure
+        raise UnsupportedBySimulator(f"Rockpool's from_nir cannot run this graph ({type(e).__name__}: {e})") from None
+    return out.transpose(0, 1)
+
+
 def _norse_reset(reset: str, alpha: torch.Tensor):
     """A Norse ``reset_method`` (called right after the spike) equal to spikerec's reset timing:
     subtracting ``thr / alpha`` now equals subtracting ``thr`` after the next decay."""
@@ -195,13 +216,13 @@ def spike_agreement(a: torch.Tensor, b: torch.Tensor) -> dict:
             "spikes_a": int(a.sum()), "spikes_b": int(b.sum()), "both": both, "union": union}
 
 
-PEERS = ("snntorch", "norse")
+PEERS = ("snntorch", "norse", "rockpool")
 READOUT_NOTE = "LI readout not read by snnTorch 1.0 / Norse 1.1: spikerec's readout is applied to their last layer's spikes"
 
 
 @torch.no_grad()
 def cross_check(model, x: torch.Tensor, labels=None, *, qnet=None, dt: float = DEFAULT_DT,
-                simulators=("snntorch", "norse", "intsim"), extensions: bool = False) -> dict:
+                simulators=("snntorch", "norse", "rockpool", "intsim"), extensions: bool = False) -> dict:
     """Spike-train agreement of each simulator with the float model on ``x[T, B, C]`` for every
     hidden layer, and accuracies if ``labels`` are given. A simulator that cannot run the graph is
     reported with its reason instead of numbers.
@@ -236,9 +257,11 @@ def cross_check(model, x: torch.Tensor, labels=None, *, qnet=None, dt: float = D
                 if rec:
                     runs.append(("snntorch (flat graph)", lambda g, xx: run_snntorch(g, xx, flat=True),
                                  "workaround: snnTorch's node mapping on the flat graph"))
+            elif sim == "rockpool":
+                runs.append(("rockpool", lambda g, xx: run_rockpool(g, xx), None))
             else:
                 runs.append(("norse", lambda g, xx: run_norse(g, xx), None))
-            if extensions and nir_extensions_needed(model):
+            if extensions and nir_extensions_needed(model) and sim != "rockpool":
                 patched = (lambda g, xx: run_snntorch(g, xx, patched=True, flat=True)) if sim == "snntorch" else \
                     (lambda g, xx: run_norse(g, xx, patched=True))
                 runs.append((f"{sim} (patched from spikerec metadata)", patched,
