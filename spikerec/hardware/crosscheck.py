@@ -241,8 +241,9 @@ def cross_check(model, x: torch.Tensor, labels=None, *, qnet=None, dt: float = D
         report["float"]["accuracy"] = float((model.logits(y_ref).argmax(-1) == labels).double().mean())
     try:
         graph, graph_error = to_nir(model, dt=dt, extensions=extensions), None
-    except NIRExportError as e:
-        graph, graph_error = None, str(e)
+    except NIRExportError:
+        graph, graph_error = None, ("NIR cannot express " + "; ".join(nir_extensions_needed(model)) +
+                                    " (train with reset 'zero', or --nir-extensions for spikerec metadata)")
     runs = []  # (entry name, runner, note)
     for sim in simulators:
         if sim in PEERS:
