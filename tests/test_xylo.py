@@ -194,3 +194,19 @@ def test_step_backend_equals_plain_python_reference():
         ours, ref = simulate_spec(spec, x), simulate_xylo_reference(spec, x)
         for k in FIELDS:
             assert torch.equal(getattr(ours, k), torch.tensor(ref[k], dtype=torch.long)), k
+
+
+def test_digits_pooled_for_xylo():
+    """The Xylo preset's input: 2x2 pixel blocks summed to 16 channels, digits 0-7 only."""
+    from spikerec.data import dataset_info, get_dataset
+
+    full, pooled = get_dataset("digits", "test"), get_dataset("digits", "test", pool=2)
+    x, y = full[5]
+    xp, yp = pooled[5]
+    assert xp.shape == (x.shape[0], 16) and y == yp
+    blocks = x.reshape(x.shape[0], 4, 2, 4, 2).sum((2, 4)).reshape(x.shape[0], 16)  # rows, cols of 8x8 pixels
+    assert torch.equal(xp, blocks)
+    eight = get_dataset("digits", "train", pool=2, classes=8)
+    assert max(int(eight[i][1]) for i in range(len(eight))) == 7 and dataset_info("digits", pool=2, classes=8)["num_classes"] == 8
+    with pytest.raises(ValueError, match="pool must be 1, 2, 4 or 8"):
+        get_dataset("digits", "test", pool=3)
