@@ -136,7 +136,8 @@ print(f"test: loss {ev['loss']:.4f}, accuracy {ev['accuracy']:.3f}, firing rate 
 thresholds, decays) and reports the per-layer rounding errors. `cross_check` runs the float model and
 the integer simulator on the same test inputs and reports, per hidden layer, the fraction of spikes
 (union of both trains) that sit at the same neuron and step, and each one's accuracy. snnTorch and
-Norse cannot run adaptive (ALIF) neurons, so the cross-check reports them as skipped; see
+Norse cannot run adaptive (ALIF) neurons and NIR has no node for them, so `write_nir` refuses the
+model (saying why) and the cross-check reports the NIR readers as skipped; see
 `export_neuromorphic.ipynb` for a LIF network they can run.
 
 The integer targets need positive thresholds. The ALIF base threshold `b` starts at 0.01 and can
@@ -147,7 +148,7 @@ evaluation above."""),
     new_code_cell('''import warnings
 from spikerec.data import collate_time_first
 from spikerec.hardware.crosscheck import cross_check
-from spikerec.hardware.nir_io import write_nir
+from spikerec.hardware.nir_io import NIRExportError, write_nir
 from spikerec.hardware.quantize import quantize
 
 with torch.no_grad():
@@ -162,7 +163,10 @@ with warnings.catch_warnings():
 print(qrep.table())
 export_dir = OUT / "quickstart_export"
 qnet.save(str(export_dir))
-write_nir(model, str(export_dir / "model.nir"))
+try:  # NIR has no adaptive threshold: the ALIF model is refused (the message says what to do)
+    write_nir(model, str(export_dir / "model.nir"))
+except NIRExportError as e:
+    print("model.nir not written:", e)
 print("\\nfiles:", sorted(p.name for p in export_dir.iterdir()))
 print(f"\\n{'simulator':<10} {'accuracy':>9}  spike agreement with the float model")
 for sim, entry in report.items():
