@@ -1,5 +1,6 @@
 """Export: netx HDF5 layout, `spikerec export RUN --target T`, accuracy after export per profile."""
 import json
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -7,15 +8,23 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from spikerec.hardware import export_command
+from spikerec.cli import export as export_command
 from spikerec.hardware.intsim import evaluate
 from spikerec.hardware.netx import NetxExportError, write_netx
 from spikerec.hardware.quantize import finetune, quantize
+from spikerec.hardware.xylosim_bridge import xylosim_available
 from spikerec.models import build_model
 
 CFG = {"input_size": 10, "layers": [{"kind": "lif", "size": 16, "recurrent": True, "reset": "zero", "tau_syn": 4.0,
                                      "threshold": 0.5}, {"kind": "lif", "size": 8, "reset": "zero", "threshold": 0.4}],
        "readout": {"size": 3, "tau": 6.0, "mode": "mean"}}
+
+
+# what Xylo runs: CUBA LIF, subtractive reset, no bias (v1)
+XYLO_CFG = {"input_size": 10, "layers": [
+    {"kind": "lif", "size": 16, "recurrent": True, "reset": "subtract", "tau_syn": 4.0, "threshold": 0.5, "bias": False},
+    {"kind": "lif", "size": 8, "reset": "subtract", "tau_syn": 3.0, "threshold": 0.4, "bias": False}],
+    "readout": {"size": 3, "tau": 6.0, "mode": "mean", "bias": False}}
 
 
 def _model(cfg=CFG):
@@ -24,7 +33,8 @@ def _model(cfg=CFG):
     with torch.no_grad():
         for c in m.cells:
             c.weight.mul_(1.5)
-            c.bias.uniform_(0.0, 0.1)
+            if c.bias is not None:
+                c.bias.uniform_(0.0, 0.1)
     return m
 
 
@@ -49,7 +59,7 @@ def test_netx_layout(tmp_path):
         assert np.array_equal(n["vThMant"][()].astype(np.int64) << 6, ql.reset_amount.numpy())
         assert layers["3/neuron/vThMant"][()].min() == 2**17 - 1  # the readout does not fire
     assert rep["bias_rounding_max_state_units"] <= 32
-    qx, _ = quantize(m, "xylo", adapt_reset=True)
+    qx, _ = quantize(_model(XYLO_CFG), "xylo")
     with pytest.raises(NetxExportError, match="loihi2"):
         write_netx(qx, str(tmp_path / "x.h5"))
 
@@ -65,19 +75,30 @@ def _run_folder(tmp_path, cfg=CFG):
 
 @pytest.mark.parametrize("target", ["loihi2", "xylo", "generic"])
 def test_export_command_writes_files_and_cross_checks(tmp_path, capsys, target):
-    run, m = _run_folder(tmp_path)
-    args = [str(run), "--target", target, "--random-input"] + (["--adapt-reset"] if target == "xylo" else [])
+    run, m = _run_folder(tmp_path, XYLO_CFG if target == "xylo" else CFG)
+    args = [str(run), "--target", target, "--random-input"]
     assert export_command.main(args) == 0
     out = run / "export" / target
-    assert (out / "model.nir").exists() and (out / "quantized.safetensors").exists()
+    stored = "xylo_spec.json" if target == "xylo" else "quantized.safetensors"
+    assert (out / stored).exists()
+    # the Xylo model subtracts on reset, which NIR cannot express: no model.nir without --nir-extensions
+    assert (out / "model.nir").exists() == (target != "xylo")
     assert (out / "netx.h5").exists() == (target == "loihi2")
     rep = json.loads((out / "report.json").read_text())
     sims = rep["simulators"]
-    assert sims["snntorch"]["matched"] >= 0.99 and sims["norse"]["matched"] >= 0.99
-    assert sims["snntorch"]["layers"][0]["spikes_float"] > 100
+    if target == "xylo":
+        assert "reset 'subtract'" in sims["norse"]["skipped"] and "--nir-extensions" in sims["snntorch"]["skipped"]
+        assert any("model.nir not written" in w for w in rep["warnings"])
+    else:  # recurrent: snnTorch's own import bug is named; its node mapping on the flat graph is given beside it
+        assert "import_from_nir" in sims["snntorch"]["peer_bug"]
+        assert sims["snntorch (flat graph)"]["matched"] >= 0.99 and sims["norse"]["matched"] >= 0.99
+        assert sims["snntorch (flat graph)"]["layers"][0]["spikes_float"] > 100
     assert 0.0 < sims["intsim"]["matched"] <= 1.0
     if target == "generic":
         assert sims["intsim"]["matched"] > 0.9
+    if target == "xylo" and xylosim_available():
+        assert sims["xylosim"]["bit_identical_to_intsim"] is True
+        assert sims["xylosim"]["accuracy"] == sims["intsim"]["accuracy"] if "accuracy" in sims["intsim"] else True
     assert "snntorch" in capsys.readouterr().out
 
 
@@ -132,7 +153,7 @@ def digits_model():
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("target", ["generic", "loihi2", "xylo"])
+@pytest.mark.parametrize("target", ["generic", "loihi2"])
 def test_accuracy_after_export_within_2pp(digits_model, target):
     m, train, test, acc_float = digits_model
     assert acc_float > 0.75
@@ -185,17 +206,55 @@ def trained_run(tmp_path_factory):
     return d / "run"
 
 
-@pytest.mark.parametrize("target", ["generic", "loihi2", "xylo"])
+@pytest.mark.parametrize("target", ["generic", "loihi2"])
 def test_export_of_a_trainer_run(trained_run, tmp_path, target):
     args = [str(trained_run), "--target", target, "--out", str(tmp_path / target), "--samples", "200"]
-    if target == "xylo":
-        args.append("--adapt-reset")  # xylo subtracts on reset; the run was trained with reset to zero
     assert export_command.main(args) == 0
     rep = json.loads((tmp_path / target / "report.json").read_text())
     sims = rep["simulators"]
     assert sims["float"]["n"] == 200 and sims["float"]["accuracy"] > 0.5
-    # LIF only: snnTorch and Norse run the NIR graph spike for spike
-    for peer in ("snntorch", "norse"):
-        assert sims[peer]["matched"] >= 0.99, (peer, sims[peer])
+    # LIF only: Norse runs the NIR file as written spike for spike; snnTorch too, unless its own
+    # threshold-scaling bug (learned, per-neuron taus) is hit, which the report names
+    assert sims["norse"]["matched"] >= 0.99, sims["norse"]
+    assert sims["snntorch"]["matched"] >= 0.99 or "first of its neurons" in sims["snntorch"]["peer_bug"], sims["snntorch"]
     # the integer simulator stays within 2 points of float on a trained model
     assert abs(sims["intsim"]["accuracy"] - sims["float"]["accuracy"]) <= 0.02, sims
+
+
+def test_xylo_export_of_a_model_over_the_chip_limits_names_the_limit(trained_run, tmp_path, capsys):
+    """The 64-input digits run does not fit Xylo (16 inputs): the export fails and says so; no files are left."""
+    out = tmp_path / "xylo"
+    assert export_command.main([str(trained_run), "--target", "xylo", "--out", str(out), "--adapt-reset"]) == 2
+    err = capsys.readouterr().err
+    assert "64 input channels exceed the limit of 16 inputs on Xylo v1" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+XYLO_PRESET = (Path(__file__).resolve().parents[1] / "spikerec" / "configs" / "xylo-digits.toml")
+
+
+@pytest.fixture(scope="module")
+def xylo_run(tmp_path_factory):
+    """The xylo-digits preset trained by the real trainer (fewer epochs)."""
+    from spikerec.cli import train as commands
+
+    d = tmp_path_factory.mktemp("xylo")
+    text = XYLO_PRESET.read_text().replace("epochs = 25", "epochs = 12")
+    (d / "xylo.toml").write_text(text)
+    assert commands.main([str(d / "xylo.toml"), "--out", str(d / "run"), "--quiet"]) == 0
+    return d / "run"
+
+
+@pytest.mark.skipif(not xylosim_available(), reason="xylosim is not installed: pip install 'spikerec[xylo]'")
+def test_xylo_preset_float_integer_and_xylosim_side_by_side(xylo_run, tmp_path):
+    """Train (preset), quantise, fine-tune with STE: integer and xylosim accuracies identical, within 2 points of float."""
+    out = tmp_path / "x"
+    assert export_command.main([str(xylo_run), "--target", "xylo", "--out", str(out), "--finetune-epochs", "2"]) == 0
+    sims = json.loads((out / "report.json").read_text())["simulators"]
+    assert sims["xylosim"]["bit_identical_to_intsim"] is True
+    assert sims["xylosim"]["accuracy"] == sims["intsim"]["accuracy"]
+    assert sims["float"]["accuracy_before_finetune"] > 0.85
+    for ref in (sims["float"]["accuracy"], sims["float"]["accuracy_before_finetune"]):
+        assert abs(sims["intsim"]["accuracy"] - ref) <= 0.02, sims
+    spec = json.loads((out / "xylo_spec.json").read_text())
+    assert len(spec["weights_in"]) == 16 and len(spec["weights_out"][0]) == 8

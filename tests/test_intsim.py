@@ -9,11 +9,12 @@ from spikerec.hardware.quantize import quantize
 from spikerec.models import build_model
 
 
-def _model(seed, *, reset="zero", cuba=None, recurrent=True, alif=False, readout_tau=5.0, bias=True):
+def _model(seed, *, reset="zero", cuba=None, recurrent=True, alif=False, readout_tau=5.0, bias=True, cuba_all=False):
     torch.manual_seed(seed)
     first = {"kind": "alif", "size": 6, "b": 0.3, "beta": 0.5, "tau_mem": 8.0, "tau_adapt": 20.0} if alif else \
         {"kind": "lif", "size": 6, "recurrent": recurrent, "reset": reset, "tau_syn": cuba, "threshold": 0.4, "bias": bias}
-    cfg = {"input_size": 5, "layers": [first, {"kind": "lif", "size": 4, "reset": reset, "threshold": 0.3, "bias": bias}],
+    cfg = {"input_size": 5, "layers": [first, {"kind": "lif", "size": 4, "reset": reset, "threshold": 0.3, "bias": bias,
+                                                       "tau_syn": cuba if cuba_all else None}],
            "readout": {"size": 3, "tau": readout_tau}}
     m = build_model(cfg)
     with torch.no_grad():
@@ -49,8 +50,10 @@ CASES = [
     ("generic", {"weight_bits": 4, "state_bits": 12, "current_bits": 12, "threshold_bits": 10}, dict(reset="zero", readout_tau=None)),
     ("loihi2", {}, dict(reset="zero", cuba=4.0)),
     ("loihi2", {}, dict(reset="zero", recurrent=False, readout_tau=None)),
-    ("xylo", {}, dict(reset="subtract", cuba=4.0)),
-    ("xylo", {}, dict(reset="subtract", recurrent=True)),
+    # Xylo runs CUBA LIF only; v1 has no bias
+    ("xylo", {}, dict(reset="subtract", cuba=4.0, cuba_all=True, recurrent=False, bias=False)),
+    ("xylo", {}, dict(reset="subtract", cuba=4.0, cuba_all=True, recurrent=True, bias=False)),
+    ("xylo2", {}, dict(reset="subtract", cuba=4.0, cuba_all=True, recurrent=True)),
 ]
 
 

@@ -26,6 +26,9 @@ class LoihiLikeArithmetic:
 
     @staticmethod
     def _ov(x, bits, mode):
+        if mode == "wrap_lava":  # Lava's PyLifModelBitAcc: into (-2^(N-1), 2^(N-1)]
+            half = 1 << (bits - 1)
+            return half - torch.remainder(half - x, 1 << bits)
         if mode == "wrap":
             half = 1 << (bits - 1)
             return torch.remainder(x + half, 1 << bits) - half

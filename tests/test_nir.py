@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spikerec.hardware.crosscheck import UnsupportedBySimulator, cross_check, run_norse, run_snntorch, spiking_subgraph
-from spikerec.hardware.nir_io import NIRImportError, from_nir, read_nir, to_nir, write_nir
+from spikerec.hardware.nir_io import NIRExportError, NIRImportError, from_nir, read_nir, to_nir, write_nir
 from spikerec.models import build_model
 
 
@@ -40,7 +40,8 @@ SPECS = [dict(reset="zero"), dict(reset="subtract", cuba=5.0), dict(reset="none"
 @pytest.mark.parametrize("spec", SPECS)
 def test_roundtrip_file_gives_identical_spikes(tmp_path, spec):
     m = _model(**spec).double()
-    path = write_nir(m, str(tmp_path / "m.nir"))
+    extensions = spec.get("reset", "subtract") != "zero"  # subtract/none/ALIF are spikerec extensions of NIR
+    path = write_nir(m, str(tmp_path / "m.nir"), extensions=extensions)
     m2 = from_nir(path).double()
     x = _x().double()
     y, _, h = m(x, record=True)
@@ -50,6 +51,26 @@ def test_roundtrip_file_gives_identical_spikes(tmp_path, spec):
     assert torch.allclose(y, y2, atol=1e-5)
     assert m2.readout_mode == m.readout_mode
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_default_export_refuses_what_nir_cannot_express(tmp_path):
+    for spec, what in ((dict(reset="subtract"), "cells.0: reset 'subtract'"), (dict(reset="none"), "cells.0: reset 'none'"),
+                       (dict(alif=True), "cells.0: ALIF")):
+        with pytest.raises(NIRExportError, match=rf"NIR cannot express {what}.*reset 'zero'.*--nir-extensions"):
+            write_nir(_model(**spec), str(tmp_path / "m.nir"))
+        assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_lif_r_is_folded_into_the_weights():
+    """Norse ignores r of LIF nodes: spikerec writes r = 1 and scales the Affine and the recurrent Linear."""
+    m = _model(reset="zero", recurrent=True)
+    g = to_nir(m)
+    lif = g.nodes["layer0.lif"]
+    assert np.all(lif.r == 1)
+    gain = lif.tau / 1e-4
+    assert np.allclose(g.nodes["layer0.affine"].weight, m.cells[0].weight.detach().numpy() * gain[:, None], rtol=1e-5)
+    assert np.allclose(g.nodes["layer0.w_rec"].weight,
+                       m.cells[0].effective_recurrent_weight().detach().numpy() * gain[:, None], rtol=1e-5, atol=1e-7)
 
 
 def test_graph_layout_and_dt_mapping():
@@ -69,13 +90,38 @@ def test_graph_layout_and_dt_mapping():
     assert isinstance(g.nodes["readout.li"], nir.LI)
 
 
-@pytest.mark.parametrize("spec", [dict(reset="zero"), dict(reset="zero", cuba=5.0), dict(reset="subtract"),
-                                  dict(reset="subtract", cuba=4.0, recurrent=False)])
-def test_snntorch_and_norse_agree_with_spikerec(spec):
+@pytest.mark.parametrize("spec", [dict(reset="zero", recurrent=False), dict(reset="zero", cuba=5.0, recurrent=False),
+                                  dict(reset="zero"), dict(reset="zero", cuba=5.0)])
+def test_snntorch_and_norse_agree_unpatched(spec):
+    """The file as written, loaded the way each peer's users load it: >= 99% identical spikes (snnTorch's
+    recurrent import is its own bug: named, and the flat-graph figure is given beside it)."""
     m = _model(3, **spec)
     x = _x(4, T=60, B=8)
     rep = cross_check(m, x, torch.arange(8) % 4, simulators=("snntorch", "norse"))
-    for sim in ("snntorch", "norse"):
+    counted = ["norse", "snntorch (flat graph)" if spec.get("recurrent", True) else "snntorch"]
+    if spec.get("recurrent", True):
+        assert "import_from_nir" in rep["snntorch"]["peer_bug"]
+        assert rep["snntorch"]["matched"] < 0.9  # the bug shows
+    for sim in counted:
+        assert "patched" not in sim and "LI readout" in rep[sim]["readout"]
+        for layer in rep[sim]["layers"]:
+            assert layer["spikes_a"] > 20
+            assert layer["matched"] >= 0.99, (sim, layer)
+        assert abs(rep[sim]["accuracy"] - rep["float"]["accuracy"]) <= 1 / 8 + 1e-9
+
+
+@pytest.mark.parametrize("spec", [dict(reset="subtract"), dict(reset="subtract", cuba=4.0, recurrent=False)])
+def test_subtract_reset_unpatched_first_then_patched_labelled(spec):
+    m = _model(3, **spec)
+    x = _x(4, T=60, B=8)
+    rep = cross_check(m, x, torch.arange(8) % 4, simulators=("snntorch", "norse"))
+    assert "no NIR graph" in rep["snntorch"]["skipped"] and "reset 'subtract'" in rep["norse"]["skipped"]
+    rep = cross_check(m, x, torch.arange(8) % 4, simulators=("snntorch", "norse"), extensions=True)
+    keys = [k for k in rep if k != "float"]
+    assert keys.index("norse") < keys.index("norse (patched from spikerec metadata)")
+    assert rep["norse"]["matched"] < 0.9  # a reader runs the subtract reset as a reset to zero
+    for sim in ("snntorch (patched from spikerec metadata)", "norse (patched from spikerec metadata)"):
+        assert "patched" in rep[sim]["label"]
         for layer in rep[sim]["layers"]:
             assert layer["spikes_a"] > 20
             assert layer["matched"] >= 0.99, (sim, layer)
@@ -83,10 +129,10 @@ def test_snntorch_and_norse_agree_with_spikerec(spec):
 
 
 def test_alif_is_refused_by_external_simulators():
-    g = to_nir(_model(alif=True))
+    g = to_nir(_model(alif=True), extensions=True)
     for run in (run_snntorch, run_norse):
         with pytest.raises(UnsupportedBySimulator, match=r"node 'layer0.lif' is an ALIF"):
-            run(spiking_subgraph(g, 0), _x(T=3))
+            run(spiking_subgraph(g, 0), _x(T=3), patched=True)
 
 
 def test_graph_written_by_snntorch_imports_and_runs():
@@ -157,6 +203,34 @@ def test_unsupported_nodes_are_named():
     g.nodes["layer0.lif"].v_reset = np.full(24, 0.5, np.float32)
     with pytest.raises(NIRImportError, match=r"node 'layer0.lif': v_reset"):
         from_nir(g)
+    g = to_nir(_model(cuba=5.0))
+    g.nodes["layer0.lif"].v_leak = np.full(24, 0.1, np.float32)
+    with pytest.raises(NIRImportError, match=r"node 'layer0.lif': field 'v_leak' of a CubaLIF must be 0"):
+        from_nir(g)
+    g = to_nir(_model())
+    g.nodes["layer0.w_rec"] = nir.Affine(weight=g.nodes["layer0.w_rec"].weight, bias=np.ones(24, np.float32))
+    with pytest.raises(NIRImportError, match=r"node 'layer0.w_rec': field 'bias' of a recurrent Affine must be 0"):
+        from_nir(g)
+    g = to_nir(_model())
+    g.nodes["layer1.affine"].weight[0, 0] = np.nan
+    with pytest.raises(NIRImportError, match=r"node 'layer1.affine': field 'weight' has NaN"):
+        from_nir(g)
     g = to_nir(_model())
     with pytest.raises(NIRImportError, match="unstable"):
         from_nir(g, dt=1.0)  # tau << dt: not the step this graph was written for
+
+
+def test_rockpool_is_a_further_reader_when_installed():
+    """Rockpool runs the file unpatched when installed; its figure (or the reason it cannot run the graph)
+    is reported beside snnTorch and Norse, never silently dropped."""
+    pytest.importorskip("rockpool.nn.modules.torch.nir", reason="Rockpool is not installed (pip install 'spikerec[rockpool]')")
+    x = _x(4, T=40, B=4)
+    torch.manual_seed(3)
+    cuba = build_model({"input_size": 10, "layers": [{"kind": "lif", "size": 24, "reset": "zero", "tau_syn": 5.0,
+                                                      "threshold": 0.5, "tau_mem": 12.0}], "readout": {"size": 4}})
+    with torch.no_grad():
+        cuba.cells[0].weight.mul_(1.5)
+    rep = cross_check(cuba, x, simulators=("rockpool",))
+    assert rep["rockpool"]["layers"][0]["spikes_a"] > 20 and 0.5 < rep["rockpool"]["matched"] <= 1.0
+    rep = cross_check(_model(3, reset="zero"), x, simulators=("rockpool",))  # plain LIF nodes
+    assert "rockpool" in rep and ("skipped" in rep["rockpool"]) != ("matched" in rep["rockpool"])

@@ -1,12 +1,11 @@
 """Run a spikerec NIR export in Rockpool (needs rockpool, not a spikerec dependency).
 
-    python hardware/scripts/run_rockpool_nir.py RUN/export/xylo/model.nir --steps 100
+    python hardware/scripts/run_rockpool_nir.py RUN/export/generic/model.nir --steps 100
 
-Rockpool's importer (`rockpool.nn.modules.torch.nir.from_nir`) reads Affine/Linear, LIF, CubaLIF and LI and
-recovers its dt as `min(tau_mem / (1 + r))`; spikerec writes `r = tau/dt`, so check the dt it
-reports against the graph's `dt` metadata. Rockpool resets by subtraction right after the spike.
-Neither Rockpool nor Lava is installed in spikerec's test environment, so these scripts are not
-run by the tests. Compare the printed spike counts with `spikerec export` (float model and integer simulator).
+Rockpool's importer (`rockpool.nn.modules.torch.nir.from_nir`) reads Affine/Linear, CubaLIF and LI; in
+Rockpool 3.1 it fails on NIR `LIF` nodes (it reads `tau_mem`). `spikerec export` runs it itself when
+Rockpool is installed (`pip install "spikerec[rockpool]"`) and reports its spike agreement; this script
+is for running a file by hand. Compare the printed spike counts with `spikerec export`.
 """
 import argparse
 

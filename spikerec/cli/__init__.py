@@ -31,8 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("spikerec.cli.bench", "Benchmarks side by side with snnTorch and Norse (lif, scan, data, lsc, online)."),
     "datasets": ("spikerec.cli.datasets", "What data sets are available, what is missing and how to get it."),
 }
-# until the export command lives in this package, it is the hardware package's module
-_FALLBACK = {"spikerec.cli.export": "spikerec.hardware.export_command"}
+_FALLBACK: dict[str, str] = {}
 
 EXIT_INTERRUPTED = 130
 EXIT_OS = 7

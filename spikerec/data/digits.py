@@ -16,6 +16,9 @@ about 90% after a few epochs.
 ``population = k`` spreads each pixel over ``k`` channels whose thresholds are
 ``theta_j = theta + j (1 - theta) / k`` (``j = 0..k-1``; channel ``p * k + j``): a spatial
 population code with one spike per channel. ``time_repeat = r`` repeats every step ``r`` times.
+``pool = p`` (1, 2, 4 or 8) sums the spikes of each ``p x p`` block of pixels into one channel
+(``(8 / p)^2 * population`` channels of spike counts; ``pool = 2`` gives the 16 inputs of Xylo).
+``classes = n`` keeps the digits ``0 .. n-1`` only (Xylo has 8 output neurons).
 
 Split: stratified 60/20/20 train/valid/test (1078/360/359 samples) with a fixed seed (0),
 identical on every machine (numpy PCG64).
@@ -27,7 +30,7 @@ import functools
 import numpy as np
 import torch
 
-from .core import LatencyDataset
+from .core import ArrayDataset, LatencyDataset
 from .home import DataError
 from .latency import LatencyCode, latency_steps
 from .splits import stratified_split
@@ -36,7 +39,7 @@ __all__ = ["digits_dataset", "digits_info", "DIGITS_DEFAULTS", "DIGITS_SHA256", 
 
 # sha256 of the decoded set: images as uint8 (1797*64 bytes, values 0..16) then labels as uint8.
 DIGITS_SHA256 = "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
-DIGITS_DEFAULTS = dict(tau_eff=5.0, theta=0.05, dt=1.0, steps=12, population=1, time_repeat=1, split_seed=0)
+DIGITS_DEFAULTS = dict(tau_eff=5.0, theta=0.05, dt=1.0, steps=12, population=1, time_repeat=1, split_seed=0, pool=1, classes=10)
 
 
 def load_digits_arrays():
@@ -66,12 +69,16 @@ def _options(options: dict) -> dict:
     o = {**DIGITS_DEFAULTS, **options}
     if int(o["population"]) < 1:
         raise ValueError(f"dataset 'digits': population must be >= 1, got {o['population']!r}")
+    if not 2 <= int(o["classes"]) <= 10:
+        raise ValueError(f"dataset 'digits': classes must be 2..10, got {o['classes']!r}")
+    if int(o["pool"]) not in (1, 2, 4, 8):
+        raise ValueError(f"dataset 'digits': pool must be 1, 2, 4 or 8 (pixels per block side), got {o['pool']!r}")
     return o
 
 
 def digits_info(**options) -> dict:
     o = _options(options)
-    return dict(input_size=64 * int(o["population"]), num_classes=10, steps=int(o["steps"]) * int(o["time_repeat"]),
+    return dict(input_size=(8 // int(o["pool"])) ** 2 * int(o["population"]), num_classes=int(o["classes"]), steps=int(o["steps"]) * int(o["time_repeat"]),
                 task="classification", samples=dict(train=1078, valid=360, test=359))
 
 
@@ -91,6 +98,17 @@ def digits_dataset(split: str, **options) -> LatencyDataset:
     o = _options(options)
     images, labels = load_digits_arrays()
     idx = stratified_split(labels, (0.6, 0.2, 0.2), seed=int(o["split_seed"]))[split]
+    idx = idx[labels[idx] < int(o["classes"])]
     times = encode_digits(images[idx], o)
-    return LatencyDataset(times, torch.as_tensor(labels[idx]), int(o["steps"]), time_repeat=int(o["time_repeat"]),
-                          info=digits_info(**options))
+    ds = LatencyDataset(times, torch.as_tensor(labels[idx]), int(o["steps"]), time_repeat=int(o["time_repeat"]),
+                        info=digits_info(**options))
+    p = int(o["pool"])
+    if p == 1:
+        return ds
+    x, y = ds.tensors()  # [N, T, 64 * population], channel = pixel * population + j
+    k, side = int(o["population"]), 8 // p
+    pix = torch.arange(64)
+    block = (pix // 8 // p) * side + (pix % 8) // p
+    target = (block[:, None] * k + torch.arange(k)[None, :]).reshape(-1)
+    pooled = torch.zeros(*x.shape[:2], side * side * k).index_add_(2, target, x)
+    return ArrayDataset(pooled, y, info=digits_info(**options))

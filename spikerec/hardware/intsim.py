@@ -1,20 +1,21 @@
-"""Integer simulator of a :class:`~spikerec.hardware.quantize.QuantizedNetwork`.
+"""Integer simulator of a :class:`~spikerec.hardware.qnetwork.QuantizedNetwork` (or of a Xylo
+:class:`~spikerec.hardware.xylo_network.XyloNetwork`).
 
-Integer arithmetic only (int64 tensors holding values of the profile's widths), vectorised
-over the batch; the rules are those of :mod:`spikerec.hardware.profiles`. One step of a
-spiking layer with state ``(i, v, z, a)`` and input spikes/counts ``x``::
+Integer arithmetic only (int64 tensors holding values of the profile's widths), vectorised over the
+batch. There is no second copy of the neuron equations here: each layer runs the one step of its
+kind (:func:`spikerec.neurons.lif.step`, :func:`spikerec.neurons.alif.step`,
+:func:`spikerec.neurons.readout.step`) with the profile's integer arithmetic
+(:class:`~spikerec.hardware.int_arith.ProfileArithmetic`: decay rule, overflow, ``>``/``>=``, reset
+timing), so for a LIF layer with state ``(i, v)`` and input spikes/counts ``x``::
 
-    a_in = (W x + W_rec z) << shift
-    i    = OV_I(decay(i, d_i) + a_in [+ bias if bias_into == "current"])
-    v'   = v - R z  (subtract, immediate)  |  0 where z (zero)  |  v
-    v    = OV_V(decay(v', d_v) + i [+ bias if bias_into == "voltage"] [- R z  (subtract, next_step)])
-    z    = [v > thr]
+    i    = OV_I(decay(i, d_i) + (W x + W_rec z_{t-1}) << shift [+ bias if bias_into == "current"])
+    v    = OV_V(decay(v - R z_{t-1} (subtract, immediate) | 0 where z_{t-1} (zero) | v, d_v) + i
+                [+ bias if bias_into == "voltage"] [- R z_{t-1} (subtract, next_step)])
+    z    = [v > R]  (or >=)
 
-ALIF (``kind == "alif"``): ``a = OV_V(decay(a, d_a) + inc z)``, ``theta = b + ((beta a) >> q)``,
-``v = OV_V(decay(v, d_v) + i - theta z)`` (spikerec order: adaptation first, then the subtraction
-of the new threshold), ``z = [v > theta]``. The readout is ``y = OV_V(decay(y, d_v) + i + bias)``.
-:mod:`spikerec.hardware.intsim_reference` implements the same rules with Python integers;
-the tests compare them bit for bit.
+:mod:`spikerec.hardware.intsim_reference` implements the rules again with Python integers, neuron by
+neuron; the tests compare them bit for bit. A Xylo network runs its whole core
+(:func:`spikerec.hardware.xylo.simulate_spec`).
 """
 from __future__ import annotations
 
@@ -22,26 +23,14 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import neurons
+from ..neurons import alif, lif, readout
+from .int_arith import ProfileArithmetic, decay, overflow
 from .profiles import TargetProfile
-from .quantize import QLayer, QuantizedNetwork
+from .qnetwork import QLayer, QuantizedNetwork
+from .xylo_network import XyloNetwork
 
 __all__ = ["simulate", "evaluate", "IntSimResult", "check_integer_input", "decay", "overflow"]
-
-
-def overflow(x: torch.Tensor, bits: int, mode: str) -> torch.Tensor:
-    """Two's-complement wrap or symmetric saturation to a signed ``bits``-bit range."""
-    if mode == "wrap":
-        half = 1 << (bits - 1)
-        return torch.remainder(x + half, 1 << bits) - half
-    lim = (1 << (bits - 1)) - 1
-    return x.clamp(-lim, lim)
-
-
-def decay(x: torch.Tensor, code: torch.Tensor, profile: TargetProfile) -> torch.Tensor:
-    """``sign(x) ((|x| (2^B - d)) >> B)`` (mulshift) or ``x - (x >> dash)`` (bitshift)."""
-    if profile.decay == "mulshift":
-        return torch.sign(x) * ((x.abs() * ((1 << profile.decay_bits) - code)) >> profile.decay_bits)
-    return x - (x >> code)
 
 
 def check_integer_input(x: torch.Tensor, input_size: int) -> torch.Tensor:
@@ -70,67 +59,60 @@ class IntSimResult:
         return [float(z.double().mean()) for z in self.spikes]
 
 
-def _spiking_step(q: QLayer, p: TargetProfile, x, state):
-    i, v, z, a = state
-    acc = x @ q.weight.t()
-    if q.recurrent_weight is not None:
-        acc = acc + z @ q.recurrent_weight.t()
-    acc = acc << q.shift
-    if p.bias_into == "current":
-        acc = acc + q.bias
-    i = overflow(decay(i, q.decay_i, p) + acc, p.current_bits, p.current_overflow)
-    extra = i if p.bias_into == "current" else i + q.bias
+def layer_step(q: QLayer, p: TargetProfile):
+    """``(step, params, options)`` of one quantised layer for the one neuron step: weights as shifted
+    mantissas, decay codes in the time-constant fields, the reset amount as the threshold (the
+    arithmetic compares with ``>`` or ``>=``)."""
+    W = q.weight << q.shift
+    R = None if q.recurrent_weight is None else q.recurrent_weight << q.shift
+    if q.kind == "lif":
+        return lif.step, lif.LIFParams(W, q.bias, R, q.decay_v, q.decay_i if q.cuba else None, q.reset_amount), \
+            lif.LIFOptions(reset=q.reset, bias_into=p.bias_into)
     if q.kind == "alif":
-        a = overflow(decay(a, q.decay_a, p) + q.adapt_inc * z, p.state_bits, p.state_overflow)
-        theta = q.b + ((q.beta * a) >> p.adapt_frac_bits)
-        v = overflow(decay(v, q.decay_v, p) + extra - theta * z, p.state_bits, p.state_overflow)
-        return (i, v, (v > theta).long(), a)
-    reset, R = q.reset, q.reset_amount
-    if reset == "zero":
-        v = torch.where(z.bool(), torch.zeros_like(v), v)
-    elif reset == "subtract" and p.reset_timing == "immediate":
-        v = v - R * z
-    v = decay(v, q.decay_v, p) + extra
-    if reset == "subtract" and p.reset_timing == "next_step":
-        v = v - R * z
-    v = overflow(v, p.state_bits, p.state_overflow)
-    return (i, v, (v > q.threshold).long(), a)
+        return alif.step, alif.ALIFParams(W, q.bias, R, q.decay_v, q.decay_a, q.b, q.beta, adapt_gain=q.adapt_inc), \
+            alif.ALIFOptions(bias_into=p.bias_into)
+    return readout.step, readout.ReadoutParams(W, q.bias, q.decay_v), readout.ReadoutOptions(bias_into=p.bias_into)
 
 
-def _readout_step(q: QLayer, p: TargetProfile, x, y):
-    acc = (x @ q.weight.t()) << q.shift
-    i = overflow(acc + q.bias, p.current_bits, p.current_overflow) if p.bias_into == "current" else \
-        overflow(acc, p.current_bits, p.current_overflow) + q.bias
-    return overflow(decay(y, q.decay_v, p) + i, p.state_bits, p.state_overflow)
+def _initial_state(q: QLayer, B: int):
+    z = torch.zeros(B, q.size, dtype=torch.long)
+    if q.kind == "lif":
+        return lif.CubaLIFState(z, z) if q.cuba else lif.LIFState(z)
+    if q.kind == "alif":
+        return alif.ALIFState(z, z)
+    return readout.ReadoutState(z)
 
 
 @torch.no_grad()
 def simulate(qnet: QuantizedNetwork, x: torch.Tensor) -> IntSimResult:
-    """Run the integer network on ``x[T, B, C]`` (integer-valued)."""
+    """Run the integer network on ``x[T, B, C]`` (integer-valued). A Xylo network
+    (:class:`~spikerec.hardware.xylo_network.XyloNetwork`) runs its whole core
+    (:func:`~spikerec.hardware.xylo.simulate_spec`); ``y`` is then ``Vmem_out``."""
+    if isinstance(qnet, XyloNetwork):
+        x = check_integer_input(x, qnet.input_size)
+        r = qnet.run(x)
+        return IntSimResult(r.vmem_out, qnet.layer_spikes(r.spikes), qnet.spec.out_scale)
     p = qnet.profile
     x = check_integer_input(x, qnet.input_size)
     T, B, _ = x.shape
-    hidden, ro = qnet.layers[:-1], qnet.layers[-1]
-    zeros = lambda n: torch.zeros(B, n, dtype=torch.long)  # noqa: E731
-    states = [(zeros(q.size), zeros(q.size), zeros(q.size), zeros(q.size)) for q in hidden]
-    y = zeros(ro.size)
-    ys, spikes = [], [[] for _ in hidden]
+    arith = ProfileArithmetic(p)
+    steps = [layer_step(q, p) for q in qnet.layers]
+    states = [_initial_state(q, B) for q in qnet.layers]
+    ys, spikes = [], [[] for _ in qnet.layers[:-1]]
     for t in range(T):
         h = x[t]
-        for k, q in enumerate(hidden):
-            states[k] = _spiking_step(q, p, h, states[k])
-            h = states[k][2]
-            spikes[k].append(h)
-        y = _readout_step(ro, p, h, y)
-        ys.append(y)
-    return IntSimResult(torch.stack(ys), [torch.stack(s).bool() for s in spikes], ro.scale)
+        for k, (step, prm, opt) in enumerate(steps):
+            h, states[k] = step(prm, states[k], h, opt, arith)
+            (ys if k == len(steps) - 1 else spikes[k]).append(h)
+    return IntSimResult(torch.stack(ys), [torch.stack(s).bool() for s in spikes], qnet.layers[-1].scale)
 
 
 def logits(qnet: QuantizedNetwork, y: torch.Tensor) -> torch.Tensor:
     """Aggregate the integer readout like the float model (in float, divided by the readout scale)."""
     from ..layers.readout import aggregate
 
-    return aggregate(y.double() / qnet.layers[-1].scale, qnet.readout_mode)
+    scale = qnet.spec.out_scale if isinstance(qnet, XyloNetwork) else qnet.layers[-1].scale
+    return aggregate(y.double() / scale, qnet.readout_mode)
 
 
 def evaluate(qnet: QuantizedNetwork, batches) -> dict:
@@ -148,3 +130,8 @@ def evaluate(qnet: QuantizedNetwork, batches) -> dict:
     if total == 0:
         raise ValueError("evaluate: no data")
     return {"accuracy": correct / total, "firing_rates": [r / steps for r in rates], "samples": total}
+
+
+for _kind in ("lif", "alif", "readout"):
+    neurons.register_backend(_kind, "hardware.intsim.simulate (integer profiles, ProfileArithmetic)", simulate,
+                             test="tests/test_intsim.py::test_bit_exact_with_reference")

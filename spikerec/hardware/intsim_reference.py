@@ -6,10 +6,17 @@ networks.
 """
 from __future__ import annotations
 
-__all__ = ["simulate_reference"]
+__all__ = ["simulate_reference", "simulate_xylo_reference"]
 
 
 def _ov(x: int, bits: int, mode: str) -> int:
+    if mode == "wrap_lava":  # Lava 0.10.0 PyLifModelBitAcc: (-2^(N-1), 2^(N-1)]
+        half = 1 << (bits - 1)
+        while x > half:
+            x -= 1 << bits
+        while x <= -half:
+            x += 1 << bits
+        return x
     if mode == "wrap":
         m = 1 << bits
         x = x % m
@@ -33,8 +40,74 @@ def _dot(row, vec) -> int:
     return sum(w * s for w, s in zip(row, vec))
 
 
+def _xylo_decay(x: int, dash: int) -> int:
+    s = x >> dash
+    if x > 0 and s == 0:
+        s = 1
+    return x - s
+
+
+def _sat16(x: int) -> int:
+    return max(-32768, min(32767, x))
+
+
+def simulate_xylo_reference(spec, x) -> dict:
+    """Xylo's core (rules of :mod:`spikerec.hardware.xylo_arith`) neuron by neuron, event by event:
+    ``{"spikes", "vmem", "isyn", "out_spikes", "vmem_out", "isyn_out"}`` as ``[T][B][n]`` lists."""
+    W_in, W_rec, W_out = spec.weights_in.tolist(), spec.weights_rec.tolist(), spec.weights_out.tolist()
+    dm, ds, thr = spec.dash_mem.tolist(), spec.dash_syn.tolist(), spec.threshold.tolist()
+    dmo, dso, thro = spec.dash_mem_out.tolist(), spec.dash_syn_out.tolist(), spec.threshold_out.tolist()
+    bias = spec.bias.tolist() if spec.bias is not None else [0] * spec.n_hidden
+    bias_o = spec.bias_out.tolist() if spec.bias_out is not None else [0] * spec.n_out
+    N, K = spec.n_hidden, spec.n_out
+    xs = [[[int(c) for c in row] for row in step] for step in x.tolist()]
+    keys = ("spikes", "vmem", "isyn", "out_spikes", "vmem_out", "isyn_out")
+    rec = {k: [[None] * len(xs[0]) for _ in xs] for k in keys}
+    for b in range(len(xs[0])):
+        i, v, n, io, vo = [0] * N, [0] * N, [0] * N, [0] * K, [0] * K
+        for t, step in enumerate(xs):
+            counts = [min(c, 15) for c in step[b]]
+            new_n = []
+            for j in range(N):
+                a = i[j]
+                for p, c in enumerate(counts):
+                    for _ in range(c):
+                        a = _sat16(a + (W_in[p][j] << spec.weight_shift_in))
+                for p in range(N):
+                    for _ in range(n[p]):
+                        a = _sat16(a + (W_rec[p][j] << spec.weight_shift_rec))
+                i[j] = _xylo_decay(a, ds[j])
+                u = _sat16(_xylo_decay(v[j], dm[j]) + i[j] + bias[j])
+                k = min(u // thr[j], 31) if u >= thr[j] else 0
+                v[j] = u - k * thr[j]
+                new_n.append(k)
+            so = []
+            for j in range(K):
+                a = io[j]
+                for p in range(N):
+                    for _ in range(n[p]):
+                        a = _sat16(a + (W_out[p][j] << spec.weight_shift_out))
+                io[j] = _xylo_decay(a, dso[j])
+                u = _sat16(_xylo_decay(vo[j], dmo[j]) + io[j] + bias_o[j])
+                s = 1 if u >= thro[j] else 0
+                vo[j] = u - s * thro[j]
+                so.append(s)
+            n = new_n
+            for key, val in zip(keys, (n, v, i, so, vo, io)):
+                rec[key][t][b] = list(val)
+    return rec
+
+
 def simulate_reference(qnet, x) -> tuple[list, list]:
-    """Returns ``(y[T][B][K], spikes[layer][T][B][N])`` as nested lists of Python ints."""
+    """Returns ``(y[T][B][K], spikes[layer][T][B][N])`` as nested lists of Python ints (for a Xylo
+    network ``y`` is ``Vmem_out`` and the spikes are 0/1 per layer: at least one spike in the step)."""
+    if hasattr(qnet, "spec"):
+        r = simulate_xylo_reference(qnet.spec, x)
+        spikes, o = [], 0
+        for n in qnet.spec.layer_sizes:
+            spikes.append([[[int(c > 0) for c in row[o:o + n]] for row in step] for step in r["spikes"]])
+            o += n
+        return r["vmem_out"], spikes
     p = qnet.profile
     xs = [[[int(round(float(c))) for c in row] for row in step] for step in x.tolist()]
     T, B = len(xs), len(xs[0])

@@ -1,6 +1,6 @@
 """lava-dl ``netx`` HDF5 export of a network quantised to the ``loihi2`` profile.
 
-Layout (lava-dl ``slayer/block/base.py::export_hdf5`` / ``netx/hdf5.py``, digest ``snn_libs.md`` §4.2)::
+Layout (lava-dl ``slayer/block/base.py::export_hdf5`` / ``netx/hdf5.py``)::
 
     /layer/0            type = b"input", shape = [C]
     /layer/k            type = b"dense" (or b"dense_rec"), shape = [N], inFeatures, outFeatures,
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..atomic import atomic_path
-from .quantize import QuantizedNetwork
+from .qnetwork import QuantizedNetwork
 
 __all__ = ["write_netx", "NetxExportError"]
 

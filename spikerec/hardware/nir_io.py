@@ -1,11 +1,12 @@
 """NIR export and import of spikerec models (``nir`` 1.0 graphs, HDF5 files).
 
-**dt mapping** (the snnTorch convention, digest ``results_and_refs.md`` §4.2). NIR neurons are
+**dt mapping** (the convention of snnTorch's ``export_to_nir``/``import_from_nir``). NIR neurons are
 continuous: ``tau dv/dt = (v_leak - v) + r I``. A reader integrating with forward Euler at step
 ``dt`` gets ``v <- (1 - dt/tau) v + (dt/tau) r I``. spikerec's discrete ``v <- alpha v + J`` with
 ``alpha = exp(-dt_model / tau_model)`` is therefore written as::
 
-    LIF:      tau = dt / (1 - alpha),  r = tau / dt = 1 / (1 - alpha),  v_leak = 0, v_reset = 0
+    LIF:      tau = dt / (1 - alpha),  r = 1 (the factor tau / dt folded into the preceding Affine/Linear
+              and the recurrent Linear), v_leak = 0, v_reset = 0
     CubaLIF:  tau_syn = dt / (1 - alpha_syn), w_in = tau_syn / dt, tau_mem = dt / (1 - alpha), r = tau_mem / dt
     LI:       tau = dt / (1 - alpha), r = tau / dt (leaky readout; a plain readout is just the Affine)
 
@@ -13,8 +14,15 @@ with ``dt = 1e-4`` by default: snnTorch's importer hard-codes ``dt = 1e-4``; Nor
 ``dt=`` and must be given the same value (and ignores ``r`` of ``LIF`` nodes, see
 :func:`fold_lif_r`). The bias is the ``Affine`` bias (inside ``J``, filtered by the synapse for
 CubaLIF, exactly as spikerec). Graph metadata holds ``dt``; every neuron node's metadata holds
-``reset`` (``zero``/``subtract``/``none``: NIR itself only has reset-to-``v_reset``, i.e. ``zero``),
-``reset_timing`` and ``spikerec_kind``.
+``reset``, ``reset_timing`` and ``spikerec_kind``.
+
+**What NIR cannot express is refused.** NIR neurons reset to ``v_reset``: spikerec's reset
+``zero`` is exactly that; ``subtract`` and ``none`` and the ALIF are not NIR, and every reader
+would run them as a zero reset. :func:`to_nir` therefore raises :class:`NIRExportError` for them
+unless ``extensions=True`` (CLI ``--nir-extensions``), which writes them as spikerec extensions in the
+node metadata (only spikerec's :func:`from_nir` reads them). The conversion path: train or fine-tune
+with reset ``"zero"`` (``adapt_reset`` in :func:`~spikerec.hardware.quantize.finetune` for a target
+with the zero reset, such as ``loihi2``).
 
 **Reset timing.** spikerec's state ``v`` is the membrane before the reset; the reset is applied at
 the next step (snnTorch ``reset_delay=True``). For reset ``zero`` this gives the same spikes as
@@ -38,7 +46,8 @@ import torch
 
 from ..atomic import atomic_path
 
-__all__ = ["to_nir", "write_nir", "read_nir", "from_nir", "fold_lif_r", "NIRImportError", "DEFAULT_DT", "flatten_graph"]
+__all__ = ["to_nir", "write_nir", "read_nir", "from_nir", "fold_lif_r", "NIRImportError", "NIRExportError", "DEFAULT_DT",
+           "flatten_graph", "nir_extensions_needed"]
 
 DEFAULT_DT = 1e-4
 FORMAT = "spikerec-nir-1"
@@ -46,6 +55,23 @@ FORMAT = "spikerec-nir-1"
 
 class NIRImportError(ValueError):
     """A NIR graph (or file) spikerec cannot read; the message names the node."""
+
+
+class NIRExportError(ValueError):
+    """A model NIR cannot express without spikerec's extensions; the message names the layer and the way out."""
+
+
+def nir_extensions_needed(model) -> list[str]:
+    """``["cells.k: why", ...]`` for each layer NIR cannot express (empty: plain NIR suffices)."""
+    from ..layers.alif import ALIF
+
+    out = []
+    for k, cell in enumerate(model.cells):
+        if isinstance(cell, ALIF):
+            out.append(f"cells.{k}: ALIF (adaptive threshold) has no NIR node")
+        elif getattr(cell, "reset", "zero") != "zero":
+            out.append(f"cells.{k}: reset '{cell.reset}' (NIR neurons reset to v_reset, i.e. 'zero')")
+    return out
 
 
 def _np(t) -> np.ndarray:
@@ -56,9 +82,10 @@ def _tau(alpha: np.ndarray, dt: float) -> np.ndarray:
     return (dt / np.clip(1.0 - alpha, 1e-12, None)).astype(np.float32)
 
 
-def to_nir(model, *, dt: float = DEFAULT_DT):
+def to_nir(model, *, dt: float = DEFAULT_DT, extensions: bool = False):
     """The :class:`nir.NIRGraph` of a :class:`~spikerec.models.RecurrentStack` of LIF/ALIF cells and a
-    ``LeakyReadout`` (see the module docstring for the mapping)."""
+    ``LeakyReadout`` (see the module docstring for the mapping). Raises :class:`NIRExportError` for
+    layers NIR cannot express (reset ``subtract``/``none``, ALIF) unless ``extensions=True``."""
     import nir
 
     from ..layers.alif import ALIF
@@ -66,6 +93,13 @@ def to_nir(model, *, dt: float = DEFAULT_DT):
 
     if not (dt > 0):
         raise ValueError(f"to_nir: dt must be > 0, got {dt!r}")
+    needed = nir_extensions_needed(model)
+    if needed and not extensions:
+        raise NIRExportError(
+            "NIR cannot express " + "; ".join(needed) + ". Every NIR reader would run a reset to zero instead. "
+            "Train or fine-tune the model with reset 'zero' (e.g. finetune(model, 'loihi2', ..., adapt_reset=True)), "
+            "or write spikerec's extension metadata with extensions=True (CLI: --nir-extensions), "
+            "which only spikerec's from_nir reads")
     nodes = {"input": nir.Input(input_type=np.array([model.input_size]))}
     edges = []
     prev = "input"
@@ -88,9 +122,15 @@ def to_nir(model, *, dt: float = DEFAULT_DT):
                 tau_s = _tau(alpha_s, dt)
                 neuron = nir.CubaLIF(tau_syn=tau_s, tau_mem=tau_m, r=(tau_m / dt).astype(np.float32), v_leak=zeros,
                                      v_threshold=thr, v_reset=zeros.copy(), w_in=(tau_s / dt).astype(np.float32), metadata=meta)
-            else:
-                neuron = nir.LIF(tau=tau_m, r=(tau_m / dt).astype(np.float32), v_leak=zeros, v_threshold=thr,
+            else:  # r = tau/dt folded into the incoming weights (Norse ignores r of LIF)
+                neuron = nir.LIF(tau=tau_m, r=np.ones(n, np.float32), v_leak=zeros, v_threshold=thr,
                                  v_reset=zeros.copy(), metadata=meta)
+                g = (tau_m.astype(np.float64) / dt)
+                aff = nodes[f"{pre}.affine"]
+                aff.weight = (np.asarray(aff.weight, np.float64) * g[:, None]).astype(np.float32)
+                if isinstance(aff, nir.Affine):
+                    aff.bias = (np.asarray(aff.bias, np.float64) * g).astype(np.float32)
+                meta["r_folded"] = True
         elif isinstance(cell, ALIF):
             alpha, rho = (a.detach().double().numpy() for a in cell.decays())
             tau_m = _tau(alpha, dt)
@@ -104,7 +144,10 @@ def to_nir(model, *, dt: float = DEFAULT_DT):
         edges += [(prev, f"{pre}.affine"), (f"{pre}.affine", f"{pre}.lif")]
         w_rec = cell.effective_recurrent_weight()
         if w_rec is not None:
-            nodes[f"{pre}.w_rec"] = nir.Linear(weight=_np(w_rec))
+            wr = _np(w_rec)
+            if meta.get("r_folded"):
+                wr = (wr.astype(np.float64) * (tau_m.astype(np.float64) / dt)[:, None]).astype(np.float32)
+            nodes[f"{pre}.w_rec"] = nir.Linear(weight=wr)
             edges += [(f"{pre}.lif", f"{pre}.w_rec"), (f"{pre}.w_rec", f"{pre}.lif")]
         prev = f"{pre}.lif"
     ro = model.readout
@@ -125,11 +168,13 @@ def to_nir(model, *, dt: float = DEFAULT_DT):
     return nir.NIRGraph(nodes=nodes, edges=edges, metadata=meta)
 
 
-def write_nir(model_or_graph, path: str, *, dt: float = DEFAULT_DT) -> str:
-    """Write a model (or a graph) to a NIR HDF5 file, through a temporary file and a rename."""
+def write_nir(model_or_graph, path: str, *, dt: float = DEFAULT_DT, extensions: bool = False) -> str:
+    """Write a model (or a graph) to a NIR HDF5 file, through a temporary file and a rename
+    (:func:`to_nir`; nothing is written when it refuses)."""
     import nir
 
-    graph = model_or_graph if isinstance(model_or_graph, nir.NIRGraph) else to_nir(model_or_graph, dt=dt)
+    graph = model_or_graph if isinstance(model_or_graph, nir.NIRGraph) else to_nir(model_or_graph, dt=dt,
+                                                                                    extensions=extensions)
     with atomic_path(path) as tmp:
         nir.write(str(tmp), graph)
     return path
@@ -222,12 +267,14 @@ def _model_tau(alpha: np.ndarray) -> torch.Tensor:
 def _weight_of(node, name):
     import nir
 
-    if isinstance(node, nir.Affine):
-        b = node.bias if node.bias is not None else np.zeros(np.asarray(node.weight).shape[0])
-        return np.asarray(node.weight, np.float64), np.asarray(b, np.float64).reshape(-1)
-    if isinstance(node, nir.Linear):
+    if isinstance(node, (nir.Affine, nir.Linear)):
         w = np.asarray(node.weight, np.float64)
-        return w, np.zeros(w.shape[0])
+        b = getattr(node, "bias", None) if isinstance(node, nir.Affine) else None
+        b = np.zeros(w.shape[0]) if b is None else np.asarray(b, np.float64).reshape(-1)
+        for field, a in (("weight", w), ("bias", b)):
+            if not np.all(np.isfinite(a)):
+                raise NIRImportError(f"node '{name}': field '{field}' has NaN or infinite values")
+        return w, b
     raise NIRImportError(f"node '{name}': expected an Affine or Linear node, got {type(node).__name__}")
 
 
@@ -341,7 +388,8 @@ def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None
             ts, tm = _arr(node, nname, "tau_syn", n), _arr(node, nname, "tau_mem", n)
             r, w_in = _arr(node, nname, "r", n), _arr(node, nname, "w_in", n)
             if np.any(_arr(node, nname, "v_leak", n) != 0):
-                raise NIRImportError(f"node '{nname}': CubaLIF with v_leak != 0 is not supported")
+                raise NIRImportError(f"node '{nname}': field 'v_leak' of a CubaLIF must be 0 (spikerec's CUBA LIF has no leak "
+                                     "potential); got non-zero values")
             alpha, alpha_s = _alpha(tm, dt, nname), _alpha(ts, dt, nname)
             g, v_leak_term = (r * dt / tm) * (w_in * dt / ts), np.zeros(n)
             tau_syn = _model_tau(alpha_s)
@@ -353,7 +401,8 @@ def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None
             if Wr.shape != (n, n):
                 raise NIRImportError(f"node '{wr_name}': recurrent weight shape {Wr.shape}, expected {(n, n)}")
             if np.any(br != 0):
-                raise NIRImportError(f"node '{wr_name}': a recurrent bias is not supported")
+                raise NIRImportError(f"node '{wr_name}': field 'bias' of a recurrent Affine must be 0 (a recurrent bias "
+                                     "is not supported; fold it into the input Affine's bias)")
             Wr = Wr * g[:, None]
         extra = [p for p in pred[nname] if p not in (wname, wr_name)]
         if extra:

@@ -2,7 +2,7 @@
 
 A :class:`TargetProfile` says how a quantised layer is stored and stepped by
 :mod:`spikerec.hardware.intsim`. Every quantity lives in integer *state units*;
-one layer step is (digests ``snn_libs.md`` §4.2-4.3)::
+one layer step is (Lava's ``PyLifModelBitAcc`` for the order of operations)::
 
     a     = (W_q x + W_rec_q z_{t-1}) << shift           weight mantissas, per-layer left shift
     i     = wrap_or_sat_I( decay(i, d_i) + a )             current (plain LIF: d_i removes all of i)
@@ -16,14 +16,18 @@ zero; ``d`` is the *effective* decay, Lava's ``du + 1`` / ``dv``) and ``"bitshif
 ``x <- x - (x >> dash)`` (Xylo, arithmetic shift = floor; ``dash = 0`` removes all of ``x``).
 Overflow: ``"wrap"`` (two's complement) or ``"saturate"`` (to ``±(2^(N-1) - 1)``).
 
-Profiles are models of the published arithmetic, not bit-exact emulators of the chips
-(Lava's ``PyLifModelBitAcc`` and Rockpool's closed ``XyloSim`` are the references they follow).
+``loihi2`` follows Lava's ``PyLifModelBitAcc`` (see ``hardware/loihi2/README.md`` for the release);
+``xylo``/``xylo2`` are the Xylo core itself, simulated by :mod:`spikerec.hardware.xylo` and tested
+bit for bit against SynSense's ``xylosim``.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
 __all__ = ["TargetProfile", "PROFILES", "get_profile", "LAYER_KINDS"]
+
+#: overflow rules: two's complement, Lava's wrap into (-2^(N-1), 2^(N-1)], symmetric saturation
+OVERFLOWS = ("wrap", "wrap_lava", "saturate")
 
 #: layer kinds a profile may support
 LAYER_KINDS = ("lif", "cuba", "recurrent", "alif", "readout", "readout_leaky", "bias")
@@ -39,7 +43,8 @@ class TargetProfile:
         weight_shift_range: allowed per-layer left shifts of the weights (Loihi: ``6 + weight_exp``,
             ``weight_exp`` in 0..7; Xylo: the ``weight_shift`` register).
         current_bits, state_bits: signed widths of the synaptic current ``i`` and membrane ``v``.
-        current_overflow, state_overflow: ``"wrap"`` or ``"saturate"``.
+        current_overflow, state_overflow: ``"wrap"`` (two's complement), ``"wrap_lava"`` (Lava's
+            ``PyLifModelBitAcc``: into ``(-2^(N-1), 2^(N-1)]``) or ``"saturate"``.
         threshold_bits: unsigned bits of the stored threshold mantissa.
         threshold_shift: the stored threshold is ``mant << threshold_shift`` (Loihi ``vth << 6``).
         bias_bits, bias_exp_bits: signed bias mantissa and exponent (``bias = mant << exp``).
@@ -55,6 +60,9 @@ class TargetProfile:
         adapt_frac_bits: fractional bits of the ALIF adaptation variable.
         supports: layer kinds the target runs (see :data:`LAYER_KINDS`).
         description: one line for reports.
+        chip: ``"xylo"`` when the profile is a chip whose whole core spikerec simulates bit for bit
+            (:mod:`spikerec.hardware.xylo`); ``""`` for the per-layer rules above.
+        chip_version: the chip's version (Xylo: 1 = syns61300, 2 = syns61201).
     """
 
     name: str
@@ -77,6 +85,8 @@ class TargetProfile:
     adapt_frac_bits: int = 12
     supports: tuple[str, ...] = LAYER_KINDS
     description: str = ""
+    chip: str = ""
+    chip_version: int = 0
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -85,8 +95,8 @@ class TargetProfile:
             (self.current_bits >= 2 and self.state_bits >= 2, "current_bits/state_bits must be >= 2"),
             (self.current_bits <= 48 and self.state_bits <= 48, "current_bits/state_bits must be <= 48"),
             (self.decay in ("mulshift", "bitshift"), f"decay must be 'mulshift' or 'bitshift', got {self.decay!r}"),
-            (self.current_overflow in ("wrap", "saturate") and self.state_overflow in ("wrap", "saturate"),
-             "current_overflow/state_overflow must be 'wrap' or 'saturate'"),
+            (self.current_overflow in OVERFLOWS and self.state_overflow in OVERFLOWS,
+             f"current_overflow/state_overflow must be one of {OVERFLOWS}"),
             (self.bias_into in ("current", "voltage"), "bias_into must be 'current' or 'voltage'"),
             (self.reset_timing in ("next_step", "immediate"), "reset_timing must be 'next_step' or 'immediate'"),
             (set(self.resets) <= {"zero", "subtract", "none"}, "resets must be a subset of zero/subtract/none"),
@@ -136,15 +146,16 @@ class TargetProfile:
 
 
 PROFILES: dict[str, TargetProfile] = {
-    # Lava PyLifModelBitAcc: 24-bit u (wraps) and v (saturates), du/dv 12-bit (>>12, toward zero),
-    # a_in << 6, vth << 6 (17-bit mantissa), bias 13-bit mantissa << 3-bit exponent, zero reset, strict >.
+    # Lava 0.10.0 PyLifModelBitAcc (src/lava/proc/lif/models.py): 24-bit u wraps into (-2^23, 2^23],
+    # v saturates to +-(2^23 - 1), du/dv 12-bit (>> 12, toward zero), a_in << 6, vth << 6 (17-bit
+    # mantissa), bias 13-bit mantissa << 3-bit exponent, reset to 0 right after the spike, strict >.
     "loihi2": TargetProfile(
         name="loihi2",
         weight_bits=8,
         weight_shift_range=(6, 13),
         current_bits=24,
         state_bits=24,
-        current_overflow="wrap",
+        current_overflow="wrap_lava",
         state_overflow="saturate",
         threshold_bits=17,
         threshold_shift=6,
@@ -160,8 +171,8 @@ PROFILES: dict[str, TargetProfile] = {
         description="Loihi-2-like CUBA: int8 weights << (6 + exp), 24-bit u (wrap) and v (saturate), "
                     "12-bit multiply-and-shift decays, zero reset, v > vth",
     ),
-    # Xylo (Rockpool docs): int8 weights with a per-matrix left shift, 16-bit state and threshold,
-    # 4-bit dash decays v - (v >> dash), bias, subtractive reset right after the spike.
+    # Xylo SNN core (SynSense), bit-exact with the vendor's simulator xylosim: see spikerec.hardware.xylo_arith
+    # and hardware/xylo/README.md. Version 1 (syns61300) has no bias; version 2 (syns61201, "xylo2") has one.
     "xylo": TargetProfile(
         name="xylo",
         weight_bits=8,
@@ -179,9 +190,33 @@ PROFILES: dict[str, TargetProfile] = {
         reset_timing="immediate",
         strict_threshold=False,
         bias_into="voltage",
+        supports=("lif", "cuba", "recurrent", "readout", "readout_leaky"),
+        chip="xylo",
+        chip_version=1,
+        description="Xylo v1 (syns61300) SNN core, bit-exact with xylosim: CUBA LIF, int8 weights with one shift "
+                    "per matrix, 16-bit saturating state, dash decays, multi-spike subtractive reset, no bias",
+    ),
+    "xylo2": TargetProfile(
+        name="xylo2",
+        weight_bits=8,
+        weight_shift_range=(0, 7),
+        current_bits=16,
+        state_bits=16,
+        current_overflow="saturate",
+        state_overflow="saturate",
+        threshold_bits=15,
+        threshold_shift=0,
+        bias_bits=16,
+        decay="bitshift",
+        decay_bits=4,
+        resets=("subtract",),
+        reset_timing="immediate",
+        strict_threshold=False,
+        bias_into="voltage",
         supports=("lif", "cuba", "recurrent", "readout", "readout_leaky", "bias"),
-        description="Xylo-like: int8 weights << shift, 16-bit saturating state, bit-shift decays "
-                    "v - (v >> dash) with 4-bit dash, subtractive reset, v >= thr",
+        chip="xylo",
+        chip_version=2,
+        description="Xylo v2 (syns61201) SNN core, bit-exact with xylosim: as 'xylo' plus a 16-bit bias per neuron",
     ),
     # Configurable: defaults follow spikerec's float semantics on an 8-bit / 16-bit grid.
     "generic": TargetProfile(

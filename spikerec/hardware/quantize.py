@@ -10,8 +10,8 @@ profile's range for which the threshold, bias and a headroom of ``HEADROOM x thr
     b_q   = round(s b / 2^e) << e                  (``e`` the smallest bias exponent that fits)
     d     = round((1 - alpha) 2^B)  (mulshift)  or  dash = round(-log2(1 - alpha))  (bitshift)
 
-Rockpool's ``global_quantize`` and lava-dl's netx follow the same pattern (digest ``snn_libs.md``
-§4.2-4.3). A :class:`QuantReport` gives the per-layer error; :func:`quantize` warns
+Rockpool's ``global_quantize`` (``rockpool/transform/quantize_methods.py``) and lava-dl's netx
+export follow the same pattern. A :class:`QuantReport` gives the per-layer error; :func:`quantize` warns
 (:class:`SilentLayerWarning`) when a layer that fires in float is silent in the integer
 simulator on calibration data; :func:`finetune` trains through fake quantisation with a
 straight-through estimator (STE) to win back accuracy.
@@ -19,144 +19,20 @@ straight-through estimator (STE) to win back accuracy.
 from __future__ import annotations
 
 import copy
-import json
-import os
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 
-from ..atomic import atomic_path
+from .intsim import simulate
 from .profiles import TargetProfile, get_profile
+from .qnetwork import HEADROOM, QLayer, QuantizationError, QuantizedNetwork, QuantReport, SilentLayerWarning
+from .xylo_network import XyloNetwork
+from .xylo_quantize import fake_quant_params_xylo, quantize_xylo
 
 __all__ = [
     "QLayer", "QuantizedNetwork", "QuantReport", "QuantizationError", "SilentLayerWarning",
     "quantize", "finetune", "fake_quant_params", "HEADROOM",
 ]
-
-HEADROOM = 8.0  # the membrane must be able to reach HEADROOM x threshold without overflow
-
-
-class QuantizationError(ValueError):
-    """A layer cannot be represented on the target (names the layer)."""
-
-
-class SilentLayerWarning(UserWarning):
-    """A layer that fires in float emits no spike after quantisation."""
-
-
-@dataclass
-class QLayer:
-    """One quantised layer; integer tensors are int64, in state units unless noted.
-
-    ``kind``: ``lif`` (plain or CUBA), ``alif`` or ``readout``. ``weight``/``recurrent_weight`` are
-    mantissas added as ``(W_q x) << shift``. ``threshold``: fire iff ``v > threshold``;
-    ``reset_amount``: what reset "subtract" removes (the chip's threshold register).
-    ``decay_i``/``decay_v``/``decay_a``: decay codes (profile rule). ALIF: ``theta = b +
-    ((beta * a) >> adapt_frac_bits)``, ``a <- decay(a) + adapt_inc z``.
-    """
-
-    kind: str
-    name: str
-    weight: torch.Tensor
-    shift: int
-    bias: torch.Tensor
-    decay_i: torch.Tensor
-    decay_v: torch.Tensor
-    scale: float
-    recurrent_weight: torch.Tensor | None = None
-    threshold: torch.Tensor | None = None
-    reset_amount: torch.Tensor | None = None
-    reset: str = "none"
-    cuba: bool = False
-    decay_a: torch.Tensor | None = None
-    adapt_inc: torch.Tensor | None = None
-    b: torch.Tensor | None = None
-    beta: torch.Tensor | None = None
-
-    TENSORS = ("weight", "bias", "decay_i", "decay_v", "recurrent_weight", "threshold", "reset_amount", "decay_a", "adapt_inc", "b", "beta")
-
-    @property
-    def size(self) -> int:
-        return int(self.weight.shape[0])
-
-    def meta(self) -> dict:
-        return {"kind": self.kind, "name": self.name, "shift": self.shift, "scale": self.scale, "reset": self.reset,
-                "cuba": self.cuba}
-
-
-@dataclass
-class QuantizedNetwork:
-    """Integer network: profile, layers (hidden cells then the readout), readout mode."""
-
-    profile: TargetProfile
-    layers: list[QLayer]
-    readout_mode: str
-    input_size: int
-
-    def save(self, folder: str, stem: str = "quantized") -> tuple[str, str]:
-        """Write ``<stem>.safetensors`` (integer tensors) and ``<stem>.json`` (profile, layer metadata),
-        each through a temporary file and a rename."""
-        from safetensors.torch import save_file
-
-        os.makedirs(folder, exist_ok=True)
-        tensors = {f"layers.{k}.{name}": getattr(q, name).clone().contiguous()
-                   for k, q in enumerate(self.layers) for name in QLayer.TENSORS if getattr(q, name) is not None}
-        meta = {"format": "spikerec-quantized-1", "profile": self.profile.to_dict(), "readout_mode": self.readout_mode,
-                "input_size": self.input_size, "layers": [q.meta() for q in self.layers]}
-        st, js = os.path.join(folder, f"{stem}.safetensors"), os.path.join(folder, f"{stem}.json")
-        _atomic(st, lambda p: save_file(tensors, p))
-        _atomic(js, lambda p: open(p, "w").write(json.dumps(meta, indent=1)))
-        return st, js
-
-    @classmethod
-    def load(cls, folder: str, stem: str = "quantized") -> "QuantizedNetwork":
-        from safetensors.torch import load_file
-
-        js = os.path.join(folder, f"{stem}.json")
-        try:
-            meta = json.load(open(js))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"{js}: cannot read quantised-network metadata ({e})") from None
-        if meta.get("format") != "spikerec-quantized-1":
-            raise ValueError(f"{js}: not a spikerec quantised network (format {meta.get('format')!r})")
-        tensors = load_file(os.path.join(folder, f"{stem}.safetensors"))
-        layers = []
-        for k, m in enumerate(meta["layers"]):
-            t = {n: tensors.get(f"layers.{k}.{n}") for n in QLayer.TENSORS}
-            layers.append(QLayer(**m, **t))
-        return cls(TargetProfile.from_dict(meta["profile"]), layers, meta["readout_mode"], int(meta["input_size"]))
-
-
-@dataclass
-class QuantReport:
-    """Per-layer quantisation error (float units) and, with calibration data, activity."""
-
-    profile: str
-    layers: list[dict] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def table(self) -> str:
-        cols = ("name", "kind", "shift", "weight_rel_err", "zeroed_frac", "threshold_rel_err", "decay_v_err",
-                "decay_i_err", "rate_float", "rate_int", "spike_agreement")
-        lines = [" ".join(f"{c:>16}" for c in cols)]
-        for r in self.layers:
-            cells = []
-            for c in cols:
-                v = r.get(c, "")
-                cells.append(f"{v:>16.4g}" if isinstance(v, float) else f"{str(v):>16}")
-            lines.append(" ".join(cells))
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        return {"profile": self.profile, "layers": self.layers, "warnings": self.warnings}
-
-
-def _atomic(path: str, write) -> None:
-    """Call ``write(tmp_path)``, then rename onto ``path`` (nothing partial is left)."""
-    with atomic_path(path) as tmp:
-        write(str(tmp))
-
 
 # --- scalar rules ------------------------------------------------------------------------
 def decay_code(alpha: torch.Tensor, profile: TargetProfile) -> torch.Tensor:
@@ -384,6 +260,8 @@ def quantize(model, profile="generic", *, calibration: torch.Tensor | None = Non
     ``adapt_reset`` switches resets the target lacks (see :func:`adapt_model`).
     """
     profile = get_profile(profile, **overrides)
+    if profile.chip == "xylo":
+        return _quantize_xylo(model, profile, calibration, adapt_reset)
     check_supported(model, profile, adapt_reset=adapt_reset)
     if adapt_reset:
         model = adapt_model(model, profile)
@@ -398,11 +276,25 @@ def quantize(model, profile="generic", *, calibration: torch.Tensor | None = Non
     return qnet, report
 
 
+def _quantize_xylo(model, profile: TargetProfile, calibration, adapt_reset: bool):
+    """The Xylo path of :func:`quantize` (:func:`~spikerec.hardware.xylo_quantize.quantize_xylo`)."""
+    spec, rep = quantize_xylo(model, profile.chip_version, adapt_reset=adapt_reset)
+    if adapt_reset:
+        model = adapt_model(model, profile)
+    names = [f"cells.{k}" for k in range(len(model.cells))]
+    qnet = XyloNetwork(profile, spec, model.readout_mode, model.input_size, names)
+    report = QuantReport(profile.name, layers=rep["layers"])
+    for row in report.layers:
+        row["kind"] = "readout" if row["name"] == "readout" else "cuba"
+        row["shift"] = rep["shifts"]["out" if row["name"] == "readout" else ("in" if row["name"] == "cells.0" else "rec")]
+    if calibration is not None:
+        activity_report(model, qnet, calibration, report)
+    return qnet, report
+
+
 @torch.no_grad()
 def activity_report(model, qnet: QuantizedNetwork, x: torch.Tensor, report: QuantReport) -> None:
     """Fill firing rates / spike agreement into ``report`` and warn about silent layers."""
-    from .intsim import simulate
-
     _, _, hidden = model(x.to(next(model.parameters()).dtype), record=True)
     res = simulate(qnet, x)
     for k, (zf, zi) in enumerate(zip(hidden, res.spikes)):
@@ -425,7 +317,10 @@ def _ste(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def fake_quant_params(model, profile: TargetProfile) -> dict[str, torch.Tensor]:
     """Parameters of ``model`` replaced by their dequantised values with an STE (for
-    :func:`torch.func.functional_call`): weights, biases, thresholds and time constants."""
+    :func:`torch.func.functional_call`): weights, biases, thresholds and time constants. For a chip
+    profile (Xylo) these are the values the chip runs (:func:`~spikerec.hardware.xylo_quantize.fake_quant_params_xylo`)."""
+    if profile.chip == "xylo":
+        return fake_quant_params_xylo(model, profile.chip_version)
     params = dict(model.named_parameters())
     out = {}
     for k, cell in enumerate(model.layers):

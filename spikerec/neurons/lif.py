@@ -111,12 +111,13 @@ def output(params: LIFParams, state, options: LIFOptions, arith: Arithmetic = FL
 
 
 def _synaptic(params: LIFParams, x_t, z_prev, options: LIFOptions, arith: Arithmetic, into=None):
-    """``[into +] W x_t [+ b] + W_rec z_{t-1}`` in the arithmetic's partial-sum rule."""
+    """``[into +] W x_t + W_rec z_{t-1} [+ b]`` in the arithmetic's partial-sum rule: input events,
+    then recurrent events (each may saturate, as on Xylo), then the bias."""
     J = arith.synaptic_input(x_t, params.weight, into)
-    if params.bias is not None and options.bias_into == "current":
-        J = J + params.bias
     if params.recurrent_weight is not None:
         J = arith.synaptic_input(z_prev, params.recurrent_weight, J)
+    if params.bias is not None and options.bias_into == "current":
+        J = J + params.bias
     return J
 
 

@@ -1,0 +1,67 @@
+"""``spikerec export RUN --target T``: quantise a finished run for a target, write its files (NIR
+graph, quantised network or Xylo specification, netx HDF5 for loihi2, report) and cross-check the
+simulators. The work is :func:`spikerec.hardware.export.export_model`; this module reads the run
+and the arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+from ..hardware.export import export_model, load_test_batches, summary
+from ..hardware.profiles import PROFILES
+from ..train.runs import load_model
+
+__all__ = ["main", "build_parser", "export_run"]
+
+
+def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples: int = 512, dt: float = 1e-4,
+               finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3, random_input: bool = False,
+               nir_extensions: bool = False) -> dict:
+    """Export one run folder (``config.json`` + ``model.safetensors``); returns the report."""
+    for name in ("config.json", "model.safetensors"):
+        if not os.path.exists(os.path.join(run_dir, name)):
+            raise FileNotFoundError(f"run folder '{run_dir}': missing {name}")
+    model = load_model(run_dir).float().eval()
+    if random_input:
+        g = torch.Generator().manual_seed(0)
+        batches = [((torch.rand(50, 64, model.input_size, generator=g) < 0.1).float(), None)]
+    else:
+        batches = load_test_batches(run_dir, "test", samples)
+    train = load_test_batches(run_dir, "train", 10**9) if finetune_epochs > 0 else None
+    return export_model(model, target, out_dir or os.path.join(run_dir, "export", target), batches,
+                        train_batches=train, run_label=str(run_dir), dt=dt, finetune_epochs=finetune_epochs,
+                        adapt_reset=adapt_reset, lr=lr, nir_extensions=nir_extensions)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="spikerec export", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", help="run folder (config.json + model.safetensors)")
+    ap.add_argument("--target", required=True, choices=sorted(PROFILES), help="target profile")
+    ap.add_argument("--out", default=None, help="output folder (default RUN/export/TARGET)")
+    ap.add_argument("--samples", type=int, default=512, help="test samples for the cross-check")
+    ap.add_argument("--dt", type=float, default=1e-4, help="NIR dt (snnTorch's importer needs 1e-4)")
+    ap.add_argument("--finetune-epochs", type=int, default=0, help="quantisation-aware fine-tuning epochs (STE)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="fine-tuning learning rate")
+    ap.add_argument("--adapt-reset", action="store_true", help="switch resets the target lacks (then fine-tune)")
+    ap.add_argument("--random-input", action="store_true", help="cross-check on random spikes instead of the test set")
+    ap.add_argument("--nir-extensions", action="store_true",
+                    help="write what NIR cannot express (reset subtract/none, ALIF) as spikerec extension metadata "
+                         "(only spikerec reads it); without it such models get no model.nir")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
+                         finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
+                         random_input=args.random_input, nir_extensions=args.nir_extensions)
+    except (FileNotFoundError, ValueError) as e:  # QuantizationError and XyloLimitError are ValueErrors
+        print(f"spikerec export: {e}", file=sys.stderr)
+        return 2
+    print(summary(rep))
+    return 0
