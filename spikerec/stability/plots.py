@@ -19,6 +19,11 @@ def _smooth(values, n: int = 10):
     return out
 
 
+def lsc_status(report) -> str:
+    """``"converged"`` or ``"not converged: <why it stopped>"`` (the plot's title says it)."""
+    return "converged" if report.converged else "not converged: " + (report.stop_reason or "stopped")
+
+
 def plot_lsc_history(report, path) -> str:
     """Write a PNG: top, every term's batch-mean radius per step (thin; thick: trailing mean over
     10 steps), its target (dashed) and tolerance band ``target +- eps`` (shaded), and the final radii
@@ -56,7 +61,7 @@ def plot_lsc_history(report, path) -> str:
     if report.best_step >= 0:
         ax.axvline(report.best_step, color="0.5", ls=":", lw=0.8)
     ax.set_ylabel("spectral radius (batch mean)")
-    status = "converged" if report.converged else "not converged: " + (report.stop_reason or "stopped")
+    status = lsc_status(report)
     ax.set_title(f"LSC pre-training: transition-derivative radii ({status})", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
