@@ -67,9 +67,13 @@ def plot_lsc_history(report, path) -> str:
     ax.grid(alpha=0.3)
     losses = [max(v, 1e-12) for v in hist.get("loss", [])]
     ax2.plot(steps, losses, color="k", lw=1.0)
-    ax2.set_yscale("log")
+    if losses and max(losses) / min(losses) > 3:  # a log axis only where the loss spans a range
+        ax2.set_yscale("log")
+    from matplotlib.ticker import MaxNLocator
+
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax2.set_xlabel("pre-training step (one per time step)")
-    ax2.set_ylabel("LSC loss")
+    ax2.set_ylabel("LSC loss" + (" (log scale)" if ax2.get_yscale() == "log" else ""))
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     path = os.fspath(path)
