@@ -1,6 +1,6 @@
 """Training: presets and configs, the trainer (LSC phase, BPTT or online), run folders,
-checkpoints, metrics, plots, data-parallel launch and the ``spikerec train``/``evaluate``
-commands. See ``docs/training.md``.
+checkpoints, metrics, plots and data-parallel launch (the commands are in :mod:`spikerec.cli`).
+See ``docs/training.md``.
 
 ``Trainer(cfg_or_preset, run_dir).fit()`` trains from Python; data sets of your own go in with
 :func:`spikerec.data.register_dataset`."""

@@ -1,15 +1,26 @@
 """``spikerec evaluate RUN``: test a finished (or checkpointed) run again."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from pathlib import Path
+
+import torch
+
+from ..analysis.deployment_metrics import deployment_metrics, format_metrics
+from ..data import get_dataset, make_loader
+from ..errors import CheckpointError
+from ..hardware.profiles import PROFILES
+from ..train.checkpoint import atomic_write_json
+from ..train.runs import load_model, read_config
+from ..train.trainer import evaluate
+from .common import ArgumentParser, check_device
 
 __all__ = ["main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="spikerec evaluate",
         description="Load a run folder made by 'spikerec train' (config.json + model.safetensors), evaluate it on a "
                     "split of its data set and print the loss, the accuracy and the firing rate of every spiking layer.",
@@ -30,12 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _deployment(model, loader, args, res: dict) -> list[str]:
     """Deployment metrics into ``res["deployment_metrics"]`` and RUN/summary.json; the lines to print."""
-    from pathlib import Path
-
-    from ..analysis.deployment_metrics import deployment_metrics, format_metrics
-    from ..hardware.profiles import PROFILES
-    from .checkpoint import atomic_write_json
-
     try:
         m = deployment_metrics(model, loader, profiles=PROFILES, max_batches=args.metrics_batches)
     except (ImportError, ValueError) as e:
@@ -54,30 +59,26 @@ def _deployment(model, loader, args, res: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    import torch
-
-    from ..data import DataError, DatasetMissingError, get_dataset, make_loader
-    from .runs import RunError, load_model, read_config
-    from .trainer import evaluate
-
-    try:
-        cfg = read_config(args.run)
-        model = load_model(args.run, map_location=args.device, checkpoint=args.checkpoint)
-        dc = cfg["data"]
-        ds = get_dataset(dc["name"], args.split, **dc.get("options", {}))
-    except (RunError, DatasetMissingError, DataError, ValueError) as e:
-        print(f"spikerec evaluate: {e}", file=sys.stderr)
-        return 2
+    check_device(args.device, "--device")
+    cfg = read_config(args.run)
+    final = Path(args.run) / "model.safetensors"
+    if not args.checkpoint and not final.is_file():
+        raise CheckpointError(f"'{final}' is missing (the run did not finish); evaluate its newest checkpoint "
+                              f"explicitly with --checkpoint")
+    model = load_model(args.run, map_location=args.device, checkpoint=args.checkpoint)
+    weights = "newest checkpoint" if args.checkpoint else "model.safetensors"
+    dc = cfg["data"]
+    ds = get_dataset(dc["name"], args.split, **dc.get("options", {}))
     bs = args.batch_size or int(dc.get("eval_batch_size", 256))
     loader = make_loader(ds, bs, False, 0)
     res = evaluate(model, loader, cfg["train"], torch.device(args.device))
-    res.update({"run": str(args.run), "split": args.split, "data": dc["name"]})
+    res.update({"run": str(args.run), "split": args.split, "data": dc["name"], "weights": weights})
     lines = [] if args.no_metrics else _deployment(model, loader, args, res)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
     acc = res.get("accuracy")
-    line = f"{args.run}: {args.split} split of '{dc['name']}' ({res['samples']} samples): loss {res['loss']:.4f}"
+    line = f"{args.run} ({weights}): {args.split} split of '{dc['name']}' ({res['samples']} samples): loss {res['loss']:.4f}"
     if acc is not None:
         line += f", accuracy {100 * acc:.2f}% ({cfg['train'].get('accuracy', 'mode')})"
     print(line)
