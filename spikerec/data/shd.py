@@ -57,7 +57,7 @@ def shd_info(**options) -> dict:
 
 def _warn_far(report: dict, path, recipe: BinRecipe) -> None:
     if report.get("far_after", 0):
-        warnings.warn(f"{path}: {report['far_after']} spike(s) lie at or past {2 * recipe.window:g} s, more than a "
+        warnings.warn(f"{path}: {report['far_after']} spike(s) lie at or past {recipe.t_start + 2 * recipe.window:g} s, more than a "
                       f"window ({recipe.window:g} s) after the binning window ends (are the times in seconds?); "
                       f"they are dropped, with the other {report['after'] - report['far_after']} spike(s) after "
                       f"the window, per the recipe", RuntimeWarning, stacklevel=3)

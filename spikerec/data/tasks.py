@@ -1,6 +1,6 @@
 """Synthetic tasks of the papers, generated from a seed (each split has its own stream).
 
-* ``copy`` (digest 003 §3.9.1, Zucchet thesis §4.4): ``pattern_length P = 20``, ``pad_length = 7``,
+* ``copy`` (Zucchet 2025, ETH Diss. 31520, §4.4.1): ``pattern_length P = 20``, ``pad_length = 7``,
   8 input channels, ``T = 2P + pad + 1 = 48``. Steps ``[0, P)`` carry Bernoulli(1/2) bits in
   channels 0-6, the pad is silent, the stop token (channel 7) is on at step ``P + pad = 27``,
   and the target is the pattern at steps ``[T - P, T) = [28, 48)``. Targets are ``[T, 7]``
@@ -9,7 +9,7 @@
 * ``adding`` (Hochreiter & Schmidhuber 1997; Arjovsky et al. 2016 form): channel 0 holds
   ``U(0, 1)`` values, channel 1 marks one step in each half of the sequence; the target is the
   sum of the two marked values (regression, one output read at the last step).
-* ``teacher_student`` (digest 000 §5.1/§6.2): a fixed linear teacher
+* ``teacher_student`` (Zucchet & Orvieto 2024, NeurIPS, App. A.1, eqs 12-15): a fixed linear teacher
   ``h_t = A h_{t-1} + B x_t``, ``y_t = C h_t + D x_t`` with ``h_0 = 0``, ``n = 10``, ``A`` from
   ``N(0, 1/n)`` entries whose eigenvalues are mapped to
   ``(nu0 + (1 - nu0) tanh|lambda|) exp(i angle(lambda) theta0 / pi)`` (eq. 15),
@@ -114,7 +114,7 @@ def adding_dataset(split: str, **options) -> ArrayDataset:
 
 
 def linear_teacher(n_hidden=10, d_in=1, d_out=1, nu0=0.99, theta0=math.pi, seed=0) -> dict[str, np.ndarray]:
-    """Teacher matrices ``A[n, n], B[n, d_in], C[d_out, n], D[d_out, d_in]`` (float64; digest 000 §5.1)."""
+    """Teacher matrices ``A[n, n], B[n, d_in], C[d_out, n], D[d_out, d_in]`` (float64; Zucchet & Orvieto 2024, App. A.1)."""
     if not 0 <= nu0 < 1:
         raise ValueError(f"teacher_student: nu0 must lie in [0, 1), got {nu0!r}")
     rng = np.random.default_rng(int(seed))

@@ -21,29 +21,60 @@ def _save(fig, path) -> str:
     return str(atomic_save_figure(fig, path, dpi=110, bbox_inches="tight"))
 
 
+def _best_epoch(epochs: list[dict]):
+    """The epoch record with the lowest validation loss (the weights ``keep_best`` keeps), or None."""
+    valid = [r for r in epochs if r.get("valid_loss") is not None]
+    return min(valid, key=lambda r: r["valid_loss"]) if valid else None
+
+
 def plot_curves(records: list[dict], path) -> str:
-    """Loss and accuracy per epoch (train and validation) plus per-step training loss."""
+    """Loss per step and epoch (left) and accuracy per epoch (right), train and validation; the
+    best-validation-loss epoch (the weights ``train.keep_best`` keeps) is marked on both."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _plt()
     epochs = [r for r in records if r.get("kind") == "epoch"]
     steps = [r for r in records if r.get("kind") == "step"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
     if steps:
         a1.plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.6, alpha=0.4, color="C0", label="train (steps)")
+    best = _best_epoch(epochs)
     if epochs:
         xs = [r["step"] for r in epochs]
-        a1.plot(xs, [r.get("train_loss") for r in epochs], "o-", color="C0", label="train")
+        a1.plot(xs, [r.get("train_loss") for r in epochs], "o-", color="C0", label="train (epoch)")
         if any(r.get("valid_loss") is not None for r in epochs):
             a1.plot(xs, [r.get("valid_loss") for r in epochs], "s-", color="C1", label="validation")
+        ep = [r["epoch"] for r in epochs]
         if any(r.get("train_acc") is not None for r in epochs):
-            a2.plot([r["epoch"] for r in epochs], [r.get("train_acc") for r in epochs], "o-", color="C0", label="train")
+            a2.plot(ep, [r.get("train_acc") for r in epochs], "o-", color="C0", label="train")
         if any(r.get("valid_acc") is not None for r in epochs):
-            a2.plot([r["epoch"] for r in epochs], [r.get("valid_acc") for r in epochs], "s-", color="C1", label="validation")
-    a1.set_xlabel("step"); a1.set_ylabel("loss"); a1.set_yscale("log")
-    a2.set_xlabel("epoch"); a2.set_ylabel("accuracy"); a2.set_ylim(0, 1)
-    a2.grid(alpha=0.3)
+            a2.plot(ep, [r.get("valid_acc") for r in epochs], "s-", color="C1", label="validation")
+        a2.set_xlim(min(ep) - 0.5, max(ep) + 0.5)
+        if len(ep) < 3:  # short runs: a tick per epoch, not fractions of one
+            a2.set_xticks(ep)
+    if best is not None:
+        lab = f"best validation (epoch {best['epoch']})"
+        a1.axvline(best["step"], color="0.4", ls=":", lw=1)
+        a1.plot([best["step"]], [best["valid_loss"]], "*", ms=12, color="C3", label=lab, zorder=5)
+        a2.axvline(best["epoch"], color="0.4", ls=":", lw=1)
+        if best.get("valid_acc") is not None:
+            a2.plot([best["epoch"]], [best["valid_acc"]], "*", ms=12, color="C3", label=lab, zorder=5)
+    losses = [v for r in steps + epochs for v in (r.get("loss"), r.get("train_loss"), r.get("valid_loss"))
+              if v is not None and v > 0]
+    log = bool(losses) and max(losses) / min(losses) > 3  # a log axis only where the loss spans a range
+    a1.set_xlabel("training step"); a1.set_ylabel("loss (log scale)" if log else "loss")
+    if log:
+        a1.set_yscale("log")
+    a2.set_xlabel("epoch"); a2.set_ylabel("accuracy")
+    accs = [v for r in epochs for v in (r.get("train_acc"), r.get("valid_acc")) if v is not None]
+    a2.set_ylim(max(0.0, min(accs) - 0.05) if accs else 0.0, 1.0)
+    if len(epochs) >= 3:
+        a2.xaxis.set_major_locator(MaxNLocator(integer=True))
+    a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (a1, a2):
+        ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="best", framealpha=0.8)
     fig.suptitle("learning curves")
     out = _save(fig, path)
     plt.close(fig)
@@ -63,27 +94,45 @@ def plot_raster(model, x: torch.Tensor, path, *, label=None) -> str:
         (f"layer {i} ({type(c).__name__}, {h.shape[-1]})", h[:, 0], getattr(c, "spiking", False))
         for i, (c, h) in enumerate(zip(model.cells, hidden))
     ]
-    fig, axes = plt.subplots(len(panels) + 1, 1, figsize=(8, 1.8 * (len(panels) + 1)), sharex=True)
-    for ax, (name, a, spiking) in zip(axes, panels):
+    n = len(panels) + 1
+    fig = plt.figure(figsize=(9, 1.9 * n))
+    gs = fig.add_gridspec(n, 2, width_ratios=[40, 1], wspace=0.03, hspace=0.45)
+    axes = [fig.add_subplot(gs[0, 0])]
+    axes += [fig.add_subplot(gs[i, 0], sharex=axes[0]) for i in range(1, n)]
+    T = x.shape[0]
+    for i, (ax, (name, a, spiking)) in enumerate(zip(axes, panels)):
         a = a.detach().float().cpu()
+        cax = fig.add_subplot(gs[i, 1])
         if spiking:
-            t, n = torch.nonzero(a > 0, as_tuple=True)
-            ax.scatter(t.numpy(), n.numpy(), s=2, marker="|", color="k")
+            t, k = torch.nonzero(a > 0, as_tuple=True)
+            ax.scatter(t.numpy(), k.numpy(), s=2, marker="|", color="k")
             ax.set_ylim(-0.5, a.shape[1] - 0.5)
-            rate = float(a.mean())
-            ax.set_title(f"{name}: {rate:.3f} spikes/neuron/step", fontsize=8)
-        else:
-            ax.imshow(a.t().numpy(), aspect="auto", interpolation="nearest", cmap="viridis")
+            ax.set_title(f"{name}: {float(a.mean()):.3f} spikes/neuron/step", fontsize=8)
+            cax.set_visible(False)
+        else:  # neuron index grows upwards, as in the rasters
+            im = ax.imshow(a.t().numpy(), aspect="auto", interpolation="nearest", cmap="viridis", origin="lower",
+                           extent=(-0.5, T - 0.5, -0.5, a.shape[1] - 0.5))
+            fig.colorbar(im, cax=cax)
+            cax.tick_params(labelsize=6)
+            cax.set_ylabel("output", fontsize=7)
             ax.set_title(name, fontsize=8)
-        ax.set_ylabel("neuron", fontsize=8)
+        ax.set_ylabel("neuron" if i else "input channel", fontsize=8)
+        ax.tick_params(labelbottom=False)
     yy = y[:, 0].detach().float().cpu()
+    ax = axes[-1]
     for k in range(yy.shape[1]):
-        axes[-1].plot(yy[:, k].numpy(), lw=1, label=str(k) if yy.shape[1] <= 20 else None)
-    axes[-1].set_title("readout" + (f" (label {label}, prediction {int(yy.mean(0).argmax())})" if label is not None else ""),
-                       fontsize=8)
-    axes[-1].set_xlabel("time step")
-    if yy.shape[1] <= 20:
-        axes[-1].legend(fontsize=6, ncol=10, loc="upper left")
+        ax.plot(yy[:, k].numpy(), lw=1, label=str(k) if yy.shape[1] <= 20 else None)
+    ax.set_title("readout" + (f" (label {label}, prediction {int(yy.mean(0).argmax())})" if label is not None else ""),
+                 fontsize=8)
+    ax.set_xlabel("time step")
+    ax.set_ylabel("readout output", fontsize=8)
+    ax.tick_params(labelbottom=True)
+    ax.set_xlim(-0.5, T - 0.5)
+    lax = fig.add_subplot(gs[-1, 1])
+    lax.axis("off")
+    if yy.shape[1] <= 20:  # beside the traces, never on them
+        ax.legend(fontsize=6, ncol=1 if yy.shape[1] <= 10 else 2, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  title="class", title_fontsize=6, borderaxespad=0)
     out = _save(fig, path)
     plt.close(fig)
     return out
