@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..surrogate import Surrogate, get_surrogate
-from ._lif_kernel import ALIFSequence
+from ..kernels.alif_sequence import ALIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["ALIF", "ALIFState", "truncated_normal_positive"]

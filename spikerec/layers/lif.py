@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..surrogate import Surrogate, get_surrogate
-from ._lif_kernel import LIFSequence
+from ..kernels.lif_sequence import LIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["LIF", "LIFState", "CubaLIFState", "RESET_MODES"]
