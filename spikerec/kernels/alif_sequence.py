@@ -12,8 +12,8 @@ Rouat, 2024, Sec. 4 and App. H; the adaptive threshold of Bellec et al. 2018, eq
 with the reset term stop-gradient when ``detach_reset`` (as the official code). The input
 currents ``I`` come from one matmul outside.
 
-Saved for the backward: ``v_t``, ``a_t`` and the spikes as ``uint8``; never the input
-currents. Each forward step is five torch calls (``a``, ``theta``, the recurrent
+Saved for the backward: ``v_t``, ``a_t`` and the spikes as booleans (one byte); never
+the input currents. Each forward step is five torch calls (``a``, ``theta``, the recurrent
 ``addmm``, the membrane, the comparison), each backward step four (the surrogate
 product, ``dL/dv``, ``dL/da``, and one ``addmm`` for the carry into ``z_{t-1}``); the
 surrogate derivatives and all parameter reductions are vectorised outside the loops.
@@ -44,7 +44,7 @@ class ALIFSequence(torch.autograd.Function):
             J = I[t] if w_t is None else torch.addmm(I[t], z, w_t)
             v = torch.addcmul(J, alpha, v, out=V[t]).addcmul_(theta, z, value=-1.0)
             z = torch.gt(v, theta, out=Z[t])
-        ctx.save_for_backward(v0, a0, alpha, rho, b, beta, w_rec, V, A, Z.to(torch.uint8), z0)
+        ctx.save_for_backward(v0, a0, alpha, rho, b, beta, w_rec, V, A, Z.to(torch.bool), z0)
         ctx.surrogate, ctx.detach_reset = surrogate, detach_reset
         return Z, v.clone(), a.clone()
 
@@ -58,8 +58,9 @@ class ALIFSequence(torch.autograd.Function):
         if gZ is None:
             gZ = torch.zeros_like(V)
         THETA = torch.addcmul(b, beta, A)
-        GU = sur.derivative(V - THETA)  # surrogate derivatives; overwritten in place by dL/dz * sigma'
-        Zprev = torch.cat([z0.to(torch.uint8).unsqueeze(0), Zb[:-1]], 0).to(dtype)
+        Zprev = torch.cat([z0.unsqueeze(0), Zb[:-1]], 0).to(dtype)
+        GU = sur.derivative(V - THETA)  # overwritten in place by dL/dz * sigma'
+        del THETA
         G = torch.empty_like(V)  # dL/dv_t
         GA = torch.empty_like(V)  # dL/da_t
         one_m_rho = 1.0 - rho

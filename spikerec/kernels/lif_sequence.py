@@ -16,8 +16,10 @@ and Sec. III for the surrogate). It equals autograd through :meth:`LIF.step` (te
 values and gradients in float64).
 
 What is saved for the backward is what it reads: the membranes ``v_t`` (the surrogate
-derivative and the decay gradient need them), the spikes as ``uint8`` (one byte each),
-the synaptic currents ``i_t`` of a CUBA layer; never the input currents. The backward
+derivative and the decay gradient need them) and the synaptic currents ``i_t`` of a CUBA
+layer; never the input currents, and not the spikes either: ``z_t = [v_t > thr]`` is
+recomputed exactly from the saved membrane (4 bytes per neuron and step in all, the
+same as a plain autograd loop, which saves the surrogate's argument). The backward
 evaluates all surrogate derivatives in one vectorised call and then runs the reverse
 recurrence
 
@@ -70,31 +72,32 @@ class LIFSequence(torch.autograd.Function):
         syn = i0 is not None
         z0 = torch.gt(v0, thr)
         if _use_numba(impl, I, w_rec):
-            Z, Zb, V, Iseq, vT, iT = _nb.lif_forward(I, v0, i0, alpha, alpha_s, thr, reset)
+            Z, V, Iseq, vT, iT = _nb.lif_forward(I, v0, i0, alpha, alpha_s, thr, reset)
             ctx.numba = True
         else:
-            Z, Zb, V, Iseq, vT, iT = _torch_forward(I, v0, i0, alpha, alpha_s, thr, w_rec, reset, z0)
+            Z, V, Iseq, vT, iT = _torch_forward(I, v0, i0, alpha, alpha_s, thr, w_rec, reset, z0)
             ctx.numba = False
-        ctx.save_for_backward(v0, i0, alpha, alpha_s, thr, w_rec, V, Zb, Iseq, z0)
+        ctx.save_for_backward(v0, i0, alpha, alpha_s, thr, w_rec, V, Iseq)
         ctx.surrogate, ctx.reset, ctx.detach_reset = surrogate, reset, detach_reset
         return Z, vT, iT
 
     @staticmethod
     def backward(ctx, gZ, gvT, giT):
-        v0, i0, alpha, alpha_s, thr, w_rec, V, Zb, Iseq, z0 = ctx.saved_tensors
+        v0, i0, alpha, alpha_s, thr, w_rec, V, Iseq = ctx.saved_tensors
+        z0 = torch.gt(v0, thr)
         sur, reset, detach = ctx.surrogate, ctx.reset, ctx.detach_reset
         need = ctx.needs_input_grad
         if gZ is None:
             gZ = torch.zeros_like(V)
         if ctx.numba:
-            DJ, gv, gi, ga, gas, gth = _nb.lif_backward(gZ, sur, V, Zb, v0, z0, i0, Iseq, alpha, alpha_s, thr,
+            DJ, gv, gi, ga, gas, gth = _nb.lif_backward(gZ, sur, V, v0, z0, i0, Iseq, alpha, alpha_s, thr,
                                                        reset, detach, gvT, giT)
             g_alpha = ga.sum(0) if need[3] else None
             g_alpha_s = gas.sum(0) if (i0 is not None and need[4]) else None
             g_thr = gth.sum(0) if need[5] else None
             return (DJ, gv, gi, g_alpha, g_alpha_s, g_thr, None, None, None, None, None)
         SD = sur.derivative(V - thr)  # all surrogate derivatives at once
-        return _torch_backward(ctx, gZ, gvT, giT, SD, v0, i0, alpha, alpha_s, thr, w_rec, V, Zb, Iseq, z0,
+        return _torch_backward(ctx, gZ, gvT, giT, SD, v0, i0, alpha, alpha_s, thr, w_rec, V, Iseq, z0,
                                sur, reset, detach) + (None,)
 
 
@@ -129,16 +132,15 @@ def _torch_forward(I, v0, i0, alpha, alpha_s, thr, w_rec, reset, z0):
         v = V[t]
         torch.gt(v, thr, out=Z[t])
         z = Z[t]
-    Zb = Z.to(torch.uint8)
-    return Z, Zb, V, Iseq, v.clone(), (i.clone() if syn else None)
+    return Z, V, Iseq, v.clone(), (i.clone() if syn else None)
 
 
-def _torch_backward(ctx, gZ, gvT, giT, SD, v0, i0, alpha, alpha_s, thr, w_rec, V, Zb, Iseq, z0, sur, reset, detach):
+def _torch_backward(ctx, gZ, gvT, giT, SD, v0, i0, alpha, alpha_s, thr, w_rec, V, Iseq, z0, sur, reset, detach):
     T = V.shape[0]
     dtype = V.dtype
     syn = i0 is not None
     need = ctx.needs_input_grad
-    Zprev = torch.cat([z0.to(torch.uint8).unsqueeze(0), Zb[:-1]], 0).to(dtype)
+    Zprev = torch.cat([z0.unsqueeze(0), torch.gt(V[:-1], thr)], 0).to(dtype)
     Vprev = torch.cat([v0.unsqueeze(0), V[:-1]], 0) if (need[3] or reset == "zero") else None
     carries = (w_rec is not None) or (not detach and reset != "none")
     gv = gvT.clone() if gvT is not None else torch.zeros_like(v0)

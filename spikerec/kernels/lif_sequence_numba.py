@@ -3,8 +3,7 @@
 They run the same recurrence as :mod:`spikerec.kernels.lif_sequence` (whose docstring
 gives the equations) for layers without recurrent weights, where every neuron is an
 independent scalar recurrence: one pass over time per block of neurons, the state kept
-in registers, spikes written as ``uint8`` for the backward and as floats for the output.
-The reverse pass accumulates the per-neuron parameter gradients inside the loop, so
+in registers; the backward recomputes the spikes from the saved membranes. The reverse pass accumulates the per-neuron parameter gradients inside the loop, so
 nothing of size ``T`` is written besides the input-current gradient.
 
 ``numba`` is imported lazily (on the first call): ``import spikerec`` never pays for it.
@@ -55,23 +54,22 @@ def _flat(p: torch.Tensor, B: int, N: int) -> torch.Tensor:
 
 
 def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
-    """Forward loop: returns ``(Z float, Zb uint8, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``)."""
+    """Forward loop: returns ``(Z, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``)."""
     numba, fwd, _ = _kernels()
     _threads(numba)
     T, B, N = I.shape
     syn = i0 is not None
     V = torch.empty_like(I)
     Zf = torch.empty_like(I)
-    Zb = torch.empty(I.shape, dtype=torch.uint8)
     Iseq = torch.empty_like(I) if syn else torch.empty(1, 1, dtype=I.dtype)
     vT = torch.empty_like(v0)
     iT = torch.empty_like(v0)
     zeros = torch.zeros(B * N, dtype=I.dtype)
     fwd(_np(I.reshape(T, B * N)), _np(v0.reshape(-1)), _np(i0.reshape(-1)) if syn else zeros.numpy(),
         _flat(alpha, B, N).numpy(), _flat(alpha_s, B, N).numpy() if syn else zeros.numpy(), _flat(thr, B, N).numpy(),
-        RESET_CODES[reset], syn, V.view(T, B * N).numpy(), Zf.view(T, B * N).numpy(), Zb.view(T, B * N).numpy(),
+        RESET_CODES[reset], syn, V.view(T, B * N).numpy(), Zf.view(T, B * N).numpy(),
         Iseq.view(T, B * N).numpy() if syn else Iseq.numpy(), vT.view(-1).numpy(), iT.view(-1).numpy())
-    return Zf, Zb, V, (Iseq if syn else None), vT, (iT if syn else None)
+    return Zf, V, (Iseq if syn else None), vT, (iT if syn else None)
 
 
 def surrogate_code(sur) -> tuple[int, float, float]:
@@ -85,7 +83,7 @@ def surrogate_code(sur) -> tuple[int, float, float]:
     return 0, 0.0, 0.0
 
 
-def lif_backward(gZ, sur, V, Zb, v0, z0, i0, Iseq, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT):
+def lif_backward(gZ, sur, V, v0, z0, i0, Iseq, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT):
     """Reverse pass: returns ``(dL/dI, dL/dv0, dL/di0|None, per-element dL/dalpha, dL/dalpha_s, dL/dthr)``;
     the last three are ``[B, N]`` (sum over the batch for per-neuron parameters)."""
     numba, _, bwd = _kernels()
@@ -103,7 +101,7 @@ def lif_backward(gZ, sur, V, Zb, v0, z0, i0, Iseq, alpha, alpha_s, thr, reset: s
     sd0 = sur.derivative(v0 - thr)
     bwd(_np(gZ.reshape(T, M)), _np(SD.reshape(-1, M) if code == 0 else SD), code, p1, p2, _np(sd0.reshape(-1)),
         _np(V.reshape(T, M)),
-        _np(Zb.reshape(T, M)), _np(v0.reshape(-1)), _np(z0.reshape(-1).to(torch.uint8)), _np(i0.reshape(-1)) if syn else zeros.numpy(),
+        _np(v0.reshape(-1)), _np(z0.reshape(-1).to(torch.uint8)), _np(i0.reshape(-1)) if syn else zeros.numpy(),
         _np(Iseq.reshape(T, M)) if (syn and Iseq is not None) else dummy.numpy(),
         _flat(alpha, B, N).numpy(), _flat(alpha_s, B, N).numpy() if syn else zeros.numpy(), _flat(thr, B, N).numpy(),
         RESET_CODES[reset], syn, bool(detach),

@@ -12,7 +12,7 @@ BLOCK = 512  # neurons per parallel work item (contiguous in memory)
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Zb, Iseq, vT, iT):  # pragma: no cover - compiled
+def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT):  # pragma: no cover - compiled
     T, M = I.shape
     nblk = (M + BLOCK - 1) // BLOCK
     for k in prange(nblk):
@@ -31,7 +31,6 @@ def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Zb, Iseq, vT, iT):  # 
             It = I[t, lo:hi]
             Vt = V[t, lo:hi]
             Zft = Zf[t, lo:hi]
-            Zbt = Zb[t, lo:hi]
             if syn:
                 St = Iseq[t, lo:hi]
                 for m in range(n):
@@ -46,7 +45,6 @@ def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Zb, Iseq, vT, iT):  # 
                     zz = 1.0 if vv > th[m] else 0.0
                     z[m] = zz
                     Zft[m] = zz
-                    Zbt[m] = np.uint8(zz)
             elif mode == 1:
                 for m in range(n):
                     vv = It[m] + (al[m] * (1.0 - z[m])) * v[m]
@@ -55,7 +53,6 @@ def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Zb, Iseq, vT, iT):  # 
                     zz = 1.0 if vv > th[m] else 0.0
                     z[m] = zz
                     Zft[m] = zz
-                    Zbt[m] = np.uint8(zz)
             else:
                 for m in range(n):
                     vv = It[m] + al[m] * v[m]
@@ -64,7 +61,6 @@ def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Zb, Iseq, vT, iT):  # 
                     zz = 1.0 if vv > th[m] else 0.0
                     z[m] = zz
                     Zft[m] = zz
-                    Zbt[m] = np.uint8(zz)
         for m in range(n):
             vT[lo + m] = v[m]
             iT[lo + m] = i[m]
@@ -81,7 +77,7 @@ def sd_fn(x, code, p1, p2):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def bwd(gZ, SD, sur_code, p1, p2, sd0, V, Zb, v0, z0, i0, Iseq, alpha, alpha_s, thr, mode, syn, detach, gvT, giT,
+def bwd(gZ, SD, sur_code, p1, p2, sd0, V, v0, z0, i0, Iseq, alpha, alpha_s, thr, mode, syn, detach, gvT, giT,
         DJ, gv0, gi0, g_alpha, g_alpha_s, g_thr):  # pragma: no cover - compiled
     T, M = V.shape
     nblk = (M + BLOCK - 1) // BLOCK
@@ -96,6 +92,7 @@ def bwd(gZ, SD, sur_code, p1, p2, sd0, V, Zb, v0, z0, i0, Iseq, alpha, alpha_s, 
         gas = np.zeros(n, dtype=gv.dtype)
         gth = np.zeros(n, dtype=gv.dtype)
         sdbuf = np.empty(n, dtype=gv.dtype)
+        zbuf = np.empty(n, dtype=gv.dtype)
         al = alpha[lo:hi]
         als = alpha_s[lo:hi]
         th = thr[lo:hi]
@@ -114,14 +111,17 @@ def bwd(gZ, SD, sur_code, p1, p2, sd0, V, Zb, v0, z0, i0, Iseq, alpha, alpha_s, 
                     for m in range(n):
                         sdbuf[m] = sd_fn(Vt[m] - th[m], sur_code, p1, p2)
             DJt = DJ[t, lo:hi]
+            Zp = zbuf  # z_{t-1}, recomputed exactly from the saved membrane
             if t > 0:
                 Vp = V[t - 1, lo:hi]
-                Zp = Zb[t - 1, lo:hi]
                 Ip = Iseq[t - 1, lo:hi] if syn else Vp
+                for m in range(n):
+                    zbuf[m] = 1.0 if Vp[m] > th[m] else 0.0
             else:
                 Vp = v0[lo:hi]
-                Zp = z0[lo:hi]
                 Ip = i0[lo:hi]
+                for m in range(n):
+                    zbuf[m] = 1.0 if z0[lo + m] else 0.0
             if mode != 1 and detach and not syn:  # the common case: no carries, no synapse
                 for m in range(n):
                     gu = gZt[m] * SDt[m]
@@ -135,7 +135,7 @@ def bwd(gZ, SD, sur_code, p1, p2, sd0, V, Zb, v0, z0, i0, Iseq, alpha, alpha_s, 
                 continue
             for m in range(n):
                 vp = Vp[m]
-                zp = 1.0 if Zp[m] else 0.0
+                zp = Zp[m]
                 gz = gZt[m] + carry[m]
                 gu = gz * SDt[m]
                 g = gv[m] + gu

@@ -145,8 +145,7 @@ class ALIF(Cell):
         return ALIFState(z, z.clone())
 
     def input_current(self, x):
-        out = x @ self.weight.t()
-        return out + self.bias if self.bias is not None else out
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
     def output(self, x_t, state):
         return self.surrogate(state.v - self.threshold(state))

@@ -160,8 +160,7 @@ class LIF(Cell):
 
     def input_current(self, x: torch.Tensor) -> torch.Tensor:
         """``W x + b`` for a step ``[B, C]`` or a whole sequence ``[T, B, C]``."""
-        out = x @ self.weight.t()
-        return out + self.bias if self.bias is not None else out
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
     def output(self, x_t, state):
         return self.surrogate(state.v - self.threshold)
