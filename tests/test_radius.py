@@ -1,4 +1,4 @@
-"""Spectral-radius estimators against numpy's eig (digest 002 §3.2, §8.5, §11)."""
+"""Spectral-radius estimators against numpy's eig."""
 import math
 
 import numpy as np

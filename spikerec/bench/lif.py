@@ -26,7 +26,8 @@ each peer's Linear runs on the whole sequence at once, then its neuron; ``Linear
 the floor. Part 3, an ALIF layer with 512 recurrent units: spikerec's fused kernel against a
 plain loop of the same equations. Dynamics are matched (``alpha = 0.95``, threshold 1,
 subtractive reset where the library has it; Norse's inputs are scaled by
-``1 / (dt tau_mem_inv)``; Norse resets to zero).
+``1 / (dt tau_mem_inv)``; Norse resets to zero; SpikingJelly subtracts the threshold before
+the decay, so it spikes slightly more). The printed spike rates show what each one did.
 """
 from __future__ import annotations
 

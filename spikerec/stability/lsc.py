@@ -1,4 +1,4 @@
-"""Local Stability Condition (LSC) pre-training (Herranz-Celotti & Rouat, Sec. II-B, II-D; digest 002 §3-4).
+"""Local Stability Condition (LSC) pre-training (Herranz-Celotti & Rouat, Sec. II-B, II-D).
 
 The LSC asks every transition-derivative radius to have expectation ``rho_t`` (1, or
 0.5, or the "unbalanced" split: time ``T/(T+L)``, depth ``L/(T+L)``). Pre-training
@@ -32,7 +32,7 @@ Optimiser (Sec. II-G): AdaBelief (lr 3.14e-3, weight decay 1e-4) inside Lookahea
 (k = 6, alpha = 0.5) from ``torch-optimizer``; ``optimizer="adam"`` is plain Adam with
 the same lr / weight decay (no belief-based second moment, no slow weights).
 
-Stopping (Sec. II-D; ambiguities A16-A17): the LSC is a condition on *expectations*, and
+Stopping (Sec. II-D; the text leaves the exact rule open): the LSC is a condition on *expectations*, and
 one step's batch mean ``rho_bar_k`` varies a lot along a sequence (and the weights move
 every step), so every ``verify_every`` steps (default ``min(T, 25)``) the radii are
 averaged over the whole current batch and up to ``verify_points`` (25) evenly spaced time
@@ -491,7 +491,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
     old_threads = torch.get_num_threads()
     if cfg.num_threads:
         torch.set_num_threads(int(cfg.num_threads))
-    model.eval()  # no dropout while the Jacobians are taken (ambiguity A20)
+    model.eval()  # no dropout while the Jacobians are taken (the paper does not say)
 
     report = None
     keys: list[str] = []
