@@ -72,7 +72,8 @@ def second_moment_h(lam, rho=0.0):
 
 
 def sensitivity_kernel(a, b, rho=0.0):
-    """Corrected two-argument kernel ``S(a, b)`` (digest 000 §2.4; replaces eqs. 59/134).
+    """Corrected two-argument kernel ``S(a, b)`` (Zucchet & Orvieto 2024, App. B.2.2; replaces the
+    numerators of eqs. 59 and 134, ``docs/decisions.md``, analysis 1).
 
     ``S(a, b) = N(ab, a+b) / ((1-ab)^3 (1-rho a)^2 (1-rho b)^2)``; ``S(l, conj l) = E|dh/dl|^2``
     and ``E[(dh_i/dl_i) conj(dh_j/dl_j)] = S(l_i, conj l_j)`` for a shared input.
@@ -147,8 +148,8 @@ def second_moment_dh_dlam_acf(lam, acf):
 def gated_moments(lam, rho=0.0):
     """Gate-coupled input ``h_t = l h_{t-1} + (1-l) x_t`` with ``gamma = 1 - l`` attached (real ``l``).
 
-    Returns ``(E[h^2], E[(dh/dl)^2], E[(dh/db)^2])`` where ``l = sigmoid(b)`` (digest 000 §5.5 G3,
-    App. D eqs. 159-161): the gate bias gradient stays bounded as ``l -> 1``.
+    Returns ``(E[h^2], E[(dh/dl)^2], E[(dh/db)^2])`` where ``l = sigmoid(b)`` (Zucchet & Orvieto
+    2024, §3.2 and App. D, eqs. 159-161: the coupled input gate acts as a normalisation): the gate bias gradient stays bounded as ``l -> 1``.
     """
     lam = np.asarray(lam, dtype=float)
     _check_stable(lam)
@@ -247,7 +248,8 @@ def ar1_inputs(batch: int, steps: int, rho: float, *, generator: torch.Generator
 
 def monte_carlo_moments(lam, rho: float = 0.0, *, n_chains: int = 20000, steps: int | None = None,
                         gamma: str = "none", param: str = "direct", seed: int = 0) -> dict:
-    """Monte Carlo estimate of ``E|h|^2``, ``E|dh/dl|^2`` and ``E|dh/dw|^2`` (digest 000 §9.0).
+    """Monte Carlo estimate of ``E|h|^2``, ``E|dh/dl|^2`` and ``E|dh/dw|^2`` (a numerical check of
+    the closed forms of Zucchet & Orvieto 2024, App. B).
 
     ``n_chains`` independent chains run ``h_t = l h_{t-1} + g x_t`` and its derivative
     ``e_t = l e_{t-1} + h_{t-1} (+ g'(l) x_t when gamma is attached)`` from ``h = e = 0`` for

@@ -3,7 +3,7 @@
 The finite-time Lyapunov exponents of a trajectory ``s_t = f(s_{t-1}, x_t)`` are
 ``LE_i = (1/T) sum_t log |r_ii(t)|`` where ``Q_t r(t) = J_t Q_{t-1}`` is the QR factorisation of
 the time Jacobian ``J_t = d s_t / d s_{t-1}`` applied to the previous orthonormal frame
-(Sandri 1996; WCRNN paper App. A, Algorithm 1). Choices (digest 004, ambiguity 14): the
+(Sandri 1996; WCRNN paper App. A, Algorithm 1). Choices the paper leaves open (``docs/decisions.md``, analysis 2): the
 Jacobian is evaluated at the pre-update state, ``|diag r|`` is used (QR signs are arbitrary),
 no burn-in by default, one trajectory per batch element, float64, thin QR when fewer than
 ``S`` exponents are wanted.

@@ -1,4 +1,4 @@
-"""Linear teacher-student task of Zucchet & Orvieto §4.2 (App. A.1, C; digest 000 §5.1, §6.2).
+"""Linear teacher-student task of Zucchet & Orvieto (2024) §4.2 (App. A.1, C).
 
 A linear teacher ``h_t = A h_{t-1} + B x_t``, ``y_t = C h_t + D x_t`` (n = 10, scalar input and
 output, white Gaussian inputs, ``h_0 = 0``) whose eigenvalues are pushed towards the unit circle
@@ -11,7 +11,8 @@ output, white Gaussian inputs, ``h_0 = 0``) whose eigenvalues are pushed towards
   initialisation ``|lambda|^2 ~ U(r_min^2, 1)``;
 * or any cell of the protocol (e.g. ``spikerec.layers.lru.LRU``) through :func:`train_student`.
 
-Loss: ``0.5 * mean((y_hat - y)^2)`` over batch and time (the code's convention, ambiguity A-4);
+Loss: ``0.5 * mean((y_hat - y)^2)`` over batch and time (the authors' code's convention,
+``docs/decisions.md``, analysis 3);
 Adam with a cosine learning-rate decay; fresh batches every step.
 """
 from __future__ import annotations

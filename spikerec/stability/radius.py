@@ -21,7 +21,7 @@ The radius is the largest eigenvalue modulus, not a norm (``rho(M) <= ||M||_2``)
   not oscillate on complex pairs but converges slowly (error ``O(log(c)/k)``).
 
 Non-square blocks (input ``700 -> 2n``, width changes, readout) have no eigenvalues;
-``square_mode`` picks a square matrix:
+``square_mode`` picks a square matrix (``docs/decisions.md``, analysis 4):
 
 * ``"subsample"`` (official code): ``min(n_out, n_in)`` indices of the longer axis drawn
   without replacement, kept sorted, redrawn on every call (one draw for the batch);

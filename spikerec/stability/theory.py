@@ -1,9 +1,10 @@
-"""Theory helpers of the LSC paper for tests and notebooks (digest 002 §2, §8).
+"""Theory helpers of the LSC paper (Herranz-Celotti & Rouat, "Stabilizing RNN gradients through
+pre-training", Sec. II-B, App. A, Sec. III-B) for tests and notebooks.
 
 * Grid path counts (Lemma 2): shortest paths in a ``dt x dl`` grid ``C(dt+dl, dt)`` and
   ``sum_{t=0}^{T} sum_{dt=0}^{t} C(dl+dt, dt) = C(T+dl+2, T)``.
 * Theorem 1: with ``E rho = 1`` the parameter-update variance bound grows like
-  ``(1/T) C(T+dl+2, T)`` (eq. 20; eq. 14 as printed drops the binomial, ambiguity A14);
+  ``(1/T) C(T+dl+2, T)`` (eq. 20; eq. 14 as printed drops the binomial, an erratum: ``docs/decisions.md``, analysis 5);
   with ``E rho = 0.5`` like ``(T+1)/2`` (eq. 23).
 * PascalRNN (Sec. III-B): ``h_{t,l} = rho h_{t-1,l} + rho h_{t,l-1}`` (stacked convention,
   ``h_{t,0} = x_t``) or ``rho h_{t-1,l} + rho h_{t-1,l-1}`` (eq. 1); for ``rho = 1`` and the

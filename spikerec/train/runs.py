@@ -18,22 +18,26 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from ..errors import CheckpointError, ConfigError
+from ..lru_model import LRUModel
 from ..models import RecurrentStack, build_model
-from .checkpoint import atomic_write_json, save_tensors_atomic
+from .checkpoint import atomic_write_json, load_checkpoint, save_tensors_atomic
 
-__all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "RunError"]
+__all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "read_weights", "load_weights", "RunError"]
 
 
-class RunError(FileNotFoundError):
-    """A run folder that is missing or incomplete (names the file)."""
+class RunError(CheckpointError):
+    """The folder given as a run is not one (``config.json`` missing or unresolved): a bad
+    command-line argument, exit code 2. Files of a real run that cannot be used raise
+    :class:`~spikerec.errors.CheckpointError` (exit code 5)."""
+
+    exit_code = 2
 
 
 def build_from_config(model_cfg: dict):
     """``build_model`` for stacks; ``kind = "lru_deep"`` builds :class:`spikerec.lru_model.LRUModel`."""
     m = dict(model_cfg)
     if m.get("kind", "stack") == "lru_deep":
-        from ..lru_model import LRUModel
-
         m.pop("kind")
         return LRUModel(int(m.pop("input_size")), int(m.pop("output_size")), **m)
     m.pop("kind", None)
@@ -62,8 +66,14 @@ def read_config(run_dir) -> dict:
     if not p.is_file():
         raise RunError(f"'{run_dir}' is not a spikerec run folder: {p.name} is missing "
                        f"(runs are made by 'spikerec train', default folder runs/<preset>-<time>)")
-    with open(p) as f:
-        return json.load(f)
+    try:
+        with open(p) as f:
+            cfg = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"'{p}' is not valid JSON ({e}); restore it from a copy or re-run 'spikerec train'") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"'{p}' must hold a JSON object (the resolved config), got {type(cfg).__name__}")
+    return cfg
 
 
 def _state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -100,15 +110,42 @@ def load_model(run_dir, *, map_location="cpu", checkpoint: bool = False):
     model = build_from_config(cfg["model"])
     weights = run_dir / "model.safetensors"
     if checkpoint or not weights.is_file():
-        from .checkpoint import load_checkpoint
-
         if not (run_dir / "checkpoints").is_dir():
             raise RunError(f"'{run_dir}' has neither model.safetensors nor checkpoints/ (the run did not finish a step)")
         tensors, _ = load_checkpoint(run_dir / "checkpoints")
         state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     else:
-        state = load_file(str(weights))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise RunError(f"'{weights}': weights do not match config.json's model (missing {missing}, unexpected {unexpected})")
+        state = read_weights(weights)
+    load_weights(model, state, weights, run_dir / "config.json")
     return model.to(map_location)
+
+
+def read_weights(path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a truncated, pickled or otherwise unreadable file raises
+    :class:`~spikerec.errors.CheckpointError` naming it (nothing is ever unpickled)."""
+    path = Path(path)
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"'{path}' is missing") from None
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad header
+        raise CheckpointError(f"'{path}' is not a readable safetensors file ({type(e).__name__}: {e}); it is "
+                              f"truncated or in another format (spikerec never loads pickles). Restore the file "
+                              f"or re-run the training") from None
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], weights, config) -> None:
+    """``model.load_state_dict(state)`` with one clear error naming the file and the first tensor
+    whose name or shape does not match the model that ``config`` describes."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise CheckpointError(f"'{weights}' does not match the model of '{config}': missing tensors {missing[:4]}, "
+                              f"unexpected tensors {unexpected[:4]} (was the config edited after training?)")
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise CheckpointError(f"'{weights}': tensor '{k}' has shape {list(state[k].shape)} but the model of "
+                                  f"'{config}' needs {list(v.shape)} (a layer size in the config differs from the "
+                                  f"trained one; restore config.json or retrain)")
+    model.load_state_dict(state)
