@@ -321,6 +321,10 @@ class Trainer:
     def _train_step(self, x, y) -> tuple[float, int, int, int, dict]:
         tc = self.tc
         B_global = x.shape[1]
+        if x.device.type == "cpu" and x.is_floating_point() and bool(torch.isnan(x).any()):
+            # checked here, on the host copy of the batch (no device sync); the layers skip it on the hot path
+            raise ValueError(f"training data: batch {self.batch_in_epoch + 1} of epoch {self.epoch + 1} "
+                             f"(step {self.step + 1}) contains NaN values; check the dataset")
         x, y = ddp.shard(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), self.dist)
         scale = self.dist.world_size / B_global  # per-process sum -> global mean after DDP's average
         rates: dict[str, float] = {}
