@@ -7,6 +7,9 @@ import os
 import sys
 from pathlib import Path
 
+from .runs import (RunError, RunFolderError, RunLock, describe_run, new_run_dir, prepare_out, read_config,
+                   remove_debris, remove_if_unused, resume_status, stop_message)
+
 __all__ = ["main", "build_parser"]
 
 EPILOG = """\
@@ -18,10 +21,14 @@ examples:
   spikerec train copy-online --learning online    eligibility-trace learning instead of BPTT
   spikerec train quickstart --nproc-per-node 2    data-parallel with torchrun (gloo on CPU, NCCL on GPU)
   spikerec train --resume runs/quickstart-20250101-120000
+  spikerec train --out runs/mine --sibling         a fresh runs/mine-2 (-3, ...) if runs/mine already holds a run
   spikerec train --list                           the presets
 
 A run folder holds config.json, model.safetensors + model.json, metrics.jsonl/.csv,
 checkpoints/, curves.png, raster.png and summary.json; 'spikerec evaluate RUN' re-tests it.
+A run folder is never overwritten (--out onto an existing run is refused) and is used by one
+process at a time. Ctrl-C, SIGTERM and --stop-after-steps write a checkpoint and print the
+--resume command.
 """
 
 
@@ -41,12 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
     p.add_argument("--seed", type=int, help="shortcut for --set train.seed=N")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (shortcut for --set train.device=...)")
-    p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
-    p.add_argument("--resume", metavar="RUN", help="continue RUN from its newest checkpoint (same result as uninterrupted)")
+    p.add_argument("--out", help="run folder (default runs/<preset>-<time>); an existing run is never overwritten")
+    p.add_argument("--sibling", action="store_true",
+                   help="if --out already holds something, start a fresh numbered sibling OUT-2, OUT-3, ... instead")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its newest intact checkpoint (same result as uninterrupted)")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="with --resume: confirm training RUN again from the start when it has no checkpoint")
+    p.add_argument("--checkpoint-minutes", type=float, default=10.0, metavar="M",
+                   help="also write a checkpoint every M minutes of training (default 10; 0: off)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="launch N data-parallel processes with torchrun (the global batch is split)")
     p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
-                   help="stop after N optimiser steps as if killed (no final checkpoint; to test --resume)")
+                   help="stop after N optimiser steps with a checkpoint (continue with --resume)")
     p.add_argument("--quiet", action="store_true", help="no progress bars; one line per epoch (for logs)")
     p.add_argument("--list", action="store_true", help="list the presets and exit")
     p.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
@@ -108,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         from .distributed import launch
 
         rest = _strip_launch_args(argv)
-        if not args.out and not args.resume:  # every process must write to the same folder
-            from .runs import new_run_dir
-
-            rest += ["--out", str(new_run_dir(args.preset or "quickstart"))]
+        if not args.resume:  # every process must write to the same folder
+            try:
+                out = prepare_out(args.out, sibling=args.sibling) if args.out else new_run_dir(args.preset or "quickstart")
+            except RunFolderError as e:
+                print(f"spikerec train: {e}", file=sys.stderr)
+                return 2
+            rest = _strip_out(rest) + ["--out", str(out)]
         return launch(rest, args.nproc_per_node)
 
     try:
@@ -121,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
                 print("spikerec train: --resume continues a run with its own config.json; "
                       "do not give a preset or overrides", file=sys.stderr)
                 return 2
-            from .runs import read_config
-
             cfg = read_config(args.resume)
             validate_config(cfg)
             run_dir = Path(args.resume)
@@ -135,50 +149,91 @@ def main(argv: list[str] | None = None) -> int:
             if args.show_config:
                 print(json.dumps(cfg, indent=1))
                 return 0
-            from .runs import new_run_dir
-
             run_dir = None
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"spikerec train: {e}", file=sys.stderr)
         return 2
 
     from ..data import DataError, DatasetMissingError
-    from .trainer import NonFiniteLoss, Trainer
+    from .trainer import Interrupted, NonFiniteLoss, Trainer
 
     main_proc = int(os.environ.get("RANK", "0")) == 0
     if run_dir is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
         print("spikerec train: under torchrun give --out DIR (every process must use the same run folder)",
               file=sys.stderr)
         return 2
-    if run_dir is None:
-        run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
+    lock = None
+    try:
+        if run_dir is None:
+            if main_proc and args.out and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+                run_dir = prepare_out(args.out, sibling=args.sibling)
+            else:  # under torchrun the launcher prepared --out
+                run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
+        if main_proc:
+            lock = RunLock(run_dir, "spikerec train").acquire()
+            if args.resume:
+                status = resume_status(run_dir)
+                if status == "finished":
+                    print(f"run '{run_dir}' is {describe_run(run_dir)}: nothing to resume, nothing changed. "
+                          f"Re-test it with: spikerec evaluate {run_dir}")
+                    lock.release()
+                    return 0
+                if status == "none" and not args.from_scratch:
+                    raise RunFolderError(f"run '{run_dir}' has no checkpoint to resume from (it stopped before its "
+                                         f"first one); to train it again from the start in the same folder, add "
+                                         f"--from-scratch")
+            removed = remove_debris(run_dir)
+            if removed:
+                print(f"removed {len(removed)} leftover(s) of an interrupted write: "
+                      f"{', '.join(str(p) for p in removed[:3])}{' ...' if len(removed) > 3 else ''}")
+    except (RunFolderError, RunError) as e:
+        if lock is not None:
+            lock.release()
+        print(f"spikerec train: {e}", file=sys.stderr)
+        return 2
     trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume), stop_after_steps=args.stop_after_steps,
-                      echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None))
+                      echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None),
+                      checkpoint_minutes=args.checkpoint_minutes or None)
     try:
         summary = trainer.fit()
     except (DatasetMissingError, DataError) as e:
-        _remove_if_empty(run_dir)
+        if lock is not None:
+            lock.release()
+        remove_if_unused(run_dir)
         print(f"spikerec train: data set '{cfg['data']['name']}' is not available:\n{e}\n"
               f"(see 'spikerec datasets' for what is installed and how to get the rest)", file=sys.stderr)
         return 3
     except NonFiniteLoss as e:
         print(f"spikerec train: {e}", file=sys.stderr)
         return 4
+    except Interrupted as e:
+        if main_proc:
+            print(stop_message(e))
+        return 0 if e.signum is None else 128 + e.signum
+    except KeyboardInterrupt:
+        if main_proc:
+            print(f"\nspikerec train: interrupted twice, stopped at once; the newest checkpoint is "
+                  f"{trainer.last_ckpt or 'none'}; continue with: spikerec train --resume {run_dir}", file=sys.stderr)
+        return 130
+    finally:
+        if lock is not None:
+            lock.release()
     if "stopped_at_step" in summary or not main_proc:
         return 0
     _print_summary(summary)
     return 0
 
 
-def _remove_if_empty(run_dir: Path) -> None:
-    """Leave nothing behind when a run could not start."""
-    try:
-        run_dir.rmdir()
-        parent = run_dir.parent
-        if parent.name == "runs":
-            parent.rmdir()
-    except OSError:
-        pass
+def _strip_out(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out=") and a != "--sibling":
+            out.append(a)
+    return out
 
 
 def _print_summary(s: dict) -> None:
