@@ -18,7 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=("train", "valid", "test"), help="data split (default test)")
     p.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (default: the run's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--checkpoint", action="store_true", help="use the newest checkpoint instead of the final weights")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="use the newest checkpoint instead of the final weights (never chosen silently)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ..data import DataError, DatasetMissingError, get_dataset, make_loader
-    from .runs import RunError, load_model, read_config
+    from .runs import RunError, load_model, read_config, weights_source
     from .trainer import evaluate
 
     try:
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     bs = args.batch_size or int(dc.get("eval_batch_size", 256))
     loader = make_loader(ds, bs, False, 0)
     res = evaluate(model, loader, cfg["train"], torch.device(args.device))
-    res.update({"run": str(args.run), "split": args.split, "data": dc["name"]})
+    res.update({"run": str(args.run), "split": args.split, "data": dc["name"],
+                "weights": weights_source(args.run, args.checkpoint)})
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
@@ -51,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if acc is not None:
         line += f", accuracy {100 * acc:.2f}% ({cfg['train'].get('accuracy', 'mode')})"
     print(line)
+    print(f"weights: {res['weights']}")
     rates = {k: v for k, v in res.items() if k.startswith("rate_")}
     if rates:
         print("firing rates (spikes/neuron/step): " + ", ".join(f"layer {k[5:]} {v:.4f}" for k, v in rates.items()))

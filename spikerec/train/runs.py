@@ -167,7 +167,8 @@ def describe_run(run_dir) -> str:
 
 
 def _nonempty(d: Path) -> bool:
-    return d.is_dir() and any(d.iterdir())
+    """Holds anything but the lock file (a run killed before it wrote anything is empty)."""
+    return d.is_dir() and any(p.name != LOCK_NAME for p in d.iterdir())
 
 
 def prepare_out(out, *, sibling: bool = False, flag: str = "--sibling") -> Path:
