@@ -70,6 +70,7 @@ def reference(tmp_path_factory):
     return ref, time.perf_counter() - t0
 
 
+@pytest.mark.slow  # 20 kills and resumes: about 4 CPU-minutes
 def test_kill_9_anywhere_then_resume_is_bit_identical(reference, tmp_path):
     ref, duration = reference
     wref = load_file(str(ref / "model.safetensors"))

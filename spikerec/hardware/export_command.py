@@ -12,10 +12,12 @@ import json
 import os
 import sys
 import warnings
+from contextlib import nullcontext
 
 import torch
 
 from ..atomic import atomic_write_text
+from ..train.runs import RunFolderError, RunLock  # a command module: it moves to spikerec.cli
 from .profiles import PROFILES
 
 __all__ = ["main", "load_run_model", "load_test_batches", "export_run"]
@@ -169,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-input", action="store_true", help="cross-check on random spikes instead of the test set")
     args = ap.parse_args(argv)
     try:
-        rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
-                         finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
-                         random_input=args.random_input)
-    except (FileNotFoundError, ValueError) as e:
+        with RunLock(args.run, "spikerec export") if os.path.isdir(args.run) else nullcontext():
+            rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
+                             finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
+                             random_input=args.random_input)
+    except (FileNotFoundError, ValueError, RunFolderError) as e:
         print(f"spikerec export: {e}", file=sys.stderr)
         return 2
     print(_summary(rep))
