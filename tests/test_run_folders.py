@@ -95,7 +95,7 @@ def test_debris_is_removed_and_the_resume_ends_like_the_uninterrupted_run(runs, 
     (run / "export" / "loihi2").mkdir(parents=True)
     code, out, err = run_cli(["train", "--resume", str(run), "--quiet"])
     assert code == 0, err
-    assert "removed 3 leftover(s) of an interrupted write" in out
+    assert "removed 4 leftover(s) of an interrupted write" in out
     assert not (run / "checkpoints" / ".tmp-step-abc123").exists() and not (run / "export").exists()
     assert not list(run.rglob("*.part"))
     done = json.loads((runs / "done" / "summary.json").read_text())

@@ -270,6 +270,9 @@ def remove_debris(run_dir) -> list[Path]:
             if p.is_dir() and not any(p.iterdir()):
                 p.rmdir()
                 gone.append(p)
+        if not any(ex.iterdir()):
+            ex.rmdir()
+            gone.append(ex)
     return gone
 
 
