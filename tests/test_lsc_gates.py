@@ -44,3 +44,21 @@ def test_gru_reaches_half_with_per_step_shuffling():
     after = mean_radii(model, _spikes(2), cfg)
     for k, v in after.items():
         assert abs(v["mean"] - 0.5) < 0.05, (k, v)
+
+
+def test_unconverged_lsc_warns_with_radii_and_what_to_try():
+    from spikerec.stability.progress import LSCProgressBar, lsc_warning
+
+    model = _gru_stack(8)
+    seen = []
+    bar = LSCProgressBar(3)
+    report = lsc_pretrain(model, _spikes(1), dict(target=0.5, max_steps=3), progress=lambda s, r: (bar(s, r), seen.append(s)))
+    assert seen == [1, 2, 3] and bar.bar.n == 3
+    bar.close()
+    w = lsc_warning(report)
+    assert w.startswith("warning: LSC did not converge: max_steps (3) reached after 3 steps")
+    for k, v in report.best_radii.items():
+        assert f"{k} {v:.3f} (target 0.5)" in w
+    assert "--set lsc.max_steps=6" in w and "--set lsc.shuffle=false" in w
+    report.converged = True
+    assert lsc_warning(report) is None

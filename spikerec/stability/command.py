@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..train.runs import new_run_dir, save_model, write_config
     from ..train.trainer import build_from_config, seed_everything
     from . import lsc_pretrain
+    from .progress import LSCProgressBar, lsc_warning
 
     overrides = list(args.overrides) + ["lsc.enabled=true"]
     if args.target is not None:
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print(f"LSC pre-training of '{cfg.get('preset')}' towards radius {options.get('target', 1.0)} ...", flush=True)
     try:
-        report = lsc_pretrain(model, data, options)
+        with LSCProgressBar(int(options.get("max_steps", 2000)), disable=args.quiet) as bar:
+            report = lsc_pretrain(model, data, options, progress=bar)
     except ValueError as e:
         print(f"spikerec lsc: {e}", file=sys.stderr)
         return 2
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     radii = ", ".join(f"{k} {v:.3f}" for k, v in (report.best_radii or {}).items())
     print(f"{report.stop_reason or 'done'} after {report.steps} steps ({report.wall_time_s:.1f} s)")
     print(f"radii: {radii}")
+    if lsc_warning(report):
+        print(lsc_warning(report))
     print(f"folder: {out} (model.safetensors, lsc.json, lsc.png)")
     return 0 if not report.diverged else 1
 
