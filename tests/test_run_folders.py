@@ -64,6 +64,8 @@ def test_a_locked_run_is_refused_with_the_holders_pid(runs, tmp_path):
         code, out, err = run_cli(["train", "--resume", str(run)])
         assert code == 2
         assert f"run '{run}' is in use by PID {os.getpid()} (test holder)" in err
+        code, out, err = run_cli(["export", str(run), "--target", "generic"])
+        assert code == 2 and f"run '{run}' is in use by PID {os.getpid()}" in err
         assert snapshot(run) == before
     assert (run / ".lock").read_text() == ""  # released: the file is emptied
 
@@ -144,3 +146,14 @@ def test_a_truncated_model_file_is_named(runs, tmp_path):
     w.write_bytes(w.read_bytes()[:50])
     code, out, err = run_cli(["evaluate", str(run)])
     assert code == 2 and f"'{w}' cannot be read as safetensors" in err and "Traceback" not in err
+
+
+def test_time_based_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    code, out, err = run_cli(["train", *TINY, "--out", str(run), "--set", "train.checkpoint_every=0",
+                              "--set", "train.keep_checkpoints=10", "--checkpoint-minutes", "1e-6",
+                              "--stop-after-steps", "4"])
+    assert code == 0, err
+    steps = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
+    # after LSC (step 0), then after every step: each one is due by the clock
+    assert steps == [f"step-{i:08d}" for i in range(5)], steps
