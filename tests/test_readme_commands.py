@@ -17,7 +17,7 @@ SHORT = {  # what the README says the tests add (checked against its text below)
     ("export",): ["--samples", "32"],
     ("bench", "lif"): ["--T", "50", "--reps", "1"],
 }
-RULE = ("`train` commands get\n`--set train.epochs=1` (and `copy-online` also `--set data.options.n_samples=100`), `export` gets\n"
+RULE = ("`train` commands that start a run get\n`--set train.epochs=1` (and `copy-online` also `--set data.options.n_samples=100`), `export` gets\n"
         "`--samples 32`, `bench lif` gets `--T 50 --reps 1`.")
 
 
@@ -34,6 +34,8 @@ def _block() -> list[list[str]]:
 
 
 def _shortened(argv: list[str]) -> list[str]:
+    if argv[1] == "train" and ("--resume" in argv or "--list" in argv):
+        return argv  # these do not start a run
     for key, extra in SHORT.items():
         if tuple(argv[1:1 + len(key)]) == key:
             return argv + extra
