@@ -7,28 +7,27 @@ Architecture, time-first ``x[T, B, C]``::
     logits = Head(Pool_t(h))                               mean / last pooling, linear head
 
 ``Norm`` is BatchNorm over (batch, time) per channel (the paper's default) or
-LayerNorm. ``Mix`` (digest 001 §1.6, S5's definitions since the paper is terse):
+LayerNorm. ``Mix`` (the definitions of Smith, Warrington & Linderman 2023, S5, since the LRU paper is terse):
 
 * ``glu``:      ``z = drop(gelu(v)); z = W1 z * sigmoid(W2 z); z = drop(z)``
 * ``half_glu``: ``z = drop(gelu(v)); z = z * sigmoid(W2 z); z = drop(z)`` (PathX)
 * ``mlp``:      ``z = drop(W2 drop(gelu(W1 v)))``
 
 Dropout masks are element-wise (PyTorch ``Dropout``). Optimiser (App. D.2, Table 9):
-AdamW; ``nu_log, theta_log, gamma_log, B_re, B_im`` get ``lr * lr_factor`` and no weight
-decay, everything else ``lr`` and ``weight_decay`` (:func:`lru_param_groups`); the learning
+AdamW; the recurrence's parameters ``lambda`` (``nu_log, theta_log``), ``gamma_log`` and ``B``
+(selected by role: ``ParamSpec.slow``) get ``lr * lr_factor`` and no weight decay, everything else ``lr`` and ``weight_decay`` (:func:`lru_param_groups`); the learning
 rate warms up linearly from 1e-7 over the first 10% of the steps, then follows a cosine
-down to 1e-7 (:func:`warmup_cosine`).
+down to 1e-7 (:func:`warmup_cosine`). Both are :mod:`spikerec.optim`'s shared functions.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .layers.base import check_sequence
-from .layers.lru import LRU, RECURRENT_PARAMS
+from .layers.base import check_sequence, match_input_dtype
+from .layers.lru import LRU
+from .optim import LambdaSchedule, param_groups
 
 __all__ = ["LRUBlock", "LRUModel", "lru_param_groups", "warmup_cosine", "NORMS", "MIXES", "POOLS"]
 
@@ -120,7 +119,7 @@ class LRUModel(nn.Module):
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Hidden sequence ``[T, B, H]`` after the last block."""
         check_sequence(x, self.input_size, "LRUModel input")
-        h = self.encoder(x)
+        h = self.encoder(match_input_dtype(x, self.encoder.weight.dtype, "LRUModel input"))
         for blk in self.blocks:
             h = blk(h)
         return h
@@ -136,42 +135,19 @@ class LRUModel(nn.Module):
 
 
 def lru_param_groups(model: nn.Module, lr: float, lr_factor: float = 1.0, weight_decay: float = 0.0) -> list[dict]:
-    """AdamW parameter groups of the paper: ``nu_log, theta_log, gamma_log, B_re, B_im`` of every LRU
-    get ``lr * lr_factor`` and ``weight_decay = 0``; all other parameters (C, D, encoder, mix, norms,
-    head) get ``lr`` and ``weight_decay`` (digest 001 §4.2, A11)."""
-    if lr <= 0 or lr_factor <= 0 or weight_decay < 0:
-        raise ValueError(f"lru_param_groups: need lr > 0, lr_factor > 0, weight_decay >= 0; "
-                         f"got lr={lr}, lr_factor={lr_factor}, weight_decay={weight_decay}")
-    rec, other = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (rec if name.rsplit(".", 1)[-1] in RECURRENT_PARAMS else other).append(p)
-    groups = []
-    if rec:
-        groups.append({"params": rec, "lr": lr * lr_factor, "weight_decay": 0.0, "name": "recurrent"})
-    if other:
-        groups.append({"params": other, "lr": lr, "weight_decay": weight_decay, "name": "other"})
-    return groups
+    """AdamW parameter groups of the paper (App. D.2): the parameters of every LRU's recurrence
+    (``lambda``, ``gamma``, ``B``; those whose spec is in the slow group) get ``lr * lr_factor`` and
+    ``weight_decay = 0``; all other parameters (C, D, encoder, mix, norms, head) get ``lr`` and
+    ``weight_decay`` (``docs/decisions.md``, neurons 10). This is :func:`spikerec.optim.param_groups`
+    with the recipe's arguments."""
+    if not lr_factor > 0:
+        raise ValueError(f"lru_param_groups: need lr_factor > 0, got {lr_factor}")
+    return param_groups(model, lr, weight_decay=weight_decay, slow_lr_factor=lr_factor, slow_weight_decay=0.0)
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int, warmup_fraction: float = 0.1,
                   start_lr: float = 1e-7, end_lr: float = 1e-7) -> torch.optim.lr_scheduler.LambdaLR:
-    """Per-group schedule: linear from ``start_lr`` to the group's ``lr`` over the first
-    ``warmup_fraction * total_steps`` steps, then cosine down to ``end_lr`` at ``total_steps``."""
-    if total_steps < 1 or not 0.0 <= warmup_fraction < 1.0:
-        raise ValueError(f"warmup_cosine: need total_steps >= 1 and 0 <= warmup_fraction < 1, "
-                         f"got {total_steps}, {warmup_fraction}")
-    warm = int(round(warmup_fraction * total_steps))
-
-    def make(base: float):
-        def f(step: int) -> float:
-            if step < warm:
-                lr = start_lr + (base - start_lr) * step / warm
-            else:
-                prog = min(1.0, (step - warm) / max(1, total_steps - warm))
-                lr = end_lr + 0.5 * (base - end_lr) * (1.0 + math.cos(math.pi * prog))
-            return lr / base
-        return f
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, [make(g["lr"]) for g in optimizer.param_groups])
+    """Per-group schedule of the paper (App. D.2): linear from ``start_lr`` to the group's ``lr``
+    over the first ``warmup_fraction * total_steps`` steps, then cosine down to ``end_lr`` at
+    ``total_steps`` (:class:`spikerec.optim.LambdaSchedule`)."""
+    return LambdaSchedule(optimizer, total_steps, warmup_fraction, "cosine", start_lr=start_lr, end_lr=end_lr)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layers.base import Cell, check_sequence
+from .layers.base import Cell, check_sequence, match_input_dtype, protocol_missing
 from .layers.readout import READOUT_MODES, LeakyReadout, aggregate
 
 __all__ = ["RecurrentStack", "build_model", "CELL_KINDS", "cell_class", "register_cell"]
@@ -32,7 +32,7 @@ CELL_KINDS: dict[str, tuple[str, str]] = {
     "alif": ("spikerec.layers.alif", "ALIF"),
     "lru": ("spikerec.layers.lru", "LRU"),
     "gru": ("spikerec.layers.gru", "GRU"),
-    "wcrnn": ("spikerec.analysis.wcrnn", "WCRNN"),
+    "wcrnn": ("spikerec.layers.wcrnn", "WCRNN"),
 }
 
 
@@ -56,7 +56,7 @@ class RecurrentStack(nn.Module):
         if not cells:
             raise ValueError("RecurrentStack: needs at least one cell")
         for i, c in enumerate(list(cells) + [readout]):
-            missing = [m for m in ("initial_state", "step", "output", "state_vector", "stability_groups") if not hasattr(c, m)]
+            missing = protocol_missing(c)
             if missing:
                 raise TypeError(f"layer {i} ({type(c).__name__}) does not follow the cell protocol: missing {missing}")
         for i in range(1, len(cells)):
@@ -97,6 +97,7 @@ class RecurrentStack(nn.Module):
         """Run the whole sequence. Returns ``(y[T, B, K], final_states)``, plus the list of
         every hidden layer's output sequence when ``record``."""
         check_sequence(x, self.input_size, "model input")
+        x = match_input_dtype(x, next(self.parameters()).dtype, "model input")
         if states is None:
             states = self.initial_state(x.shape[1], x.device, x.dtype)
         finals, hidden = [], []
@@ -117,6 +118,7 @@ class RecurrentStack(nn.Module):
 
     def step_loop(self, x: torch.Tensor, states=None):
         """Reference path: :meth:`step` for every t."""
+        x = match_input_dtype(x, next(self.parameters()).dtype, "model input")
         if states is None:
             states = self.initial_state(x.shape[1], x.device, x.dtype)
         ys = []

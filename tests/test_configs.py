@@ -24,7 +24,7 @@ def test_every_preset_validates_and_builds(name):
 
 
 def test_table_s1_parameter_counts():
-    """Digest 002 §7.3: ALIF n_in n + n^2 + 4n per layer plus the readout; GRU as Keras reset_after."""
+    """Herranz-Celotti & Rouat, App. G Table S1: ALIF n_in n + n^2 + 4n per layer plus the readout; GRU as Keras reset_after."""
     def count(name):
         cfg = load_config(name)
         resolve_sizes(cfg, dataset_info(cfg["data"]["name"], **cfg["data"]["options"]))

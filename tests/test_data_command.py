@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spikerec.data.command import KNOWN_SUMS, main, read_manifest
+from spikerec.cli.datasets import KNOWN_SUMS, main, read_manifest
 from spikerec.data.fileio import write_idx
 from spikerec.data.shd_synth import write_shd_like
 

@@ -3,7 +3,7 @@ import gzip
 
 import numpy as np
 
-from spikerec.data.command import main
+from spikerec.cli.datasets import main
 from spikerec.data.fileio import write_idx
 from spikerec.data.shd_synth import write_shd_like
 from spikerec.data.verify import verify_layout

@@ -177,7 +177,7 @@ enabled = false
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A run folder written by the real trainer (`spikerec train <file> --out ...`)."""
-    from spikerec.train import commands
+    from spikerec.cli import train as commands
 
     d = tmp_path_factory.mktemp("run")
     (d / "lif.toml").write_text(LIF_PRESET)

@@ -2,10 +2,31 @@
 
 A recipe (:class:`BinRecipe`) puts the spike at time ``t`` (seconds) of unit ``u`` into
 
-    bin  k = floor((t - t_start) / dt),   kept when 0 <= k < bins
+    bin  k = floor((t - t_start) / dt),   kept when 0 <= k < bins   (half-open window [t_start, t_start + bins dt))
     channel c = u // pool                 (sum-pooling of ``pool`` neighbouring units)
 
-and stores the count, or ``min(count, 1)`` for ``value="binary"``. Presets
+and stores the count, or ``min(count, 1)`` for ``value="binary"``.
+
+**Exact arithmetic.** ``dt`` and ``t_start`` must be whole microseconds; the division is done in
+integer microseconds, never in floating point (``(1.4 - 0) / 0.014`` is ``99.99...`` in float64,
+which would keep a spike at the window end; ``0.003 / 0.001`` is ``2.99...``, which would put a
+spike on a bin edge one bin early). A stored time ``t`` (float16, float32 or float64) becomes
+integer microseconds by this rule:
+
+1. *on an edge*: if ``t`` equals the bin edge ``e_K = t_start + K dt`` rounded to the file's
+   float dtype (``K`` the nearest edge index), the spike is at ``e_K`` exactly and lands in bin
+   ``K``; this is what a converter that writes the exact edge as float16/32/64 produces, so such
+   files bin identically in every dtype (float16 cannot hold most edges exactly: 1.003 s is
+   stored as 1.0029296875);
+2. *otherwise* ``t_us = round(t * 1e6)`` (nearest microsecond, ties to even), then
+   ``k = (t_us - t_start_us) // dt_us`` in integers.
+
+tonic reads SHD as ``int(t * 1e6)`` (truncation) and then slices in integer microseconds; on
+files whose times are whole microseconds written as float64 or float32 the two agree except where
+the truncation drops a microsecond (``0.003 * 1e6`` is ``2999.9999999999995``); spikerec keeps the spike
+on the edge. SpyTorch's ``np.digitize`` uses 99 float edges (see below).
+
+Presets
 (``BIN_PRESETS``; digest results_and_refs §3):
 
 ==============  =======  ======  =========  =====  ======  =====================================
@@ -34,7 +55,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-__all__ = ["BinRecipe", "BIN_PRESETS", "get_recipe", "bin_ragged", "bin_reference", "densify"]
+__all__ = ["BinRecipe", "BIN_PRESETS", "get_recipe", "bin_ragged", "bin_reference", "bin_indices", "window_report",
+           "densify"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,19 @@ class BinRecipe:
             raise ValueError(f"binning: bins, pool and n_units must be >= 1, got {self.bins}, {self.pool}, {self.n_units}")
         if self.value not in ("count", "binary"):
             raise ValueError(f"binning: value must be 'count' or 'binary', got {self.value!r}")
+        for name in ("dt", "t_start"):
+            v = float(getattr(self, name))
+            if not math.isfinite(v) or abs(v * 1e6 - round(v * 1e6)) > 1e-6 * max(1.0, abs(v * 1e6)):
+                raise ValueError(f"binning: {name} must be a whole number of microseconds (bins are computed "
+                                 f"in integer microseconds), got {v!r} s")
+
+    @property
+    def dt_us(self) -> int:
+        return int(round(float(self.dt) * 1e6))
+
+    @property
+    def t_start_us(self) -> int:
+        return int(round(float(self.t_start) * 1e6))
 
     @property
     def channels(self) -> int:
@@ -95,7 +130,7 @@ def bin_ragged(times: np.ndarray, units: np.ndarray, lengths: np.ndarray, recipe
     """Vectorised binning of ``N`` concatenated samples.
 
     Args:
-        times: ``[S]`` spike times (seconds, any float dtype; computed in float64) of all
+        times: ``[S]`` spike times (seconds, float16/32/64; see :func:`bin_indices`) of all
             samples, sample after sample (any order within a sample).
         units: ``[S]`` unit indices in ``[0, n_units)`` (checked by the caller).
         lengths: ``[N]`` spikes per sample.
@@ -117,10 +152,10 @@ def bin_ragged(times: np.ndarray, units: np.ndarray, lengths: np.ndarray, recipe
         s1 = int(np.searchsorted(ends, starts[s0] + chunk_spikes, side="right"))
         s1 = max(s1, s0 + 1)
         lo, hi = int(starts[s0]), int(ends[s1 - 1])
-        k = np.floor((np.asarray(times[lo:hi], dtype=np.float64) - recipe.t_start) / recipe.dt)
+        k = bin_indices(times[lo:hi], recipe)
         keep = (k >= 0) & (k < K)
         sample = np.repeat(np.arange(s1 - s0, dtype=np.int64), lengths[s0:s1])[keep]
-        key = (sample * K + k[keep].astype(np.int64)) * C + np.asarray(units[lo:hi], dtype=np.int64)[keep] // int(recipe.pool)
+        key = (sample * K + k[keep]) * C + np.asarray(units[lo:hi], dtype=np.int64)[keep] // int(recipe.pool)
         key.sort()
         if key.size:
             first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
@@ -141,12 +176,46 @@ def bin_ragged(times: np.ndarray, units: np.ndarray, lengths: np.ndarray, recipe
     return offsets, index, values
 
 
+def bin_indices(times, recipe: BinRecipe) -> np.ndarray:
+    """Bin index ``k`` (int64, may lie outside ``[0, bins)``) of every spike time, by the exact
+    rule of the module docstring (integer microseconds; stored bin edges recognised per dtype)."""
+    times = np.asarray(times)
+    if not np.issubdtype(times.dtype, np.floating):
+        times = times.astype(np.float64)
+    dt, t0 = recipe.dt_us, recipe.t_start_us
+    rel = np.rint(times.astype(np.float64) * 1e6).astype(np.int64) - t0
+    k = rel // dt
+    near = (rel + dt // 2) // dt                                  # nearest edge index
+    edge = ((t0 + near * dt) / 1e6).astype(times.dtype)           # that edge as the file stores it
+    on_edge = edge == times
+    k[on_edge] = near[on_edge]
+    return k
+
+
+def window_report(times, recipe: BinRecipe) -> dict:
+    """Counts of spikes the recipe drops: ``before`` the window, ``after`` it, and ``far_after``
+    (at or past one more window length after its end: a sign of times not in seconds)."""
+    k = bin_indices(times, recipe)
+    K = int(recipe.bins)
+    return dict(before=int((k < 0).sum()), after=int((k >= K).sum()), far_after=int((k >= 2 * K).sum()))
+
+
 def bin_reference(times_list, units_list, recipe: BinRecipe) -> np.ndarray:
-    """Slow per-spike definition: ``[N, bins, channels]`` float64 counts (or 0/1)."""
+    """Slow per-spike definition with Python integers: ``[N, bins, channels]`` float64 counts (or 0/1)."""
+    from fractions import Fraction
+
     out = np.zeros((len(times_list), int(recipe.bins), recipe.channels))
+    dt, t0 = recipe.dt_us, recipe.t_start_us
     for n, (ts, us) in enumerate(zip(times_list, units_list)):
+        ts = np.asarray(ts)
         for t, u in zip(ts, us):
-            k = math.floor((float(t) - recipe.t_start) / recipe.dt)
+            exact = Fraction(float(t)) * 1_000_000           # the stored value, exactly, in microseconds
+            t_us = round(exact)                               # nearest microsecond, ties to even
+            near = (t_us - t0 + dt // 2) // dt
+            if np.asarray((t0 + near * dt) / 1e6).astype(ts.dtype) == t:
+                k = near
+            else:
+                k = (t_us - t0) // dt
             if 0 <= k < recipe.bins:
                 out[n, k, int(u) // int(recipe.pool)] += 1
     if recipe.value == "binary":

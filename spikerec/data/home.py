@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import DataError as _DataError
+
 __all__ = ["data_home", "dataset_dir", "DataError", "DatasetMissingError"]
 
 
-class DataError(ValueError):
+class DataError(_DataError):
     """A data file or option is malformed; the message names the file/option and the problem."""
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .binning import BinRecipe, bin_ragged, get_recipe
+from .binning import BinRecipe, bin_ragged, get_recipe, window_report
 from .cache import cache_key, load_cache, save_cache
 from .core import SparseSpikeDataset
 from .home import DataError, dataset_dir
@@ -55,8 +55,22 @@ def shd_info(**options) -> dict:
                 dt=r.dt, value=r.value)
 
 
+def _warn_far(report: dict, path, recipe: BinRecipe) -> None:
+    if report.get("far_after", 0):
+        warnings.warn(f"{path}: {report['far_after']} spike(s) lie at or past {2 * recipe.window:g} s, more than a "
+                      f"window ({recipe.window:g} s) after the binning window ends (are the times in seconds?); "
+                      f"they are dropped, with the other {report['after'] - report['far_after']} spike(s) after "
+                      f"the window, per the recipe", RuntimeWarning, stacklevel=3)
+
+
 def arrays_to_dataset(arr: ShdArrays, recipe: BinRecipe, info: dict | None = None) -> SparseSpikeDataset:
+    """Bin a file's arrays; ``info["dropped_spikes"]`` counts the spikes outside the window
+    (``before``, ``after``, ``far_after``; see :func:`spikerec.data.binning.window_report`), and spikes
+    far past the window are reported with a ``RuntimeWarning`` naming the file."""
     offsets, index, values = bin_ragged(arr.times, arr.units, arr.lengths, recipe)
+    report = window_report(arr.times, recipe)
+    _warn_far(report, arr.path, recipe)
+    info = {**(info or {}), "dropped_spikes": report}
     extra = {} if arr.speakers is None else {"speaker": torch.from_numpy(arr.speakers)}
     return SparseSpikeDataset(torch.from_numpy(offsets), torch.from_numpy(index), torch.from_numpy(values),
                               torch.from_numpy(arr.labels), recipe.bins, recipe.channels, info=info, extra=extra)
@@ -71,16 +85,20 @@ def bin_shd_file(path, recipe: BinRecipe, *, cache: bool = True, cache_dir=None,
     cpath = cdir / f"{path.stem}-{cache_key(asdict(recipe), path)}.safetensors"
     if cache:
         hit = load_cache(cpath)
-        if hit is not None:
-            t, _ = hit
+        if hit is not None and len(hit[0].get("labels", ())) > 0:  # an empty entry is never used
+            t, meta = hit
+            report = meta.get("dropped_spikes", {})
+            _warn_far(report, path, recipe)
             extra = {"speaker": t["speaker"]} if "speaker" in t else {}
             return SparseSpikeDataset(t["offsets"], t["index"], t["values"], t["labels"], recipe.bins,
-                                      recipe.channels, info=info, extra=extra), True
+                                      recipe.channels, info={**(info or {}), "dropped_spikes": report},
+                                      extra=extra), True
     ds = arrays_to_dataset(read_shd(path, n_units=recipe.n_units), recipe, info)
     if cache:
         tensors = {"offsets": ds.offsets, "index": ds.index, "values": ds.values, "labels": ds.labels, **ds.extra}
         try:
-            save_cache(cpath, tensors, {"recipe": asdict(recipe), "source": str(path), "samples": len(ds)})
+            save_cache(cpath, tensors, {"recipe": asdict(recipe), "source": str(path), "samples": len(ds),
+                                        "dropped_spikes": ds.info["dropped_spikes"]})
         except OSError as e:  # the data are fine; only the cache is lost (no partial file is left)
             warnings.warn(f"could not write the SHD cache {cpath}: {e}", RuntimeWarning, stacklevel=2)
     return ds, False
@@ -136,5 +154,5 @@ def shd_dataset(split: str, **options) -> SparseSpikeDataset:
     tr, va, held = speaker_split(ds.extra["speaker"].numpy(), o["valid_speakers"], float(o["valid_fraction"]),
                                  int(o["split_seed"]))
     out = ds.subset(tr if split == "train" else va)
-    out.info = {**info, "valid_speakers": [int(s) for s in held]}
+    out.info = {**ds.info, "valid_speakers": [int(s) for s in held]}
     return out

@@ -143,6 +143,10 @@ def read_shd(path, *, n_units: int = N_UNITS, n_classes: int = N_CLASSES) -> Shd
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
         raise DataError(f"{path}: /labels must be a 1-d integer array, got {labels.dtype} {labels.shape}")
     n = len(labels)
+    if n == 0:
+        raise DataError(f"{path}: the file holds no samples (0 labels, {len(t_obj)} spike-time rows); an SHD file "
+                        f"has {SHD_SIZES['train']} (train) or {SHD_SIZES['test']} (test): it was written incompletely "
+                        f"or is not the data set file: delete it and download again")
     if len(t_obj) != n or len(u_obj) != n:
         raise DataError(f"{path}: {n} labels but {len(t_obj)} spike-time rows and {len(u_obj)} unit rows")
     if speakers is not None and len(speakers) != n:

@@ -1,43 +1,33 @@
-"""Adaptive LIF (ALIF) cell in the form of the LSC paper's official code (digest 002 §5.1).
+"""ALIF layer: a thin shell over :mod:`spikerec.neurons.alif` (equations and citations there).
 
-    z_{t-1} = H(v_{t-1} - theta_{t-1})              (recomputed from the state)
-    a_t     = rho a_{t-1} + (1 - rho) z_{t-1}       rho   = exp(-dt / tau_adapt)
-    theta_t = b + beta a_t
-    v_t     = alpha v_{t-1} + W x_t + W_rec z_{t-1} - sg(theta_t z_{t-1})    alpha = exp(-dt / tau_mem)
-    z_t     = H(v_t - theta_t)
+This module owns the parameters and their initialisation: ``tau_mem``, ``tau_adapt``, ``b`` and
+``beta`` are per-neuron and trainable; each is drawn from a truncated normal with mean ``mu`` and
+std ``3 mu / 7``, truncated at two standard deviations (Keras' TruncatedNormal, support
+``[mu/7, 13 mu/7]``). Herranz-Celotti & Rouat, Table S1 defaults: ``tau_mem = 0.1``, ``b = 0.01``,
+``beta = 1.8``, ``tau_adapt = 100`` (sl-MNIST; SHD uses 250); ``b`` and ``beta`` are in the official
+code's parametrisation (``docs/decisions.md``, neurons 1).
 
-State ``(v, a)``. ``sg`` is a stop-gradient on the whole reset term when
-``detach_reset`` (the official code always detaches it). ``tau_mem``, ``tau_adapt``,
-``b`` and ``beta`` are per-neuron and trainable; each is drawn from a truncated normal
-with mean ``mu`` and std ``3 mu / 7``, truncated at two standard deviations (Keras'
-TruncatedNormal, support ``[mu/7, 13 mu/7]``). Table S1 defaults: ``tau_mem = 0.1``,
-``b = 0.01``, ``beta = 1.8``, ``tau_adapt = 100`` (sl-MNIST; SHD uses 250).
-``b`` and ``beta`` are in this code parametrisation (paper eq. 49 equals it with
-``b_paper = (1 - rho) b`` and ``beta_paper = (1 - rho) beta``, ambiguity A7).
-
-``beta_init="centered"`` gives ALIF± (beta ~ N(0, beta/sqrt(n_in)), the code's choice,
-ambiguity A9). The time constants are stored as ``log tau``; the recurrent matrix has a
-zero diagonal by default (the code's mask). The input bias of the voltage is zero and
-not trainable in the paper (``bias=False``).
+``beta_init="centered"`` gives ALIF± with ``beta ~ N(0, beta / sqrt(n_in))``, the official code's
+standard deviation where App. H prints ``beta / n_in`` (``docs/decisions.md``, neurons 2). The time
+constants are stored as ``log tau``; the recurrent matrix has a zero diagonal by default (the code's
+mask). The input bias of the voltage is zero and not trainable in the paper (``bias=False``).
+``forward`` runs the fused kernel ``ALIFSequence``, a registered backend tested equal to the step.
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import torch
 from torch import nn
 
+from .. import neurons
+from ..neurons import alif as _alif
+from ..neurons.alif import ALIFOptions, ALIFParams, ALIFState
+from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
 from ._lif_kernel import ALIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["ALIF", "ALIFState", "truncated_normal_positive"]
-
-
-class ALIFState(NamedTuple):
-    v: torch.Tensor
-    a: torch.Tensor
 
 
 def truncated_normal_positive(mean: float, n: int, spread: float = 3.0 / 7.0, generator=None) -> torch.Tensor:
@@ -125,9 +115,28 @@ class ALIF(Cell):
 
     def decays(self):
         """``(alpha, rho)`` = ``exp(-dt/tau_mem)``, ``exp(-dt/tau_adapt)``."""
-        alpha = torch.exp(-self.dt * torch.exp(-self.log_tau_mem))
-        rho = torch.exp(-self.dt * torch.exp(-self.log_tau_adapt))
-        return alpha, rho
+        return _alif.decays(self.params(), self.options())
+
+    @staticmethod
+    def param_specs() -> dict[str, ParamSpec]:
+        """Roles of the parameters (:mod:`spikerec.neurons.roles`)."""
+        return {
+            "weight": ParamSpec(Role.INPUT),
+            "bias": ParamSpec(Role.INPUT, multiplier=False),
+            "recurrent_weight": ParamSpec(Role.TIME),
+            "log_tau_mem": ParamSpec(Role.TIME, Transform.LOG_TAU),
+            "log_tau_adapt": ParamSpec(Role.TIME, Transform.LOG_TAU),
+            "b": ParamSpec(Role.THRESHOLD),
+            "beta": ParamSpec(Role.THRESHOLD),
+        }
+
+    def params(self) -> ALIFParams:
+        """The parameters as the step takes them (effective recurrent matrix)."""
+        return ALIFParams(self.weight, self.bias, self.effective_recurrent_weight(), self.log_tau_mem,
+                          self.log_tau_adapt, self.b, self.beta)
+
+    def options(self) -> ALIFOptions:
+        return ALIFOptions(dt=self.dt, detach_reset=self.detach_reset, surrogate=self.surrogate)
 
     def effective_recurrent_weight(self):
         if self.recurrent_weight is None:
@@ -136,7 +145,7 @@ class ALIF(Cell):
 
     def threshold(self, state) -> torch.Tensor:
         """Adaptive threshold ``theta = b + beta a``."""
-        return self.b + self.beta * state.a
+        return _alif.threshold(self.params(), state)
 
     def initial_state(self, batch: int, device=None, dtype=None):
         device = device if device is not None else self.weight.device
@@ -149,38 +158,27 @@ class ALIF(Cell):
         return out + self.bias if self.bias is not None else out
 
     def output(self, x_t, state):
-        return self.surrogate(state.v - self.threshold(state))
+        return _alif.output(self.params(), state, self.options())
 
     def step(self, x_t, state):
         check_step_input(x_t, self.input_size)
-        alpha, rho = self.decays()
-        z_prev = self.surrogate(state.v - self.threshold(state))
-        a = rho * state.a + (1.0 - rho) * z_prev
-        theta = self.b + self.beta * a
-        J = self.input_current(x_t)
-        w_rec = self.effective_recurrent_weight()
-        if w_rec is not None:
-            J = J + z_prev @ w_rec.t()
-        reset = theta * z_prev
-        if self.detach_reset:
-            reset = reset.detach()
-        v = alpha * state.v + J - reset
-        return self.surrogate(v - theta), ALIFState(v, a)
+        return _alif.step(self.params(), state, x_t, self.options())
 
     def forward(self, x, state=None):
         check_sequence(x, self.input_size, "ALIF input")
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
-        alpha, rho = self.decays()
+        p, o = self.params(), self.options()
+        alpha, rho = _alif.decays(p, o)
         Z, v, a = ALIFSequence.apply(
-            self.input_current(x), state.v, state.a, alpha, rho, self.b, self.beta,
-            self.effective_recurrent_weight(), self.surrogate, self.detach_reset,
+            self.input_current(x), state.v, state.a, alpha, rho, p.b, p.beta,
+            p.recurrent_weight, o.surrogate, o.detach_reset,
         )
         return Z, ALIFState(v, a)
 
-    def stability_groups(self):
-        time = [p for p in (self.recurrent_weight, self.log_tau_mem, self.log_tau_adapt) if p is not None]
-        return {"time": time, "depth": [self.weight, self.b, self.beta]}
-
     def extra_repr(self):
         return f"{self.input_size}, {self.hidden_size}, recurrent={self.recurrent}, dt={self.dt}, surrogate={self.surrogate.name}"
+
+
+neurons.register_backend("alif", "layers.ALIF.forward (fused ALIFSequence, CPU)", ALIF.forward,
+                         test="tests/test_lif_alif.py::test_alif_fused_equals_step_loop")

@@ -12,17 +12,61 @@ through a state that is a NamedTuple of ``[B, ...]`` tensors:
   it equals the ``step`` loop (the tests say so);
 * ``state_vector(state) -> [B, S]`` and ``state_from_vector(vec) -> State``;
 * ``stability_groups() -> {"time": [...], "depth": [...]}``: the parameters the LSC
-  clipped weight multiplier scales.
+  clipped weight multiplier scales, derived from ``param_specs()``;
+* ``param_specs() -> {attribute: ParamSpec}``: the role of each parameter
+  (:mod:`spikerec.neurons.roles`).
+
+The protocol is written once, as :class:`CellProtocol`; :class:`Cell` is the base class that
+implements its shared parts. The dynamics of each kind live in :mod:`spikerec.neurons`.
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
-__all__ = ["Cell", "check_sequence", "check_time_constant", "glorot_uniform_", "init_weight_"]
+from ..errors import DataError
+from ..neurons.roles import ParamSpec, stability_groups_from_specs
+
+__all__ = ["Cell", "CellProtocol", "PROTOCOL_METHODS", "protocol_missing", "check_sequence", "match_input_dtype",
+           "check_time_constant", "glorot_uniform_", "init_weight_"]
+
+
+@runtime_checkable
+class CellProtocol(Protocol):
+    """What every recurrent layer provides (module docstring). ``isinstance(x, CellProtocol)`` checks
+    that the members exist; :func:`protocol_missing` names the missing ones."""
+
+    input_size: int
+    output_size: int
+
+    def initial_state(self, batch: int, device=None, dtype=None): ...
+
+    def step(self, x_t: torch.Tensor, state): ...
+
+    def output(self, x_t: torch.Tensor, state) -> torch.Tensor: ...
+
+    def forward(self, x: torch.Tensor, state=None): ...
+
+    def state_vector(self, state) -> torch.Tensor: ...
+
+    def state_from_vector(self, vec: torch.Tensor): ...
+
+    def stability_groups(self) -> dict[str, list[nn.Parameter]]: ...
+
+    def param_specs(self) -> dict[str, ParamSpec]: ...
+
+
+#: the methods a cell must have to be stepped and differentiated (``param_specs`` is optional: a cell
+#: without it has no roles, and its ``stability_groups`` must then be written by hand)
+PROTOCOL_METHODS = ("initial_state", "step", "output", "state_vector", "state_from_vector", "stability_groups")
+
+
+def protocol_missing(cell) -> list[str]:
+    """Names of the :data:`PROTOCOL_METHODS` that ``cell`` lacks (empty when it follows the protocol)."""
+    return [m for m in PROTOCOL_METHODS if not callable(getattr(cell, m, None))]
 
 
 def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_complex: bool = False) -> None:
@@ -37,6 +81,19 @@ def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_com
         raise TypeError(f"{name}: expected a real tensor, got dtype {x.dtype}")
     if x.is_floating_point() and torch.isnan(x).any():
         raise ValueError(f"{name}: contains NaN values")
+
+
+def match_input_dtype(x: torch.Tensor, dtype: torch.dtype, name: str = "x") -> torch.Tensor:
+    """``x`` in the floating dtype of the parameters: integer and boolean inputs (spike
+    counts, event frames) are cast, which is exact; a floating input of another precision
+    (float64 into a float32 model) raises :class:`~spikerec.errors.DataError` naming both
+    dtypes, since a silent cast would change the precision the caller chose."""
+    if x.dtype == dtype:
+        return x
+    if not (x.is_floating_point() or x.is_complex()):
+        return x.to(dtype)
+    raise DataError(f"{name}: dtype {x.dtype} but the model's parameters are {dtype}; convert the input "
+                    f"(x.to({dtype})) or the model (model.to({x.dtype}))")
 
 
 def check_step_input(x_t: torch.Tensor, features: int, name: str = "x_t") -> None:
@@ -77,7 +134,8 @@ def init_weight_(w: torch.Tensor, scheme: str, name: str = "init") -> torch.Tens
 class Cell(nn.Module):
     """Base class of the cell protocol. Subclasses set ``input_size``, ``output_size``,
     ``State`` (a NamedTuple class) and implement ``initial_state``, ``step``, ``output``
-    and ``stability_groups``; ``forward`` defaults to the ``step`` loop.
+    and ``param_specs``; ``forward`` defaults to the ``step`` loop and ``stability_groups`` to the
+    groups the parameter roles give.
     """
 
     State: type = NamedTuple
@@ -94,8 +152,13 @@ class Cell(nn.Module):
     def output(self, x_t: torch.Tensor, state) -> torch.Tensor:
         raise NotImplementedError
 
+    @staticmethod
+    def param_specs() -> dict[str, ParamSpec]:
+        return {}
+
     def stability_groups(self) -> dict[str, list[nn.Parameter]]:
-        raise NotImplementedError
+        """LSC groups from the roles: ``time`` = role time, ``depth`` = the others (multiplier on)."""
+        return stability_groups_from_specs(self)
 
     def forward(self, x: torch.Tensor, state=None):
         return self.step_loop(x, state)

@@ -1,34 +1,23 @@
-"""Gated recurrent unit (Cho et al. 2014) in PyTorch's exact form, behind the cell protocol.
+"""GRU layer: a thin shell over :mod:`spikerec.neurons.gru` (Cho et al. 2014, in ``torch.nn.GRU``'s form).
 
-With gates ordered ``(r, z, n)`` as in ``torch.nn.GRU``::
-
-    r_t = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
-    z_t = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
-    n_t = tanh(W_in x_t + b_in + r_t * (W_hn h_{t-1} + b_hn))
-    h_t = (1 - z_t) * n_t + z_t * h_{t-1}
-
-The parameters are those of an inner ``torch.nn.GRU(input_size, hidden_size)``:
-``forward`` runs it (cuDNN on GPU); ``step`` computes the equations above from the
-same weights in plain torch (so ``torch.func`` can take transition Jacobians), equal
-to ``torch.nn.GRU`` to float rounding. Initialisation is PyTorch's default
-(``U(-1/sqrt(H), 1/sqrt(H))``). The "curse of memory" paper's GRU (digest 000 §5.4)
-is the same cell with ``f = z``.
+The parameters are those of an inner ``torch.nn.GRU(input_size, hidden_size)``: ``forward`` runs it
+(cuDNN on GPU), a registered backend tested equal to the step (values and gradients, float64);
+``step`` calls the one definition. Initialisation is PyTorch's default (``U(-1/sqrt(H), 1/sqrt(H))``).
+The GRU of Zucchet & Orvieto (2024, "Recurrent neural networks: vanishing and exploding gradients are
+not the end of the story") is the same cell with their forget gate ``f = z``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import nn
-from torch.nn import functional as F
 
+from .. import neurons
+from ..neurons import gru as _gru
+from ..neurons.gru import GRUParams, GRUState
+from ..neurons.roles import ParamSpec, Role
 from .base import Cell, check_sequence, check_step_input
 
 __all__ = ["GRU", "GRUState"]
-
-
-class GRUState(NamedTuple):
-    h: torch.Tensor
 
 
 class GRU(Cell):
@@ -55,6 +44,20 @@ class GRU(Cell):
     def weight_hh(self) -> nn.Parameter:
         return self.rnn.weight_hh_l0
 
+    @staticmethod
+    def param_specs() -> dict[str, ParamSpec]:
+        """Roles (:mod:`spikerec.neurons.roles`): time = ``W_hh``, input = ``W_ih``; biases are not scaled by LSC."""
+        return {
+            "rnn.weight_ih_l0": ParamSpec(Role.INPUT),
+            "rnn.weight_hh_l0": ParamSpec(Role.TIME),
+            "rnn.bias_ih_l0": ParamSpec(Role.INPUT, multiplier=False),
+            "rnn.bias_hh_l0": ParamSpec(Role.TIME, multiplier=False, slow=False),
+        }
+
+    def params(self) -> GRUParams:
+        b = self.rnn.bias
+        return GRUParams(self.weight_ih, self.weight_hh, self.rnn.bias_ih_l0 if b else None, self.rnn.bias_hh_l0 if b else None)
+
     def initial_state(self, batch: int, device=None, dtype=None) -> GRUState:
         device = device if device is not None else self.weight_ih.device
         dtype = dtype if dtype is not None else self.weight_ih.dtype
@@ -76,16 +79,7 @@ class GRU(Cell):
             raise TypeError(f"GRU step input: expected a real tensor, got dtype {x_t.dtype}")
         check_step_input(x_t, self.input_size, "GRU step input")
         self._check_state(state)
-        h = state.h
-        gi = F.linear(x_t, self.weight_ih, self.rnn.bias_ih_l0 if self.rnn.bias else None)
-        gh = F.linear(h, self.weight_hh, self.rnn.bias_hh_l0 if self.rnn.bias else None)
-        i_r, i_z, i_n = gi.chunk(3, -1)
-        h_r, h_z, h_n = gh.chunk(3, -1)
-        r = torch.sigmoid(i_r + h_r)
-        z = torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + r * h_n)
-        h_new = (1 - z) * n + z * h
-        return h_new, GRUState(h_new)
+        return _gru.step(self.params(), state, x_t)
 
     def forward(self, x: torch.Tensor, state: GRUState | None = None):
         """Whole sequence through ``torch.nn.GRU``: ``(h[T, B, H], GRUState(h_T))``."""
@@ -96,5 +90,6 @@ class GRU(Cell):
         out, h_n = self.rnn(x, state.h.unsqueeze(0).contiguous())
         return out, GRUState(h_n[0])
 
-    def stability_groups(self) -> dict[str, list[nn.Parameter]]:
-        return {"time": [self.weight_hh], "depth": [self.weight_ih]}
+
+neurons.register_backend("gru", "layers.GRU.forward (torch.nn.GRU / cuDNN)", GRU.forward,
+                         test="tests/test_gru.py::test_forward_equals_step_loop_with_gradients")

@@ -1,51 +1,25 @@
-"""Leaky integrate-and-fire cell, current- or conductance-free ("LIF") and current-based ("CUBA").
+"""LIF layer (plain or current-based): a thin shell over :mod:`spikerec.neurons.lif`.
 
-Discrete dynamics (time in units of ``dt``; decays ``alpha = exp(-dt/tau_mem)``,
-``alpha_s = exp(-dt/tau_syn)``), for input ``x_t``:
-
-    z_{t-1} = H(v_{t-1} - thr)                        (recomputed from the state)
-    J_t     = W x_t + b + W_rec z_{t-1}               (W_rec: recurrent layers, zero diagonal optional)
-    i_t     = alpha_s i_{t-1} + J_t                   (CUBA only; otherwise i_t = J_t)
-    v_t     = alpha v_{t-1} + i_t - thr z_{t-1}       (reset "subtract")
-            = alpha (1 - z_{t-1}) v_{t-1} + i_t       (reset "zero")
-            = alpha v_{t-1} + i_t                     (reset "none")
-    z_t     = H(v_t - thr)   (strict: v == thr does not spike)
-
-The state holds ``v`` (and ``i``): the membrane *before* the reset, from which the
-spike is recomputed, so ``d state_t / d state_{t-1}`` includes the spike path through
-the surrogate (digest 002 §5.1). These are exactly snnTorch's ``Leaky``/``Synaptic``
-with ``reset_delay=True`` (reset applied at the next step, reset spike detached);
-Norse's ``LIFBox`` and current-based ``LIF`` (Euler, reset to 0 at once) map to reset
-"zero" with ``alpha = 1 - dt/tau`` and inputs scaled by ``dt/tau_mem`` (see the tests).
-One exception: snnTorch's ``Synaptic`` with ``reset_mechanism="zero"`` zeroes the *new*
-membrane, dropping that step's input, whereas its ``Leaky`` and Norse zero the old one;
-spikerec's "zero" follows ``Leaky`` and Norse.
-
-Time constants are stored as ``log tau`` (unconstrained, learnable with ``learn_tau``).
+The equations, their paper citations and the reset/synapse options are defined once in
+:mod:`spikerec.neurons.lif`. This module owns the ``nn.Parameter``s (time constants stored as
+``log tau``, learnable with ``learn_tau``), declares their roles (:meth:`LIF.param_specs`), and runs
+``step`` through the one definition and ``forward`` through the fused sequence kernel
+(``LIFSequence``, a registered backend tested equal to the step in values and gradients).
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from .. import neurons
+from ..neurons import lif as _lif
+from ..neurons.lif import RESET_MODES, CubaLIFState, LIFOptions, LIFParams, LIFState
+from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
 from ._lif_kernel import LIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["LIF", "LIFState", "CubaLIFState", "RESET_MODES"]
-
-RESET_MODES = ("subtract", "zero", "none")
-
-
-class LIFState(NamedTuple):
-    v: torch.Tensor
-
-
-class CubaLIFState(NamedTuple):
-    i: torch.Tensor
-    v: torch.Tensor
 
 
 def _per_neuron(value, n: int, name: str) -> torch.Tensor:
@@ -138,9 +112,7 @@ class LIF(Cell):
 
     def decays(self):
         """``(alpha, alpha_s)`` with ``alpha = exp(-dt / tau)``; ``alpha_s`` is None without CUBA."""
-        alpha = torch.exp(-self.dt * torch.exp(-self.log_tau_mem))
-        alpha_s = torch.exp(-self.dt * torch.exp(-self.log_tau_syn)) if self.cuba else None
-        return alpha, alpha_s
+        return _lif.decays(self.params(), self.options())
 
     def effective_recurrent_weight(self) -> torch.Tensor | None:
         if self.recurrent_weight is None:
@@ -150,6 +122,27 @@ class LIF(Cell):
     @property
     def spiking(self) -> bool:
         return True
+
+    # --- the one definition -------------------------------------------------------------
+    @staticmethod
+    def param_specs() -> dict[str, ParamSpec]:
+        """Roles of the parameters (:mod:`spikerec.neurons.roles`)."""
+        return {
+            "weight": ParamSpec(Role.INPUT),
+            "bias": ParamSpec(Role.INPUT, multiplier=False),
+            "recurrent_weight": ParamSpec(Role.TIME),
+            "log_tau_mem": ParamSpec(Role.TIME, Transform.LOG_TAU),
+            "log_tau_syn": ParamSpec(Role.TIME, Transform.LOG_TAU),
+            "threshold": ParamSpec(Role.THRESHOLD),
+        }
+
+    def params(self) -> LIFParams:
+        """The parameters as the step takes them (effective recurrent matrix)."""
+        return LIFParams(self.weight, self.bias, self.effective_recurrent_weight(), self.log_tau_mem,
+                         self.log_tau_syn, self.threshold)
+
+    def options(self) -> LIFOptions:
+        return LIFOptions(dt=self.dt, reset=self.reset, detach_reset=self.detach_reset, surrogate=self.surrogate)
 
     # --- protocol ------------------------------------------------------------------------
     def initial_state(self, batch: int, device=None, dtype=None):
@@ -164,50 +157,30 @@ class LIF(Cell):
         return out + self.bias if self.bias is not None else out
 
     def output(self, x_t, state):
-        return self.surrogate(state.v - self.threshold)
+        return _lif.output(self.params(), state, self.options())
 
     def step(self, x_t, state):
         check_step_input(x_t, self.input_size)
-        alpha, alpha_s = self.decays()
-        thr = self.threshold
-        v = state.v
-        z_prev = self.surrogate(v - thr)
-        J = self.input_current(x_t)
-        w_rec = self.effective_recurrent_weight()
-        if w_rec is not None:
-            J = J + z_prev @ w_rec.t()
-        if self.cuba:
-            i = alpha_s * state.i + J
-            J = i
-        z_reset = z_prev.detach() if self.detach_reset else z_prev
-        if self.reset == "subtract":
-            v = alpha * v + J - thr * z_reset
-        elif self.reset == "zero":
-            v = alpha * (1.0 - z_reset) * v + J
-        else:
-            v = alpha * v + J
-        new = CubaLIFState(i, v) if self.cuba else LIFState(v)
-        return self.surrogate(v - thr), new
+        return _lif.step(self.params(), state, x_t, self.options())
 
     def forward(self, x, state=None):
         """Whole sequence: one matmul for all input currents, then the fused loop."""
         check_sequence(x, self.input_size, "LIF input")
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
-        alpha, alpha_s = self.decays()
-        I = self.input_current(x)
+        p, o = self.params(), self.options()
+        alpha, alpha_s = _lif.decays(p, o)
         Z, v, i = LIFSequence.apply(
-            I, state.v, state.i if self.cuba else None, alpha, alpha_s, self.threshold,
-            self.effective_recurrent_weight(), self.surrogate, self.reset, self.detach_reset,
+            _lif.input_current(p, x), state.v, state.i if self.cuba else None, alpha, alpha_s, p.threshold,
+            p.recurrent_weight, o.surrogate, o.reset, o.detach_reset,
         )
         return Z, (CubaLIFState(i, v) if self.cuba else LIFState(v))
-
-    def stability_groups(self):
-        time = [p for p in (self.recurrent_weight, self.log_tau_mem, self.log_tau_syn) if p is not None]
-        depth = [p for p in (self.weight, self.threshold) if p is not None]
-        return {"time": time, "depth": depth}
 
     def extra_repr(self):
         kind = "CUBA" if self.cuba else "LIF"
         return (f"{self.input_size}, {self.hidden_size}, {kind}, reset={self.reset}, recurrent={self.recurrent}, "
                 f"dt={self.dt}, surrogate={self.surrogate.name}")
+
+
+neurons.register_backend("lif", "layers.LIF.forward (fused LIFSequence, CPU)", LIF.forward,
+                         test="tests/test_lif_alif.py::test_lif_fused_equals_step_loop")

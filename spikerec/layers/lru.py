@@ -1,54 +1,43 @@
-"""Linear Recurrent Unit (Orvieto et al. 2023, "Resurrecting Recurrent Neural Networks
-for Long Sequences", §3 and App. A).
+"""LRU layer: a thin shell over :mod:`spikerec.neurons.lru` (equations and citations there).
 
-For a real input ``u_k`` (``H`` features) and a complex state ``x_k`` (``N`` entries)::
+Orvieto et al. (2023), "Resurrecting Recurrent Neural Networks for Long Sequences". ``forward``
+computes ``gamma B u`` for all steps in one GEMM, runs the diagonal recurrence through
+:func:`spikerec.scan.linear_scan` (complex), and reads ``Re(C x)`` in a second GEMM: a registered
+backend of the step, tested equal to it (values and gradients, float64). The state vector is
+``[Re x, Im x]``.
 
-    lambda = exp(-exp(nu_log) + i exp(theta_log))        |lambda| < 1 by construction (§3.3)
-    gamma  = exp(gamma_log)                               learnable, init sqrt(1 - |lambda|^2) (§3.4)
-    x_k    = lambda * x_{k-1} + gamma * (B u_k)           B = B_re + i B_im, x_0 = 0 (or the given state)
-    y_k    = Re(C x_k) + D * u_k                          C = C_re + i C_im, D elementwise
+Initialisation follows the paper's App. A code: ``|lambda|^2 ~ U[r_min^2, r_max^2]``,
+``theta ~ U[0, max_phase]`` (Lemma 3.2), ``B_re, B_im ~ N(0, 1/(2H))``, ``C_re, C_im ~ N(0, 1/N)``
+(the code halves B's variance, not C's, unlike the prose; ``docs/decisions.md``, neurons 5),
+``D ~ N(0, 1)``. Departure from the code: the radius draw is clamped to
+``|lambda|^2 in [1e-12, 1 - 1e-7]`` and ``theta >= 1e-8`` so that ``r_max = 1`` (the default and the
+paper's ``[0, 1]`` ablations) never gives ``|lambda| = 1``, ``gamma_log = -inf`` or
+``theta_log = -inf``; ``r_max > 1`` is an error.
 
-``forward`` computes ``gamma B u`` for all steps in one GEMM, runs the diagonal
-recurrence through :func:`spikerec.scan.linear_scan` (complex), and reads ``Re(C x)``
-in a second GEMM; ``step`` does the same in real arithmetic on ``(Re x, Im x)`` (the
-2x2-block form of App. E.3), so ``torch.func`` can differentiate it. The state vector
-is ``[Re x, Im x]`` and the time Jacobian is exactly
-``[[diag Re lambda, -diag Im lambda], [diag Im lambda, diag Re lambda]]``.
-
-Initialisation follows the App. A code (digest 001 §1.3): ``|lambda|^2 ~ U[r_min^2, r_max^2]``,
-``theta ~ U[0, max_phase]`` (Lemma 3.2), ``B_re, B_im ~ N(0, 1/(2H))``,
-``C_re, C_im ~ N(0, 1/N)`` (the code halves B's variance, not C's, unlike the prose),
-``D ~ N(0, 1)``. Departure from the code (digest A5): the radius draw is clamped to
-``|lambda|^2 in [1e-12, 1 - 1e-7]`` and ``theta >= 1e-8`` so that ``r_max = 1`` (the
-default and the paper's ``[0, 1]`` ablations) never gives ``|lambda| = 1``,
-``gamma_log = -inf`` or ``theta_log = -inf``; ``r_max > 1`` is an error.
-
-When ``output_size != input_size`` the elementwise ``D`` cannot apply; ``D`` is then a
-dense ``[output_size, input_size]`` matrix ``~ N(0, 1/input_size)`` (our extension).
+When ``output_size != input_size`` the elementwise ``D`` cannot apply; ``D`` is then a dense
+``[output_size, input_size]`` matrix ``~ N(0, 1/input_size)`` (our extension).
 Parameter count with ``output_size == input_size``: ``4NH + 3N + H``.
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import torch
 from torch import nn
 
+from .. import neurons
+from ..neurons import lru as _lru
+from ..neurons.lru import LRUParams, LRUState
+from ..neurons.roles import ParamSpec, Role, Transform
 from ..scan import linear_scan
 from .base import Cell, check_sequence, check_step_input
 
 __all__ = ["LRU", "LRUState", "sample_ring", "RECURRENT_PARAMS"]
 
-# parameters that get the reduced learning rate and no weight decay (paper §2.2, App. D.2)
+# the parameters that get the reduced learning rate and no weight decay (Orvieto et al. 2023, App. D.2);
+# selected through their roles (``ParamSpec.slow``); this tuple is kept for reference
 RECURRENT_PARAMS = ("nu_log", "theta_log", "gamma_log", "B_re", "B_im")
 
 _R2_MIN, _R2_MAX, _THETA_MIN = 1e-12, 1.0 - 1e-7, 1e-8
-
-
-class LRUState(NamedTuple):
-    x_re: torch.Tensor
-    x_im: torch.Tensor
 
 
 def _check_ring(r_min: float, r_max: float, max_phase: float) -> None:
@@ -129,12 +118,30 @@ class LRU(Cell):
         self.D = nn.Parameter(randn(H, std=1.0) if O == H else randn(O, H, std=1.0 / math.sqrt(H)))
         self.State = LRUState
 
+    # --- the one definition ------------------------------------------------------------
+    @staticmethod
+    def param_specs() -> dict[str, ParamSpec]:
+        """Roles (:mod:`spikerec.neurons.roles`). LSC scales ``nu_log`` (time: the radius of ``diag(lambda)``
+        is ``max exp(-exp(nu_log))``; the phase cannot steer it) and ``B``, ``C`` (depth); the slow
+        learning-rate group is ``lambda``, ``gamma``, ``B`` (Orvieto et al. 2023, App. D.2)."""
+        return {
+            "nu_log": ParamSpec(Role.TIME, Transform.NU_LOG),
+            "theta_log": ParamSpec(Role.TIME, Transform.PHASE_LOG, multiplier=False),
+            "gamma_log": ParamSpec(Role.INPUT, Transform.LOG, multiplier=False, slow=True),
+            "B_re": ParamSpec(Role.INPUT, slow=True),
+            "B_im": ParamSpec(Role.INPUT, slow=True),
+            "C_re": ParamSpec(Role.DEPTH),
+            "C_im": ParamSpec(Role.DEPTH),
+            "D": ParamSpec(Role.INPUT, multiplier=False),
+        }
+
+    def params(self) -> LRUParams:
+        return LRUParams(self.nu_log, self.theta_log, self.gamma_log, self.B_re, self.B_im, self.C_re, self.C_im, self.D)
+
     # --- eigenvalues and normalisation ------------------------------------------------
     def _lam_parts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(Re lambda, Im lambda)`` computed in real arithmetic (shared by step, lam, to_dense_real)."""
-        mag = torch.exp(-torch.exp(self.nu_log))
-        theta = torch.exp(self.theta_log)
-        return mag * torch.cos(theta), mag * torch.sin(theta)
+        return _lru.lam_parts(self.params())
 
     def lam(self) -> torch.Tensor:
         """Complex eigenvalues ``lambda`` ``[N]``."""
@@ -143,14 +150,14 @@ class LRU(Cell):
 
     def gamma(self) -> torch.Tensor:
         """Input normalisation ``gamma = exp(gamma_log)`` ``[N]``."""
-        return torch.exp(self.gamma_log)
+        return _lru.gamma(self.params())
 
     def spectral_radius(self) -> torch.Tensor:
         """``max |lambda|``: the exact radius of the time Jacobian ``diag(lambda)``."""
         return torch.exp(-torch.exp(self.nu_log)).max()
 
     def _skip(self, u: torch.Tensor) -> torch.Tensor:
-        return u * self.D if self.D.dim() == 1 else u @ self.D.t()
+        return _lru.skip(self.params(), u)
 
     # --- protocol ---------------------------------------------------------------------
     def initial_state(self, batch: int, device=None, dtype=None) -> LRUState:
@@ -170,7 +177,7 @@ class LRU(Cell):
 
     def output(self, x_t: torch.Tensor, state: LRUState) -> torch.Tensor:
         """``y = Re(C x) + D u = C_re Re x - C_im Im x + D u``."""
-        return state.x_re @ self.C_re.t() - state.x_im @ self.C_im.t() + self._skip(x_t)
+        return _lru.output(self.params(), state, x_t)
 
     def step(self, x_t: torch.Tensor, state: LRUState):
         """One step in real arithmetic: ``x' = lambda x + gamma B u``; returns ``(y, x')``."""
@@ -178,14 +185,7 @@ class LRU(Cell):
             raise TypeError(f"LRU step input: expected a real tensor, got dtype {x_t.dtype}")
         check_step_input(x_t, self.input_size, "LRU step input")
         self._check_state(state)
-        lr, li = self._lam_parts()
-        g = self.gamma()
-        bu_re = x_t @ (self.B_re * g[:, None]).t()
-        bu_im = x_t @ (self.B_im * g[:, None]).t()
-        x_re = lr * state.x_re - li * state.x_im + bu_re
-        x_im = li * state.x_re + lr * state.x_im + bu_im
-        new = LRUState(x_re, x_im)
-        return self.output(x_t, new), new
+        return _lru.step(self.params(), state, x_t)
 
     def states(self, x: torch.Tensor, state: LRUState | None = None) -> torch.Tensor:
         """All complex states ``x_k`` ``[T, B, N]`` through the parallel scan."""
@@ -206,11 +206,6 @@ class LRU(Cell):
         y = torch.view_as_real(xs).flatten(-2) @ Wc.t() + self._skip(x)
         last = xs[-1]
         return y, LRUState(last.real.contiguous(), last.imag.contiguous())
-
-    def stability_groups(self) -> dict[str, list[nn.Parameter]]:
-        """time: ``nu_log`` only (the radius of ``diag(lambda)`` is ``max |lambda| = max exp(-exp(nu_log))``;
-        ``theta_log`` moves only the phase, so it cannot steer the radius); depth: B and C."""
-        return {"time": [self.nu_log], "depth": [self.B_re, self.B_im, self.C_re, self.C_im]}
 
     # --- analysis helpers ----------------------------------------------------------------
     def to_dense_real(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -233,3 +228,7 @@ class LRU(Cell):
     def extra_repr(self) -> str:
         return (f"input_size={self.input_size}, state_size={self.d_state}, output_size={self.output_size}, "
                 f"r_min={self.r_min}, r_max={self.r_max}, max_phase={self.max_phase}")
+
+
+neurons.register_backend("lru", "layers.LRU.forward (complex parallel scan)", LRU.forward,
+                         test="tests/test_lru.py::test_forward_scan_equals_step_loop")

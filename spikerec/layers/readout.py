@@ -1,25 +1,25 @@
-"""Leaky-integrator readout (NIR ``LI``): ``y_t = alpha y_{t-1} + W x_t + b``, ``alpha = exp(-dt/tau)``.
+"""Leaky-integrator readout layer: a thin shell over :mod:`spikerec.neurons.readout`.
 
-``tau=None`` gives a plain linear readout (``alpha = 0``), as the LSC paper's
-``o_t = W_R x_t``. :func:`aggregate` turns the output sequence into logits:
-``last``, ``mean``, ``max`` or ``per_step`` (the whole sequence).
+``y_t = alpha y_{t-1} + W x_t + b`` (equations there); ``tau=None`` gives the plain linear readout.
+:func:`aggregate` turns the output sequence into logits: ``last``, ``mean``, ``max`` or
+``per_step`` (the whole sequence). ``forward`` runs the diagonal linear scan
+(:func:`spikerec.scan.linear_scan`), a registered backend tested equal to the step.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from .. import neurons
+from ..neurons import readout as _readout
+from ..neurons.readout import ReadoutOptions, ReadoutParams, ReadoutState
+from ..neurons.roles import ParamSpec, Role, Transform
+from ..scan import linear_scan
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["LeakyReadout", "ReadoutState", "aggregate", "READOUT_MODES"]
 
 READOUT_MODES = ("last", "mean", "max", "per_step")
-
-
-class ReadoutState(NamedTuple):
-    y: torch.Tensor
 
 
 def aggregate(y: torch.Tensor, mode: str) -> torch.Tensor:
@@ -54,10 +54,23 @@ class LeakyReadout(Cell):
             self.log_tau = None
         self.State = ReadoutState
 
+    @staticmethod
+    def param_specs() -> dict[str, ParamSpec]:
+        """Roles of the parameters (:mod:`spikerec.neurons.roles`)."""
+        return {
+            "weight": ParamSpec(Role.READOUT),
+            "bias": ParamSpec(Role.READOUT, multiplier=False),
+            "log_tau": ParamSpec(Role.TIME, Transform.LOG_TAU),
+        }
+
+    def params(self) -> ReadoutParams:
+        return ReadoutParams(self.weight, self.bias, self.log_tau)
+
+    def options(self) -> ReadoutOptions:
+        return ReadoutOptions(dt=self.dt)
+
     def alpha(self):
-        if not self.leaky:
-            return None
-        return torch.exp(-self.dt * torch.exp(-self.log_tau))
+        return _readout.decay(self.params(), self.options())
 
     def initial_state(self, batch, device=None, dtype=None):
         device = device if device is not None else self.weight.device
@@ -69,11 +82,7 @@ class LeakyReadout(Cell):
 
     def step(self, x_t, state):
         check_step_input(x_t, self.input_size)
-        J = x_t @ self.weight.t()
-        if self.bias is not None:
-            J = J + self.bias
-        y = J if not self.leaky else self.alpha() * state.y + J
-        return y, ReadoutState(y)
+        return _readout.step(self.params(), state, x_t, self.options())
 
     def forward(self, x, state=None):
         check_sequence(x, self.input_size, "readout input")
@@ -84,10 +93,9 @@ class LeakyReadout(Cell):
             J = J + self.bias
         if not self.leaky:
             return J, ReadoutState(J[-1])
-        from ..scan import linear_scan
-
         y = linear_scan(self.alpha().expand_as(J), J, state.y)
         return y, ReadoutState(y[-1])
 
-    def stability_groups(self):
-        return {"time": [p for p in (self.log_tau,) if p is not None], "depth": [self.weight]}
+
+neurons.register_backend("readout", "layers.LeakyReadout.forward (linear scan)", LeakyReadout.forward,
+                         test="tests/test_neurons.py::test_readout_forward_equals_step")

@@ -1,4 +1,5 @@
-"""Per-sample transition Jacobians of cells and stacks (LSC paper, Sec. II-A; digest 002 §1, §3.2).
+"""Per-sample transition Jacobians of cells and stacks (Herranz-Celotti & Rouat,
+"Stabilizing RNN gradients through pre-training", Sec. II-A, eq. 1).
 
 For a stack of cells with states ``s^l_t`` (the cell's ``state_vector``: LIF ``v``; ALIF
 ``v ‖ a``; GRU ``h``; LRU ``Re x ‖ Im x``) the transition derivatives are
@@ -7,7 +8,7 @@ For a stack of cells with states ``s^l_t`` (the cell's ``state_vector``: LIF ``v
 * ``depth/l``:   ``M = d s^l_t / d s^{l-1}_t`` (l >= 1) through
   ``cells[l].step(cells[l-1].output(h^{l-2}_t, s^{l-1}_t), s^l_{t-1})``. The layer below
   feeds the layer above at the *same* time step, as stacked RNNs and the official code
-  do (ambiguity A1, ``depth_delay = 0``);
+  do (``docs/decisions.md``, neurons 11; ``depth_delay = 0``);
 * ``input/0``:   ``M = d s^1_t / d x_t`` (the input-to-first-layer "depth" derivative);
 * ``readout/L``: ``M = d y_t / d s^L_t``, with ``y_t`` the readout's step output (L =
   index of the readout in ``model.layers``).
@@ -28,6 +29,8 @@ from typing import Callable, Sequence
 import torch
 from torch.func import jacrev, jvp, vjp, vmap
 
+from ..layers.base import PROTOCOL_METHODS, protocol_missing
+
 __all__ = [
     "KINDS",
     "PROTOCOL",
@@ -41,12 +44,12 @@ __all__ = [
 ]
 
 KINDS = ("time", "depth", "input", "readout")
-PROTOCOL = ("initial_state", "step", "output", "state_vector", "state_from_vector", "stability_groups")
+PROTOCOL = PROTOCOL_METHODS
 
 
 def check_cell(cell, name: str = "cell") -> None:
     """Raise ``TypeError`` unless ``cell`` implements the cell protocol of ``spikerec.layers.base``."""
-    missing = [m for m in PROTOCOL if not callable(getattr(cell, m, None))]
+    missing = protocol_missing(cell)
     if missing:
         raise TypeError(
             f"{name} ({type(cell).__name__}) does not follow the cell protocol: missing {', '.join(missing)} "

@@ -1,4 +1,5 @@
-"""Local Stability Condition (LSC) pre-training (Herranz-Celotti & Rouat, Sec. II-B, II-D; digest 002 §3-4).
+"""Local Stability Condition (LSC) pre-training (Herranz-Celotti & Rouat, "Stabilizing RNN gradients through
+pre-training", Sec. II-B, II-D).
 
 The LSC asks every transition-derivative radius to have expectation ``rho_t`` (1, or
 0.5, or the "unbalanced" split: time ``T/(T+L)``, depth ``L/(T+L)``). Pre-training
@@ -11,14 +12,15 @@ with one optimiser update per time step while the state is carried forward (deta
 After each update (paper order, ``order="grad,kappa,shuffle"``):
 
 * **clipped weight multiplier**: ``kappa = clip(rho_t / rho_bar, 0.85, 1.15)`` with
-  ``rho_bar`` the batch-mean radius of that term (code, §4.2); layer ``l``'s ``"time"``
-  group (``stability_groups()``) gets ``kappa_time,l`` and its ``"depth"`` group gets
-  ``kappa_depth,l`` (layer 0: the ``input/0`` radius). A parameter is scaled by its kind:
-  weights, thresholds, ``beta``: ``p <- kappa p``; time constants stored as ``log_tau*``:
-  ``tau <- kappa tau`` (``p <- p + log kappa``; the paper scales tau); the LRU's
-  ``nu_log`` (``|lambda| = exp(-exp(nu))``, a time constant ``exp(-nu)``):
-  ``nu <- nu - log kappa`` (the code multiplies ``nu`` itself, which moves the radius the
-  wrong way for ``nu > 0``). Frozen parameters are left alone.
+  ``rho_bar`` the batch-mean radius of that term (the official code's rule); layer ``l``'s
+  ``"time"`` group (``stability_groups()``, from the parameter roles) gets ``kappa_time,l`` and
+  its ``"depth"`` group gets ``kappa_depth,l`` (layer 0: the ``input/0`` radius). A parameter is
+  scaled according to its declared transform (:class:`spikerec.neurons.Transform`): identity
+  (weights, thresholds, ``beta``): ``p <- kappa p``; ``LOG_TAU``: ``tau <- kappa tau``
+  (``p <- p + log kappa``; the paper scales tau); ``LOG``: ``p <- p + log kappa``; ``NU_LOG``
+  (``|lambda| = exp(-exp(nu))``, a time constant ``exp(-nu)``): ``nu <- nu - log kappa``
+  (``docs/decisions.md``, neurons 7); a phase (``PHASE_LOG``) is never scaled. Frozen
+  parameters are left alone.
 * **shuffling**: with probability ``shuffle_prob`` per step, the entries of every
   trainable tensor with ``ndim >= shuffle_min_ndim`` are permuted (paper: every tensor,
   every step; code: p = 1/3, ndim >= 2, before kappa: ``order="grad,shuffle,kappa"``);
@@ -33,7 +35,7 @@ Optimiser (Sec. II-G): AdaBelief (lr 3.14e-3, weight decay 1e-4) inside Lookahea
 (k = 6, alpha = 0.5) from ``torch-optimizer``; ``optimizer="adam"`` is plain Adam with
 the same lr / weight decay (no belief-based second moment, no slow weights).
 
-Stopping (Sec. II-D; ambiguities A16-A17): the LSC is a condition on *expectations*, and
+Stopping (Sec. II-D; ``docs/decisions.md``, neurons 9): the LSC is a condition on *expectations*, and
 one step's batch mean ``rho_bar_k`` varies a lot along a sequence (and the weights move
 every step), so every ``verify_every`` steps (default ``min(T, 25)``) the radii are
 averaged over the whole current batch and up to ``verify_points`` (25) evenly spaced time
@@ -54,12 +56,16 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Annotated, Any, Iterable, Literal
 
 import torch
 
+from .. import optim, schema
 from ..atomic import atomic_write_text
+from ..errors import ConfigError
+from ..neurons.roles import Transform, param_specs_of
+from ..schema import Range
 from .jacobians import (
     model_layers,
     parse_key,
@@ -74,84 +80,72 @@ __all__ = ["LSCConfig", "LSCReport", "lsc_pretrain", "lsc_targets", "apply_clipp
 ORDERS = ("grad,kappa,shuffle", "grad,shuffle,kappa")
 
 
+_TERM = Literal["time", "depth", "input", "readout"]
+_POS = Annotated[float, Range(gt=0)]
+_COUNT = Annotated[int, Range(ge=1)]
+
+
 @dataclass
 class LSCConfig:
-    """Options of :func:`lsc_pretrain` (defaults: the paper; the code's choices in comments)."""
+    """Options of :func:`lsc_pretrain` (defaults: the paper; the code's choices in comments).
 
-    target: float = 1.0                      # rho_t: 1 or 0.5
-    balance: str = "equal"                   # "equal" or "unbalanced" (time T/(T+L), depth L/(T+L))
-    terms: tuple = ("time", "depth", "input")  # add "readout" for the code's decoder term
-    readout_target: float = 1.0
-    reduce: str = "sum"                      # eq. 2 sums; the code averages ("mean")
-    method: str = "auto"                     # "auto" (exact up to exact_max, else arnoldi), "exact", "arnoldi", "gelfand"
-    exact_max: int = 128
-    dense_max: int = 1024                    # blocks up to this side are formed densely (faster than jvp products)
-    n_iter: int = 32                         # Krylov dimension / products of the iterative estimator
-    square_mode: str = "subsample"           # non-square blocks: "subsample" (code), "topleft", "svd"
-    optimizer: str = "adabelief+lookahead"   # or "adam"
-    lr: float = 3.14e-3                      # code: 7.2e-3
-    weight_decay: float = 1e-4
-    lookahead_k: int = 6
-    lookahead_alpha: float = 0.5
+    The field types are the schema (:mod:`spikerec.schema`): a dict of options or a preset's
+    ``[lsc]`` table is checked against them, with one clear error per bad key.
+    """
+
+    target: _POS = 1.0                       # rho_t: 1 or 0.5
+    balance: Literal["equal", "unbalanced"] = "equal"  # unbalanced: time T/(T+L), depth L/(T+L)
+    terms: Annotated[tuple[_TERM, ...], Range(nonempty=True)] = ("time", "depth", "input")  # + "readout": the code's decoder term
+    readout_target: _POS = 1.0
+    reduce: Literal["sum", "mean"] = "sum"   # eq. 2 sums; the code averages ("mean")
+    method: Literal["auto", "exact", "arnoldi", "iterative", "gelfand"] = "auto"  # auto: exact up to exact_max, else arnoldi
+    exact_max: Annotated[int, Range(ge=0)] = 128
+    dense_max: Annotated[int, Range(ge=0)] = 1024  # blocks up to this side are formed densely (faster than jvp products)
+    n_iter: _COUNT = 32                      # Krylov dimension / products of the iterative estimator
+    square_mode: Literal[SQUARE_MODES] = "subsample"  # non-square blocks: "subsample" (code), "topleft", "svd"
+    optimizer: Literal["adabelief+lookahead", "adabelief", "adam"] = "adabelief+lookahead"
+    lr: _POS = 3.14e-3                       # code: 7.2e-3
+    weight_decay: Annotated[float, Range(ge=0)] = 1e-4
+    lookahead_k: _COUNT = 6
+    lookahead_alpha: Annotated[float, Range(gt=0, le=1)] = 0.5
     multiplier: bool = True
-    clip: tuple = (0.85, 1.15)
+    clip: tuple[float, float] = (0.85, 1.15)
     shuffle: bool = True
-    shuffle_prob: float = 1.0                # code: 1/3
-    shuffle_min_ndim: int = 1                # code: 2
-    order: str = "grad,kappa,shuffle"        # code: "grad,shuffle,kappa"
-    eps: float = 0.02                        # code: 0.08
-    std_thr: float = 0.2
-    ema_steps: int = 10
-    patience: int = 1                        # code: 20
-    verify_every: int | None = None          # steps between checks of the mean radii at fixed weights (None: min(T, 25))
-    verify_points: int | None = 25           # time steps measured per check (evenly spaced; None: all)
-    max_steps: int = 2000
-    max_epochs: int = 10
-    max_time_s: float | None = None
+    shuffle_prob: Annotated[float, Range(ge=0, le=1)] = 1.0  # code: 1/3
+    shuffle_min_ndim: Annotated[int, Range(ge=0)] = 1        # code: 2
+    order: Literal[ORDERS] = "grad,kappa,shuffle"            # code: "grad,shuffle,kappa"
+    eps: _POS = 0.02                         # code: 0.08
+    std_thr: _POS = 0.2
+    ema_steps: _COUNT = 10
+    patience: _COUNT = 1                     # code: 20
+    verify_every: _COUNT | None = None       # steps between checks of the mean radii at fixed weights (None: min(T, 25))
+    verify_points: _COUNT | None = 25        # time steps measured per check (evenly spaced; None: all)
+    max_steps: _COUNT = 2000
+    max_epochs: _COUNT = 10
+    max_time_s: _POS | None = None
     keep_best: bool = True
     seed: int = 0
-    num_threads: int | None = None           # torch threads during pre-training (None: leave as is)
+    num_threads: _COUNT | None = None        # torch threads during pre-training (None: leave as is)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "LSCConfig":
+    def from_dict(cls, d: dict | None, section: str = "lsc") -> "LSCConfig":
+        """Checked against the field types; unknown options are refused with the valid names."""
         d = dict(d or {})
-        names = {f.name for f in fields(cls)}
+        names = set(schema.field_names(cls))
         unknown = sorted(set(d) - names)
         if unknown:
-            raise ValueError(f"lsc config: unknown options {unknown}; expected some of {sorted(names)}")
-        for k in ("terms", "clip"):
-            if k in d and isinstance(d[k], list):
-                d[k] = tuple(d[k])
-        return cls(**d)
+            raise ConfigError(f"{section}: unknown options {unknown}; expected some of {sorted(names)}")
+        return schema.from_dict(cls, d, section)
 
-    def validate(self) -> "LSCConfig":
-        for name in ("target", "readout_target"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"lsc config: {name} must be a number > 0, got {v!r}")
-        if self.balance not in ("equal", "unbalanced"):
-            raise ValueError(f"lsc config: balance must be 'equal' or 'unbalanced', got {self.balance!r}")
-        bad = [t for t in self.terms if t not in ("time", "depth", "input", "readout")]
-        if bad or not self.terms:
-            raise ValueError(f"lsc config: terms must be a non-empty subset of time, depth, input, readout; got {self.terms!r}")
-        if self.reduce not in ("sum", "mean"):
-            raise ValueError(f"lsc config: reduce must be 'sum' or 'mean', got {self.reduce!r}")
-        if self.method not in ("auto", "exact", "arnoldi", "iterative", "gelfand"):
-            raise ValueError(f"lsc config: method must be auto, exact, arnoldi or gelfand, got {self.method!r}")
-        if self.square_mode not in SQUARE_MODES:
-            raise ValueError(f"lsc config: square_mode must be one of {SQUARE_MODES}, got {self.square_mode!r}")
-        if self.optimizer not in ("adabelief+lookahead", "adabelief", "adam"):
-            raise ValueError(f"lsc config: optimizer must be 'adabelief+lookahead', 'adabelief' or 'adam', got {self.optimizer!r}")
+    def validate(self, section: str = "lsc") -> "LSCConfig":
+        """Check the fields of an instance built in Python (types, ranges, choices)."""
+        return schema.validate(self, section)
+
+    def check(self, section: str = "lsc") -> None:
+        """The rule the types cannot say: ``clip = (lo, hi)`` with ``0 < lo <= 1 <= hi``."""
         lo, hi = self.clip
         if not (0 < lo <= 1 <= hi):
-            raise ValueError(f"lsc config: clip must be (lo, hi) with 0 < lo <= 1 <= hi, got {self.clip!r}")
-        if self.order not in ORDERS:
-            raise ValueError(f"lsc config: order must be one of {ORDERS}, got {self.order!r}")
-        if not (0.0 <= self.shuffle_prob <= 1.0):
-            raise ValueError(f"lsc config: shuffle_prob must be in [0, 1], got {self.shuffle_prob!r}")
-        if min(self.max_steps, self.max_epochs, self.patience, self.ema_steps, self.verify_every or 1) < 1:
-            raise ValueError("lsc config: max_steps, max_epochs, patience, ema_steps and verify_every must be >= 1")
-        return self
+            raise ConfigError(f"'{section}.clip' must be (lo, hi) with 0 < lo <= 1 <= hi, got {list(self.clip)!r}")
 
 
 def lsc_targets(model, cfg: LSCConfig, seq_len: int) -> dict[str, float]:
@@ -261,8 +255,8 @@ def mean_radii(model, data, config: LSCConfig | dict | None = None, *, max_batch
 # ----------------------------------------------------------------------------------------
 # multiplier and shuffling
 # ----------------------------------------------------------------------------------------
-def _param_names(module) -> dict[int, str]:
-    return {id(p): n.rsplit(".", 1)[-1] for n, p in module.named_parameters()}
+def _param_transforms(module) -> dict[int, Transform]:
+    return {i: spec.transform for i, (_, _, spec) in param_specs_of(module).items()}
 
 
 def _opt_states(optimizer) -> list[dict]:
@@ -275,12 +269,15 @@ def _opt_states(optimizer) -> list[dict]:
     return out
 
 
-def _scale_param(p: torch.Tensor, name: str, kappa: float, optimizer=None) -> None:
+def _scale_param(p: torch.Tensor, transform: Transform, kappa: float, optimizer=None) -> None:
     """Scale one parameter by ``kappa`` according to its parametrisation (module docstring)."""
+    if transform is Transform.PHASE_LOG:
+        return
+
     def tf(t):
-        if name.startswith("log_tau"):
+        if transform in (Transform.LOG_TAU, Transform.LOG):
             t.add_(math.log(kappa))
-        elif name == "nu_log":
+        elif transform is Transform.NU_LOG:
             t.sub_(math.log(kappa))
         else:
             t.mul_(kappa)
@@ -304,7 +301,7 @@ def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[
     kappas = {}
     for l, cell in enumerate(cells):
         groups = cell.stability_groups()
-        names = _param_names(cell)
+        transforms = _param_transforms(cell)
         for group, key in (("time", f"time/{l}"), ("depth", "input/0" if l == 0 else f"depth/{l}")):
             if key not in mean_radii or key not in targets:
                 continue
@@ -314,7 +311,7 @@ def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[
             for p in groups.get(group, []):
                 if p is None or not p.requires_grad:
                     continue
-                _scale_param(p, names.get(id(p), ""), kappa, optimizer)
+                _scale_param(p, transforms.get(id(p), Transform.IDENTITY), kappa, optimizer)
     return kappas
 
 
@@ -368,20 +365,12 @@ def shuffle_parameters(model, prob: float = 1.0, min_ndim: int = 1, generator: t
 # optimiser
 # ----------------------------------------------------------------------------------------
 def make_optimizer(params, cfg: LSCConfig):
-    """AdaBelief (+ Lookahead) from ``torch-optimizer``, or Adam (see the module docstring)."""
+    """AdaBelief (+ Lookahead) or Adam (see the module docstring), from :func:`spikerec.optim.make_optimizer`."""
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("lsc: the model has no trainable parameters")
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    try:
-        import torch_optimizer
-    except ImportError as e:  # pragma: no cover - it is a dependency
-        raise ImportError("lsc: optimizer 'adabelief' needs the 'torch-optimizer' package (or set optimizer='adam')") from e
-    opt = torch_optimizer.AdaBelief(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adabelief+lookahead":
-        opt = torch_optimizer.Lookahead(opt, k=cfg.lookahead_k, alpha=cfg.lookahead_alpha)
-    return opt
+    return optim.make_optimizer(params, cfg.optimizer, cfg.lr, weight_decay=cfg.weight_decay,
+                                lookahead_k=cfg.lookahead_k, lookahead_alpha=cfg.lookahead_alpha)
 
 
 # ----------------------------------------------------------------------------------------
@@ -518,7 +507,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
     old_threads = torch.get_num_threads()
     if cfg.num_threads:
         torch.set_num_threads(int(cfg.num_threads))
-    model.eval()  # no dropout while the Jacobians are taken (ambiguity A20)
+    model.eval()  # no dropout while the Jacobians are taken (docs/decisions.md, neurons 8)
 
     report = None
     keys: list[str] = []

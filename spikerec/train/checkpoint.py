@@ -23,14 +23,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..atomic import atomic_path, atomic_write_text
+from ..errors import CheckpointError
 
 __all__ = ["atomic_write_text", "atomic_write_json", "save_tensors_atomic", "save_checkpoint", "load_checkpoint",
            "latest_checkpoint", "pack_optimizer", "unpack_optimizer", "get_rng_state", "set_rng_state",
            "CheckpointError", "checkpoints_newest_first", "load_newest_intact"]
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read (names the folder and what is wrong)."""
 
 
 def atomic_write_json(path, obj: Any) -> None:

@@ -9,111 +9,150 @@ Presets live in ``spikerec/configs/<name>.toml``; a preset may name another in
 
 Overrides are ``section.key=value`` (nested: ``model.layers.0.size=64``,
 ``data.options.steps=30``); the value is read as a TOML value (``3e-3``, ``true``,
-``"adamw"``, ``[0.9, 0.99]``), else as a plain string, and must have the type of the
-default it replaces.
+``"adamw"``, ``[0.9, 0.99]``), else as a plain string.
+
+The sections ``[data]``, ``[train]``, ``[lsc]`` and ``[online]`` are dataclasses
+(:class:`DataSection`, :class:`TrainSection`, :class:`LSCSection`, :class:`OnlineSection`)
+whose field types are the schema (:mod:`spikerec.schema`): types, choices (``Literal``),
+ranges and finiteness are checked from them, with one error naming the key. :func:`typed`
+gives the typed view of a config dict; the trainer and the run folder keep the plain dict
+(``config.json``).
 """
 from __future__ import annotations
 
 import copy
 import difflib
+import inspect
 import os
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["DEFAULTS", "ConfigError", "load_config", "list_presets", "preset_path", "apply_override",
+from .. import schema
+from ..data import DATASETS, dataset_options
+from ..errors import ConfigError
+from ..layers.readout import READOUT_MODES, LeakyReadout
+from ..lru_model import LRUModel
+from ..models import CELL_KINDS, cell_class
+from ..schema import Range
+from ..stability.lsc import LSCConfig
+
+__all__ = ["DEFAULTS", "DataSection", "TrainSection", "LSCSection", "OnlineSection", "RunConfig", "typed",
+           "SECTION_TYPES", "ConfigError", "load_config", "list_presets", "preset_path", "apply_override",
            "validate_config", "resolve_sizes", "PRESET_DIR"]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigError(ValueError):
-    """A bad preset name, key or value; the message names it and lists the valid choices."""
+_POS_INT = Annotated[int, Range(gt=0)]
+_COUNT = Annotated[int, Range(ge=0)]
+_NONNEG = Annotated[float, Range(ge=0)]
+_BETA = Annotated[float, Range(ge=0, lt=1)]
 
 
-# Defaults of the fixed-schema sections. ``[model]`` and the ``options`` tables are free-form
-# (checked against the cell constructors / dataset options instead).
+@dataclass
+class DataSection:
+    """``[data]``: which data set and how it is batched."""
+
+    name: str = "digits"                      # spikerec.data name
+    options: dict = field(default_factory=dict)  # keyword options of get_dataset / dataset_info
+    batch_size: _POS_INT = 64                 # global batch (split across processes with DDP)
+    eval_batch_size: _POS_INT = 256
+    valid_split: str = "valid"                # split used for per-epoch validation ("" = none)
+    num_workers: _COUNT = 0
+
+
+@dataclass
+class TrainSection:
+    """``[train]``: optimiser, schedule, loss, devices and checkpoints of the trainer."""
+
+    epochs: _COUNT = 10
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: Annotated[float, Range(gt=0)] = 1e-3
+    betas: tuple[_BETA, _BETA] = (0.9, 0.999)
+    eps: Annotated[float, Range(gt=0)] = 1e-8
+    weight_decay: _NONNEG = 0.0
+    recurrent_lr_factor: _NONNEG = 1.0        # lr multiplier of the recurrent parameters
+    recurrent_weight_decay: _NONNEG = 0.0     # weight decay of the recurrent parameters
+    warmup: Annotated[float, Range(ge=0, lt=1)] = 0.0  # fraction of all steps with a linear warm-up
+    schedule: Literal["cosine", "constant"] = "cosine"
+    min_lr_factor: _NONNEG = 0.0              # cosine ends at lr * min_lr_factor
+    grad_clip: _NONNEG = 0.0                  # max global gradient norm (0 = off)
+    loss: Literal["cross_entropy", "mse"] = "cross_entropy"
+    loss_on: Literal["readout", "last", "mean", "per_step"] = "readout"  # readout: the model's readout mode
+    accuracy: Literal["mode", "readout"] = "mode"  # mode: argmax_c mean_t y; readout: argmax of the logits
+    seed: int = 0
+    deterministic: bool = False
+    amp: Literal["off", "bf16", "fp16"] = "off"  # CUDA only
+    device: str = "auto"                      # auto | cpu | cuda | cuda:N
+    learning: Literal["bptt", "online"] = "bptt"
+    early_stop_patience: _COUNT = 0           # epochs without a better validation loss (0 = off)
+    keep_best: bool = True                    # final weights = best validation loss
+    checkpoint_every: _COUNT = 0              # also checkpoint every N steps (0 = end of each epoch only)
+    keep_checkpoints: _POS_INT = 2
+    log_every: _COUNT = 10                    # steps between step records in metrics.jsonl
+    threads: _COUNT = 0                       # torch intra-op threads (0 = torch's default)
+
+
+@dataclass
+class LSCSection(LSCConfig):
+    """``[lsc]``: the :class:`~spikerec.stability.lsc.LSCConfig` options plus how the trainer runs it."""
+
+    enabled: bool = False
+    batch_size: _COUNT = 0                    # pre-training batch (0 = data.batch_size)
+    batches: _COUNT = 0                       # number of batches per LSC epoch (0 = all)
+
+
+@dataclass
+class OnlineSection:
+    """``[online]``: the rule and mode of :class:`spikerec.hardware.online.OnlineLearner`."""
+
+    rule: str = "full"
+    mode: str = "stream"
+    chunk: _COUNT = 0                         # 0 = none
+
+
+#: the typed sections; ``[model]`` is free-form (checked against the cell constructors instead)
+SECTION_TYPES = {"data": DataSection, "train": TrainSection, "lsc": LSCSection, "online": OnlineSection}
+#: keys of ``[lsc]`` that the trainer owns; the LSC options are stored only where a preset sets them
+LSC_RUN_KEYS = ("enabled", "batch_size", "batches")
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "data": {
-        "name": "digits",          # spikerec.data name
-        "options": {},             # keyword options of get_dataset / dataset_info
-        "batch_size": 64,          # global batch (split across processes with DDP)
-        "eval_batch_size": 256,
-        "valid_split": "valid",    # split used for per-epoch validation ("" = none)
-        "num_workers": 0,
-    },
-    "train": {
-        "epochs": 10,
-        "optimizer": "adam",       # adam | adamw
-        "lr": 1e-3,
-        "betas": [0.9, 0.999],
-        "eps": 1e-8,
-        "weight_decay": 0.0,
-        "recurrent_lr_factor": 1.0,      # lr multiplier of the recurrent parameters
-        "recurrent_weight_decay": 0.0,   # weight decay of the recurrent parameters
-        "warmup": 0.0,             # fraction of all steps with a linear warm-up
-        "schedule": "cosine",      # cosine | constant
-        "min_lr_factor": 0.0,      # cosine ends at lr * min_lr_factor
-        "grad_clip": 0.0,          # max global gradient norm (0 = off)
-        "loss": "cross_entropy",   # cross_entropy | mse
-        "loss_on": "readout",      # readout (the model's readout mode) | last | mean | per_step
-        "accuracy": "mode",        # mode (argmax_c mean_t y) | readout (argmax of the readout logits)
-        "seed": 0,
-        "deterministic": False,
-        "amp": "off",              # off | bf16 | fp16 (CUDA only)
-        "device": "auto",          # auto | cpu | cuda | cuda:N
-        "learning": "bptt",        # bptt | online
-        "early_stop_patience": 0,  # epochs without a better validation loss (0 = off)
-        "keep_best": True,         # final weights = best validation loss
-        "checkpoint_every": 0,     # also checkpoint every N steps (0 = end of each epoch only)
-        "keep_checkpoints": 2,
-        "log_every": 10,           # steps between step records in metrics.jsonl
-        "threads": 0,              # torch intra-op threads (0 = torch's default)
-    },
-    "lsc": {
-        "enabled": False,
-        "batch_size": 0,           # pre-training batch (0 = data.batch_size)
-        "batches": 0,              # number of batches per LSC epoch (0 = all)
-    },
-    "online": {
-        "rule": "full",
-        "mode": "stream",
-        "chunk": 0,                # 0 = none
-    },
+    "data": schema.defaults(DataSection),
+    "train": schema.defaults(TrainSection),
+    "lsc": {k: v for k, v in schema.defaults(LSCSection).items() if k in LSC_RUN_KEYS},
+    "online": schema.defaults(OnlineSection),
 }
+
+_HINTS = {s: typing.get_type_hints(t, include_extras=True) for s, t in SECTION_TYPES.items()}
 
 TOP_LEVEL = {"description": str, "inherit": str, "preset": str}
 SECTIONS = ("model", "data", "train", "lsc", "online")
-CHOICES = {
-    ("train", "optimizer"): ("adam", "adamw"),
-    ("train", "schedule"): ("cosine", "constant"),
-    ("train", "loss"): ("cross_entropy", "mse"),
-    ("train", "loss_on"): ("readout", "last", "mean", "per_step"),
-    ("train", "accuracy"): ("mode", "readout"),
-    ("train", "amp"): ("off", "bf16", "fp16"),
-    ("train", "learning"): ("bptt", "online"),
-}
-POSITIVE = {("data", "batch_size"), ("data", "eval_batch_size"), ("train", "lr"), ("train", "keep_checkpoints")}
-NON_NEGATIVE = {("train", "epochs"), ("train", "weight_decay"), ("train", "recurrent_weight_decay"),
-                ("train", "grad_clip"), ("train", "warmup"), ("train", "min_lr_factor"),
-                ("train", "early_stop_patience"), ("train", "checkpoint_every"), ("train", "log_every"), ("train", "threads"),
-                ("train", "recurrent_lr_factor"), ("lsc", "batch_size"), ("lsc", "batches"), ("online", "chunk"),
-                ("data", "num_workers")}
 
 
-def _lsc_fields() -> dict[str, Any]:
-    """The LSC pre-training options and their defaults (from ``LSCConfig``)."""
-    try:
-        from dataclasses import fields
+@dataclass
+class RunConfig:
+    """A whole run config, typed: what :func:`typed` returns for a validated config dict."""
 
-        from ..stability.lsc import LSCConfig
-    except ImportError:  # pragma: no cover - stability module missing
-        return {}
-    return {f.name: getattr(LSCConfig(), f.name) for f in fields(LSCConfig)}
+    model: dict
+    data: DataSection
+    train: TrainSection
+    lsc: LSCSection
+    online: OnlineSection
+    description: str = ""
+    preset: str = ""
+
+
+def typed(cfg: dict) -> RunConfig:
+    """The typed view of a config dict (validated on the way)."""
+    return RunConfig(model=cfg.get("model", {}),
+                     **{s: schema.from_dict(t, cfg.get(s, {}), s) for s, t in SECTION_TYPES.items()},
+                     description=cfg.get("description", ""), preset=cfg.get("preset", ""))
 
 
 def list_presets() -> dict[str, str]:
@@ -185,30 +224,12 @@ def _parse_value(text: str):
         return text
 
 
-def _type_ok(default, value) -> bool:
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if default is None:
-        return True
-    if isinstance(default, (list, tuple)):
-        return isinstance(value, (list, tuple))
-    return isinstance(value, type(default))
-
-
 def _type_name(v) -> str:
     return {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "a string",
             list: "a list", tuple: "a list", dict: "a table"}.get(type(v), type(v).__name__)
 
 
-def _unknown(key: str, valid, where: str) -> ConfigError:
-    valid = sorted(valid)
-    close = difflib.get_close_matches(key.split(".")[-1], valid, n=2)
-    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-    return ConfigError(f"unknown key '{key}'{hint}; valid keys in {where}: {', '.join(valid)}")
+_unknown = schema.unknown_key
 
 
 def apply_override(cfg: dict, text: str) -> None:
@@ -228,11 +249,9 @@ def apply_override(cfg: dict, text: str) -> None:
         raise ConfigError(f"override '{text}': name a key inside [{parts[0]}], e.g. {parts[0]}.KEY=VALUE")
     node = cfg.setdefault(parts[0], {})
     section = parts[0]
-    schema = DEFAULTS.get(section)
-    if section == "lsc":
-        schema = {**DEFAULTS["lsc"], **_lsc_fields()}
-    if schema is not None and parts[1] not in schema and not (section == "lsc" and not _lsc_fields()):
-        raise _unknown(key, schema, f"[{section}]")
+    stype = SECTION_TYPES.get(section)
+    if stype is not None and parts[1] not in schema.field_names(stype):
+        raise _unknown(key, schema.field_names(stype), f"[{section}]")
     for i, p in enumerate(parts[1:-1], start=1):
         if isinstance(node, list):
             node = _list_item(node, p, ".".join(parts[: i + 1]))
@@ -250,14 +269,8 @@ def apply_override(cfg: dict, text: str) -> None:
         return
     if not isinstance(node, dict):
         raise ConfigError(f"override '{text}': '{'.'.join(parts[:-1])}' is not a table")
-    if schema is not None and len(parts) == 2:
-        default = schema[last]
-        if section == "lsc" and last == "clip" or isinstance(default, tuple):
-            default = list(default)
-        if not _type_ok(default, value):
-            raise ConfigError(f"'{key}' must be {_type_name(default)}, got {val.strip()!r}")
-        if isinstance(default, float) and isinstance(value, int):
-            value = float(value)
+    if stype is not None and len(parts) == 2:
+        value = _plain(schema.check_value(key, _HINTS[section][last], value, shown=repr(val.strip())))
     node[last] = value
 
 
@@ -276,8 +289,6 @@ def _list_item(lst: list, p: str, key: str):
 
 
 def _check_kwargs(cls, spec: dict, where: str) -> None:
-    import inspect
-
     sig = inspect.signature(cls.__init__)
     if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
         return
@@ -288,66 +299,43 @@ def _check_kwargs(cls, spec: dict, where: str) -> None:
 
 
 def validate_config(cfg: dict) -> dict:
-    """Check sections, keys, types and choices; raise :class:`ConfigError` naming the bad key."""
+    """Check sections, keys, types, ranges and choices against the typed sections (and the
+    model and data options against their constructors); raise :class:`ConfigError` naming
+    the bad key. The typed sections are normalised in place (an int given for a float
+    becomes a float)."""
     for k in cfg:
         if k not in SECTIONS and k not in TOP_LEVEL:
             raise _unknown(k, list(SECTIONS) + list(TOP_LEVEL), "the config (sections)")
     for k, t in TOP_LEVEL.items():
         if k in cfg and not isinstance(cfg[k], t):
             raise ConfigError(f"'{k}' must be {_type_name(t())}, got {cfg[k]!r}")
-    for section, schema in DEFAULTS.items():
+    for section, stype in SECTION_TYPES.items():
         sec = cfg.get(section, {})
         if not isinstance(sec, dict):
             raise ConfigError(f"[{section}] must be a table, got {sec!r}")
-        full = dict(schema)
-        if section == "lsc":
-            full.update(_lsc_fields())
-        for k, v in sec.items():
-            if k not in full:
-                if section == "lsc" and not _lsc_fields():
-                    continue
-                raise _unknown(f"{section}.{k}", full, f"[{section}]")
-            d = full[k]
-            d = list(d) if isinstance(d, tuple) else d
-            if not _type_ok(d, v):
-                raise ConfigError(f"'{section}.{k}' must be {_type_name(d)}, got {v!r}")
-            if (section, k) in CHOICES and v not in CHOICES[(section, k)]:
-                raise ConfigError(f"'{section}.{k}' must be one of {', '.join(CHOICES[(section, k)])}, got {v!r}")
-            if (section, k) in POSITIVE and not v > 0:
-                raise ConfigError(f"'{section}.{k}' must be > 0, got {v!r}")
-            if (section, k) in NON_NEGATIVE and not v >= 0:
-                raise ConfigError(f"'{section}.{k}' must be >= 0, got {v!r}")
-    t = cfg.get("train", {})
-    if not 0.0 <= t.get("warmup", 0.0) < 1.0:
-        raise ConfigError(f"'train.warmup' is a fraction of all steps in [0, 1), got {t['warmup']!r}")
+        obj = schema.from_dict(stype, sec, section)
+        if section in cfg:
+            cfg[section] = {k: _plain(getattr(obj, k)) for k in sec}
     _validate_data(cfg.get("data", {}))
     _validate_model(cfg.get("model"))
-    lsc = {k: v for k, v in cfg.get("lsc", {}).items() if k not in DEFAULTS["lsc"]}
-    if lsc and _lsc_fields():
-        from ..stability.lsc import LSCConfig
-
-        try:
-            LSCConfig.from_dict(lsc).validate()
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"[lsc]: {e}") from None
     return cfg
 
 
-def _validate_data(d: dict) -> None:
-    from ..data import DATASETS
+def _plain(v):
+    """Tuples as lists, as JSON and TOML give them back."""
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
 
+
+def _validate_data(d: dict) -> None:
     name = d.get("name", DEFAULTS["data"]["name"])
     if name not in DATASETS:
         raise ConfigError(f"'data.name': unknown data set '{name}'; available: {', '.join(sorted(DATASETS))}")
     opts = d.get("options", {})
     if not isinstance(opts, dict):
         raise ConfigError(f"'data.options' must be a table, got {opts!r}")
-    try:
-        from ..data import dataset_options
-
-        valid = dataset_options(name)
-    except Exception:  # pragma: no cover - option list unavailable
-        return
+    valid = dataset_options(name)
     for k in opts:
         if k not in valid:
             raise _unknown(f"data.options.{k}", valid, f"[data.options] of '{name}'")
@@ -370,8 +358,6 @@ def _validate_model(m) -> None:
     layers = m.get("layers")
     if not isinstance(layers, list) or not layers:
         raise ConfigError("'model.layers' must be a non-empty list of tables ([[model.layers]] kind = ..., size = ...)")
-    from ..models import CELL_KINDS, cell_class
-
     for i, spec in enumerate(layers):
         where = f"model.layers.{i}"
         if not isinstance(spec, dict):
@@ -392,8 +378,6 @@ def _validate_model(m) -> None:
     size = ro.get("size", "auto")
     if not (size == "auto" or (isinstance(size, int) and not isinstance(size, bool) and size > 0)):
         raise ConfigError(f"'model.readout.size' must be a positive integer or \"auto\", got {size!r}")
-    from ..layers.readout import READOUT_MODES, LeakyReadout
-
     if ro.get("mode", "mean") not in READOUT_MODES:
         raise ConfigError(f"'model.readout.mode' must be one of {', '.join(READOUT_MODES)}, got {ro.get('mode')!r}")
     _check_kwargs(LeakyReadout, {k: v for k, v in ro.items() if k not in ("size", "mode")}, "model.readout")
@@ -403,8 +387,6 @@ def _validate_model(m) -> None:
 
 
 def _validate_lru_deep(m: dict) -> None:
-    from ..lru_model import LRUModel
-
     for k in ("input_size", "output_size"):
         v = m.get(k, "auto")
         if not (v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0)):

@@ -39,7 +39,7 @@ class DistInfo:
 def launch(argv: list[str], nproc: int) -> int:
     """Run ``spikerec train argv`` under torchrun with ``nproc`` processes on this machine."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-           "-m", "spikerec.train.commands", *argv]
+           "-m", "spikerec.cli.train", *argv]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.call(cmd, env=env)

@@ -3,14 +3,15 @@
 Losses (``y[T, B, K]`` is the readout sequence):
 
 * classification, ``loss_on``: ``last`` -> ``CE(y_{T-1}, c)``; ``mean`` -> ``CE(mean_t y_t, c)``;
-  ``per_step`` -> ``mean_t CE(y_t, c)`` (the LSC paper's loss, digest 002 §6.6: the label
-  repeated at every step); ``readout`` -> the model's readout mode (``max`` too);
+  ``per_step`` -> ``mean_t CE(y_t, c)`` (the LSC paper's loss, Herranz-Celotti & Rouat,
+  Sec. II-G: the label repeated at every step); ``readout`` -> the model's readout mode (``max`` too);
 * per-step class targets ``c[T, B, ...]`` (copy task): logits ``[T, B, n, 2]`` when the
   readout has ``2n`` outputs, cross-entropy over the non-ignored entries (``-100``);
 * regression (``mse``): ``mean (y - target)^2`` at the last step (``target[B, K]``) or at every
   step (``target[T, B, K]``).
 
-"Mode" accuracy (digest 002 §11, ambiguity A4, the official code's choice):
+"Mode" accuracy (Herranz-Celotti & Rouat, Sec. II-G; the official code's definition,
+``docs/decisions.md``, layering 1):
 ``argmax_c mean_t y_{t,c}``; ``readout`` accuracy uses the readout's own aggregation.
 """
 from __future__ import annotations
@@ -23,6 +24,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from ..layers.readout import aggregate
+from .checkpoint import atomic_write_text
 
 __all__ = ["sequence_loss", "step_loss_fn", "accuracy_counts", "mode_accuracy", "firing_rates", "MetricsLogger"]
 
@@ -129,8 +133,6 @@ def accuracy_counts(y: torch.Tensor, target: torch.Tensor, *, kind: str, readout
     if kind == "mode":
         pred = y.mean(0).argmax(-1)
     else:
-        from ..layers.readout import aggregate
-
         agg = aggregate(y, readout_mode)
         pred = (agg.mean(0) if agg.dim() == 3 else agg).argmax(-1)
     return int((pred == target).sum()), int(target.numel())
@@ -217,8 +219,6 @@ class MetricsLogger:
         w.writeheader()
         for r in rows:
             w.writerow({k: v for k, v in r.items() if k != "kind"})
-        from .checkpoint import atomic_write_text
-
         atomic_write_text(self.csv, buf.getvalue())
 
     def close(self) -> None:

@@ -26,22 +26,31 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from ..errors import CheckpointError, ConfigError, SpikerecError
+from ..lru_model import LRUModel
 from ..models import RecurrentStack, build_model
-from .checkpoint import CheckpointError, atomic_write_json, checkpoints_newest_first, latest_checkpoint, load_checkpoint, save_tensors_atomic
+from .checkpoint import atomic_write_json, checkpoints_newest_first, latest_checkpoint, load_checkpoint, save_tensors_atomic
 
-__all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "RunError",
-           "RunFolderError", "RunInUseError", "RunLock", "prepare_out", "remove_debris", "remove_if_unused",
-           "describe_run", "weights_source", "resume_status", "stop_message", "LOCK_NAME"]
+__all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "read_weights",
+           "load_weights", "RunError", "RunFolderError", "RunInUseError", "RunLock", "prepare_out", "remove_debris",
+           "remove_if_unused", "describe_run", "weights_source", "resume_status", "stop_message", "LOCK_NAME"]
 
 LOCK_NAME = ".lock"
 
 
-class RunError(FileNotFoundError):
-    """A run folder that is missing or incomplete (names the file)."""
+class RunError(CheckpointError):
+    """The folder given as a run is not one (``config.json`` missing or unresolved): a bad
+    command-line argument, exit code 2. Files of a real run that cannot be used raise
+    :class:`~spikerec.errors.CheckpointError` (exit code 5)."""
+
+    exit_code = 2
 
 
-class RunFolderError(RuntimeError):
-    """A run folder that cannot be used as asked (exists already, nothing to resume, ...)."""
+class RunFolderError(SpikerecError):
+    """A run folder that cannot be used as asked (exists already, in use, nothing to resume):
+    a command-line choice to change, exit code 2."""
+
+    exit_code = 2
 
 
 class RunInUseError(RunFolderError):
@@ -52,8 +61,6 @@ def build_from_config(model_cfg: dict):
     """``build_model`` for stacks; ``kind = "lru_deep"`` builds :class:`spikerec.lru_model.LRUModel`."""
     m = dict(model_cfg)
     if m.get("kind", "stack") == "lru_deep":
-        from ..lru_model import LRUModel
-
         m.pop("kind")
         return LRUModel(int(m.pop("input_size")), int(m.pop("output_size")), **m)
     m.pop("kind", None)
@@ -82,8 +89,14 @@ def read_config(run_dir) -> dict:
     if not p.is_file():
         raise RunError(f"'{run_dir}' is not a spikerec run folder: {p.name} is missing "
                        f"(runs are made by 'spikerec train', default folder runs/<preset>-<time>)")
-    with open(p) as f:
-        return json.load(f)
+    try:
+        with open(p) as f:
+            cfg = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"'{p}' is not valid JSON ({e}); restore it from a copy or re-run 'spikerec train'") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"'{p}' must hold a JSON object (the resolved config), got {type(cfg).__name__}")
+    return cfg
 
 
 def _state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -112,7 +125,7 @@ def load_model(run_dir, *, map_location="cpu", checkpoint: bool = False):
 
     With ``checkpoint=True`` the weights of the newest checkpoint are loaded instead. A run
     without ``model.safetensors`` (unfinished, or the file was removed) raises
-    :class:`RunError` saying so and pointing at ``checkpoint=True`` (``--checkpoint``):
+    :class:`~spikerec.errors.CheckpointError` saying so and pointing at ``checkpoint=True`` (``--checkpoint``):
     the weights are never switched silently. :func:`weights_source` says which ones are used.
     """
     run_dir = Path(run_dir)
@@ -123,26 +136,49 @@ def load_model(run_dir, *, map_location="cpu", checkpoint: bool = False):
     weights = run_dir / "model.safetensors"
     if not checkpoint and not weights.is_file():
         has = latest_checkpoint(run_dir / "checkpoints") is not None
-        raise RunError(f"'{weights}' is missing (the run did not finish{' or the file was removed' if has else ''}); "
+        raise CheckpointError(f"'{weights}' is missing (the run did not finish{' or the file was removed' if has else ''}); "
                        + ("to use its newest checkpoint instead, say so with --checkpoint" if has
                           else "it has no checkpoint either"))
     if checkpoint:
         if not (run_dir / "checkpoints").is_dir():
             raise RunError(f"'{run_dir}' has neither model.safetensors nor checkpoints/ (the run did not finish a step)")
-        try:
-            tensors, _ = load_checkpoint(run_dir / "checkpoints")
-        except CheckpointError as e:
-            raise RunError(str(e)) from None
+        tensors, _ = load_checkpoint(run_dir / "checkpoints")
         state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     else:
-        try:
-            state = load_file(str(weights))
-        except Exception as e:  # noqa: BLE001 - a truncated or foreign file: name it
-            raise RunError(f"'{weights}' cannot be read as safetensors ({e}); re-run training or use --checkpoint") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise RunError(f"'{weights}': weights do not match config.json's model (missing {missing}, unexpected {unexpected})")
+        state = read_weights(weights)
+    load_weights(model, state, weights, run_dir / "config.json")
     return model.to(map_location)
+
+
+def read_weights(path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a truncated, pickled or otherwise unreadable file raises
+    :class:`~spikerec.errors.CheckpointError` naming it (nothing is ever unpickled)."""
+    path = Path(path)
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"'{path}' is missing") from None
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types for a bad header
+        raise CheckpointError(f"'{path}' is not a readable safetensors file ({type(e).__name__}: {e}); it is "
+                              f"truncated or in another format (spikerec never loads pickles). Restore the file "
+                              f"or re-run the training") from None
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], weights, config) -> None:
+    """``model.load_state_dict(state)`` with one clear error naming the file and the first tensor
+    whose name or shape does not match the model that ``config`` describes."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise CheckpointError(f"'{weights}' does not match the model of '{config}': missing tensors {missing[:4]}, "
+                              f"unexpected tensors {unexpected[:4]} (was the config edited after training?)")
+    for k, v in own.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise CheckpointError(f"'{weights}': tensor '{k}' has shape {list(state[k].shape)} but the model of "
+                                  f"'{config}' needs {list(v.shape)} (a layer size in the config differs from the "
+                                  f"trained one; restore config.json or retrain)")
+    model.load_state_dict(state)
 
 
 # --- protecting run folders ------------------------------------------------------------------
@@ -310,7 +346,7 @@ def resume_status(run_dir) -> str:
 
 
 def stop_message(stop) -> str:
-    """What to print when a run stopped early (a :class:`spikerec.train.trainer.Interrupted`):
+    """What to print when a run stopped early (a :class:`spikerec.train.trainer.TrainingStopped`):
     why, the checkpoint written and the command that continues it."""
     if stop.checkpoint:
         return (f"stopped after {stop.step} steps ({stop.reason}); checkpoint written: {stop.checkpoint}\n"

@@ -5,7 +5,8 @@ Per step: forward the batch ``x[T, B, C]`` through the model, the loss of
 with ``learning = "online"``), gradient clipping of the global norm, Adam/AdamW with two
 parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
 ``lr * f(step)`` with a linear warm-up over ``warmup`` of all steps and a cosine to
-``lr * min_lr_factor`` (LRU recipe, digest 001 §4.2).
+``lr * min_lr_factor`` (the LRU recipe: Orvieto et al. 2023, §2.2, App. D.2); the groups, the
+optimiser and the schedule are :mod:`spikerec.optim`'s, shared with LSC and the deep LRU model.
 
 Resuming is exact: the batch order depends only on ``(seed, epoch)``
 (:func:`spikerec.data.make_loader`), and a checkpoint stores the weights, the optimiser
@@ -15,7 +16,7 @@ one. A non-finite loss stops the run at once: no checkpoint is written for that 
 the error names the step and the last good checkpoint.
 
 Nothing is lost on a stop: ``--stop-after-steps N``, Ctrl-C (SIGINT) and SIGTERM finish the
-current step, write a checkpoint and end with :class:`Interrupted` (the command prints the
+current step, write a checkpoint and end with :class:`TrainingStopped` (the command prints the
 resume command); a checkpoint is also written every ``checkpoint_minutes`` of wall time (for
 long epochs). A resume uses the newest *intact* checkpoint (an unreadable newer one is
 skipped and named) and cuts the metrics files back to it, so no record is duplicated. The
@@ -23,6 +24,7 @@ summary's ``wall_time_s`` is the training time summed over all sessions of the r
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -34,14 +36,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
+from .. import optim
+from ..data import dataset_info, get_dataset, make_loader
+from ..hardware.online import OnlineLearner
+from ..optim import lr_factor
+from ..stability import lsc_pretrain
 from ..stability.progress import LSCProgressBar, lsc_warning
 from . import checkpoint as ckpt
 from . import distributed as ddp
+from .config import load_config, resolve_sizes
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
+from .plots import plot_curves, plot_raster
 from .runs import build_from_config, save_model, write_config
 
-__all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "Interrupted", "build_from_config", "lr_factor", "param_groups",
+__all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "TrainingStopped", "build_from_config", "lr_factor", "param_groups",
            "select_device", "seed_everything", "forward_sequence", "evaluate"]
 
 
@@ -54,10 +64,10 @@ class NonFiniteLoss(RuntimeError):
 
 
 class StopRequested(Exception):
-    """``--stop-after-steps`` reached (internal: :meth:`Trainer.fit` turns it into :class:`Interrupted`)."""
+    """``--stop-after-steps`` reached (internal: :meth:`Trainer.fit` turns it into :class:`TrainingStopped`)."""
 
 
-class Interrupted(Exception):
+class TrainingStopped(Exception):
     """The run stopped early (``--stop-after-steps``, SIGINT, SIGTERM) after writing a checkpoint.
 
     ``reason`` says why, ``step`` is the step of ``checkpoint`` (``None`` when the stop came
@@ -93,54 +103,21 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def _recurrent_names(model) -> set[str]:
-    """Parameters that get the reduced learning rate: the LRU's ``nu, theta, gamma, B``
-    (digest 001 §4.2); otherwise each cell's ``stability_groups()["time"]`` (recurrent
-    weights and time constants)."""
-    from ..layers.lru import RECURRENT_PARAMS
-
-    ids = set()
-    for mod in model.modules():
-        if type(mod).__name__ == "LRU":
-            ids |= {id(getattr(mod, n)) for n in RECURRENT_PARAMS if isinstance(getattr(mod, n, None), torch.nn.Parameter)}
-        elif hasattr(mod, "stability_groups") and mod is not getattr(model, "readout", None):
-            try:
-                ids |= {id(p) for p in mod.stability_groups()["time"]}
-            except (NotImplementedError, KeyError):
-                pass
+    """Names of the parameters in the slow learning-rate group (:func:`spikerec.optim.slow_parameter_ids`)."""
+    ids = optim.slow_parameter_ids(model)
     return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
 def param_groups(model, tc: dict) -> list[dict]:
-    rec = _recurrent_names(model)
-    g_rec = [p for n, p in model.named_parameters() if p.requires_grad and n in rec]
-    g_oth = [p for n, p in model.named_parameters() if p.requires_grad and n not in rec]
-    groups = []
-    if g_rec:
-        groups.append({"params": g_rec, "lr": tc["lr"] * tc["recurrent_lr_factor"],
-                       "weight_decay": tc["recurrent_weight_decay"], "name": "recurrent"})
-    if g_oth:
-        groups.append({"params": g_oth, "lr": tc["lr"], "weight_decay": tc["weight_decay"], "name": "other"})
-    return groups
+    """:func:`spikerec.optim.param_groups` with the ``[train]`` options: the recurrent (slow)
+    group gets ``lr * recurrent_lr_factor`` and ``recurrent_weight_decay``."""
+    return optim.param_groups(model, tc["lr"], weight_decay=tc["weight_decay"],
+                              slow_lr_factor=tc["recurrent_lr_factor"], slow_weight_decay=tc["recurrent_weight_decay"])
 
 
 def make_optimizer(model, tc: dict) -> torch.optim.Optimizer:
-    cls = torch.optim.AdamW if tc["optimizer"] == "adamw" else torch.optim.Adam
-    opt = cls(param_groups(model, tc), lr=tc["lr"], betas=tuple(tc["betas"]), eps=tc["eps"])
-    for g in opt.param_groups:
-        g["base_lr"] = g["lr"]
-    return opt
-
-
-def lr_factor(step: int, total: int, warmup: float, schedule: str, min_factor: float) -> float:
-    """Multiplier of the base lr before update ``step`` (0-based): linear warm-up over
-    ``round(warmup * total)`` steps, then cosine from 1 to ``min_factor`` (or constant)."""
-    w = int(round(warmup * total))
-    if step < w:
-        return (step + 1) / w
-    if schedule == "constant":
-        return 1.0
-    prog = min(1.0, (step - w) / max(1, total - w))
-    return min_factor + (1.0 - min_factor) * 0.5 * (1.0 + math.cos(math.pi * prog))
+    """:func:`spikerec.optim.make_optimizer` (Adam or AdamW) over :func:`param_groups`."""
+    return optim.make_optimizer(param_groups(model, tc), tc["optimizer"], tc["lr"], betas=tc["betas"], eps=tc["eps"])
 
 
 def forward_sequence(model, x: torch.Tensor, record: bool = False):
@@ -198,33 +175,36 @@ def evaluate(model, loader, tc: dict, device, info: ddp.DistInfo | None = None, 
 def _autocast(device, amp):
     if amp in ("bf16", "fp16") and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-    import contextlib
-
     return contextlib.nullcontext()
 
 
 # --- the trainer -------------------------------------------------------------------------------
 class Trainer:
-    """Train the model of a resolved config into ``run_dir``.
+    """Train the model of a config into ``run_dir``: ``Trainer(cfg, run_dir).fit() -> summary``.
 
     Args:
-        cfg: resolved config (:func:`spikerec.train.config.load_config` + sizes filled).
-        run_dir: the run folder (created by the caller).
+        cfg: a config dict (:func:`spikerec.train.config.load_config`) or a preset name / TOML path;
+            ``"auto"`` sizes are filled from the data set (``dataset_info``) at set-up. Data sets of
+            your own: :func:`spikerec.data.register_dataset`, then ``data.name`` = that name.
+        run_dir: the run folder (created when missing).
         quiet: no progress bars (one line per epoch).
         resume: continue from the newest checkpoint in ``run_dir/checkpoints``.
-        stop_after_steps: stop after this many steps with a checkpoint (raises :class:`Interrupted`).
+        stop_after_steps: stop after this many steps with a checkpoint (raises :class:`TrainingStopped`).
         echo: where progress lines go (``print``-like callable).
         checkpoint_minutes: also write a checkpoint when this many minutes passed since the last
             one (``None`` or 0: only ``train.checkpoint_every`` and epoch ends).
-        handle_signals: turn SIGINT/SIGTERM into a checkpoint and :class:`Interrupted`
+        handle_signals: turn SIGINT/SIGTERM into a checkpoint and :class:`TrainingStopped`
             (single process, main thread only).
     """
 
-    def __init__(self, cfg: dict, run_dir, *, quiet: bool = False, resume: bool = False,
+    def __init__(self, cfg: dict | str, run_dir, *, quiet: bool = False, resume: bool = False,
                  stop_after_steps: int | None = None, echo=None, checkpoint_minutes: float | None = 10.0,
                  handle_signals: bool = True):
+        if not isinstance(cfg, dict):
+            cfg = load_config(cfg)
         self.cfg = cfg
         self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.quiet = quiet
         self.resume = resume
         self.stop_after = stop_after_steps
@@ -237,8 +217,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _setup(self):
-        from ..data import dataset_info, get_dataset, make_loader
-
         tc, dc = self.tc, self.dc
         self.device = select_device(tc["device"], int(os.environ.get("LOCAL_RANK", "0")))
         self.dist = ddp.init_distributed(self.device)
@@ -253,6 +231,7 @@ class Trainer:
             self.echo(f"note: train.amp = '{tc['amp']}' is for CUDA only; training in float32 on {self.device}")
         opts = dict(dc["options"])
         self.info = dataset_info(dc["name"], **opts)
+        resolve_sizes(self.cfg, self.info)  # "auto" sizes; a fixed size that disagrees is a ConfigError
         self.train_set = get_dataset(dc["name"], "train", **opts)
         self.valid_set = get_dataset(dc["name"], dc["valid_split"], **opts) if dc["valid_split"] else None
         self.test_set = get_dataset(dc["name"], "test", **opts)
@@ -279,8 +258,6 @@ class Trainer:
             ddp.broadcast_parameters(self.model, self.dist)
         self.learner = None
         if tc["learning"] == "online":
-            from ..hardware.online import OnlineLearner
-
             oc = self.cfg["online"]
             self.learner = OnlineLearner(self.model, rule=oc["rule"], mode=oc["mode"], chunk=oc["chunk"] or None)
         # state
@@ -366,9 +343,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ LSC phase
     def _lsc(self) -> None:
-        from ..data import make_loader
-        from ..stability import lsc_pretrain
-
         lc = {k: v for k, v in self.cfg["lsc"].items() if k not in ("enabled", "batch_size", "batches")}
         if not self.cells:
             raise ValueError("LSC pre-training needs a stack of cells ([model] layers); this model has none")
@@ -467,7 +441,7 @@ class Trainer:
     def fit(self) -> dict:
         """Run the whole job; returns the summary dict (also written to ``summary.json``).
 
-        Raises :class:`Interrupted` after ``--stop-after-steps`` or SIGINT/SIGTERM (a checkpoint
+        Raises :class:`TrainingStopped` after ``--stop-after-steps`` or SIGINT/SIGTERM (a checkpoint
         was written) and :class:`NonFiniteLoss` when the loss diverges."""
         threads = torch.get_num_threads()
         old = self._install_signals()
@@ -517,7 +491,6 @@ class Trainer:
                           f"batch {self.batch_in_epoch}) from {self.last_ckpt}")
             elif self.resume:  # started again from scratch in the same folder: drop the old records
                 self.metrics.truncate({})
-        from tqdm.auto import tqdm
 
         tc = self.tc
         epochs = int(tc["epochs"])
@@ -573,7 +546,7 @@ class Trainer:
             saved = self.last_ckpt if (self.ckpt_step == self.step and not lsc_pending) else None
             self.metrics.close()
             ddp.cleanup(self.dist)
-            raise Interrupted(self._stop_reason(), self.step, saved, self.run_dir, self.signal_received) from None
+            raise TrainingStopped(self._stop_reason(), self.step, saved, self.run_dir, self.signal_received) from None
         except NonFiniteLoss:
             self.metrics.close()
             ddp.cleanup(self.dist)
@@ -637,8 +610,6 @@ class Trainer:
         self.metrics.log({"kind": "test", "step": self.step, **{k: v for k, v in test.items()}})
         save_model(self.run_dir, self.model, self.cfg, extra={"test_accuracy": test["accuracy"],
                                                               "test_loss": test["loss"], "steps": self.step})
-        from .plots import plot_curves, plot_raster
-
         try:
             plot_curves(self.metrics.records, self.run_dir / "curves.png")
             if self.cells:

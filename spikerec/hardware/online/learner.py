@@ -1,4 +1,5 @@
-"""Online gradient estimation for a :class:`~spikerec.models.RecurrentStack` (digest 003 §3.4-3.5, §8).
+"""Online gradient estimation for a :class:`~spikerec.models.RecurrentStack` (Zucchet 2025,
+"Artificial models of biological learning", ETH Diss. 31520, ch. 4, §4.3.1-4.3.2).
 
 Per time step ``t`` (Fig. 4.2 of the thesis):
 
@@ -14,7 +15,7 @@ The estimate is ``sum_t`` of these terms; :meth:`OnlineLearner.backward` adds it
 like ``loss.backward()`` would (the optimiser steps outside, once per batch, as in the
 thesis). With ``per_step_update`` the accumulated gradient is flushed into ``.grad`` and the
 callable is invoked after every step (``stream``) or block (``chunked``): truly online
-learning, whose traces then mix parameter versions (digest 003 §7.5; not in the thesis).
+learning, whose traces then mix parameter versions (not evaluated in the thesis).
 
 Loss convention: the total loss is ``L = sum_t loss_fn(y_t, target, t)`` over the readout
 outputs ``y_t [B, K]``; ``loss_fn`` returns ``None`` at steps without a loss. For
@@ -28,7 +29,8 @@ Exactness (float64): one recurrent layer with a memoryless readout -> every para
 equals BPTT except those upstream of the recurrent layer; several layers -> the last
 recurrent layer and everything downstream are exact, earlier layers are biased (only
 their future error terms are missing). A *leaky* readout is itself a traced recurrent layer,
-so it becomes the exact "last" layer and the cells below it are biased (digest 003 §3.11).
+so it becomes the exact "last" layer and the cells below it are biased (spikerec's extension of
+the thesis's multi-layer rule, §4.3.2, to spiking layers).
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ def tracer_for(cell, rule: str, index: int) -> LayerTrace:
     """The online form of ``cell`` under ``rule``; a clear error for unsupported pairs."""
     from ...layers.alif import ALIF
     from ...layers.lif import LIF
+    from ...layers.lru import LRU
     from ...layers.readout import LeakyReadout
 
     if isinstance(cell, LIF):
@@ -79,7 +82,7 @@ def tracer_for(cell, rule: str, index: int) -> LayerTrace:
 
             return ReadoutTrace(cell, rule)
         return GenericTrace(cell, rule, stateless=True)
-    if type(cell).__name__ == "LRU":
+    if isinstance(cell, LRU):
         from .traces_lru import LRUTrace
 
         return LRUTrace(cell, rule)

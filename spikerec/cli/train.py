@@ -4,11 +4,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
-from .runs import (RunError, RunFolderError, RunLock, describe_run, new_run_dir, prepare_out, read_config,
-                   remove_debris, remove_if_unused, resume_status, stop_message)
+
+from ..data import DatasetMissingError, dataset_info
+from ..errors import ConfigError, DataError
+from ..train.config import list_presets, load_config, resolve_sizes, validate_config
+from ..train.distributed import launch
+from ..train.runs import (RunFolderError, RunLock, describe_run, new_run_dir, prepare_out, read_config, remove_debris,
+                          resume_status, stop_message)
+from ..train.trainer import Trainer, TrainingStopped
+from . import run_command
+from .common import ArgumentParser, Interrupted, check_device
 
 __all__ = ["main", "build_parser"]
 
@@ -32,8 +41,8 @@ process at a time. Ctrl-C, SIGTERM and --stop-after-steps write a checkpoint and
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="spikerec train", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
         description="Train a spiking or recurrent network from a TOML preset: optional LSC pre-training, then "
                     "BPTT (or online) training, evaluation on the test split, and a run folder with everything.")
@@ -75,8 +84,6 @@ def _overrides(args) -> list[str]:
             o.append("lsc.enabled=true")
             for kv in args.lsc:
                 if "=" not in kv:
-                    from .config import ConfigError
-
                     raise ConfigError(f"--lsc expects KEY=VALUE pairs (e.g. --lsc target=1), got {kv!r}")
                 o.append(f"lsc.{kv}")
     if args.learning:
@@ -108,113 +115,84 @@ def _strip_launch_args(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    from .config import ConfigError, list_presets, load_config, resolve_sizes, validate_config
-
     if args.list:
         for name, desc in list_presets().items():
             print(f"  {name:<22} {desc}")
         return 0
     if args.nproc_per_node < 1:
-        print("spikerec train: --nproc-per-node must be >= 1", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        from .distributed import launch
-
         rest = _strip_launch_args(argv)
         if not args.resume:  # every process must write to the same folder
-            try:
-                out = prepare_out(args.out, sibling=args.sibling) if args.out else new_run_dir(args.preset or "quickstart")
-            except RunFolderError as e:
-                print(f"spikerec train: {e}", file=sys.stderr)
-                return 2
+            out = prepare_out(args.out, sibling=args.sibling) if args.out else new_run_dir(args.preset or "quickstart")
             rest = _strip_out(rest) + ["--out", str(out)]
         return launch(rest, args.nproc_per_node)
 
-    try:
-        overrides = _overrides(args)
-        if args.resume:
-            if args.preset or overrides:
-                print("spikerec train: --resume continues a run with its own config.json; "
-                      "do not give a preset or overrides", file=sys.stderr)
-                return 2
-            cfg = read_config(args.resume)
-            validate_config(cfg)
-            run_dir = Path(args.resume)
-        else:
-            cfg = load_config(args.preset or "quickstart", overrides)
-            from ..data import dataset_info
-
-            info = dataset_info(cfg["data"]["name"], **cfg["data"]["options"])
-            resolve_sizes(cfg, info)
-            if args.show_config:
-                print(json.dumps(cfg, indent=1))
-                return 0
-            run_dir = None
-    except (ConfigError, FileNotFoundError, ValueError) as e:
-        print(f"spikerec train: {e}", file=sys.stderr)
-        return 2
-
-    from ..data import DataError, DatasetMissingError
-    from .trainer import Interrupted, NonFiniteLoss, Trainer
+    overrides = _overrides(args)
+    if args.resume:
+        if args.preset or overrides:
+            raise ConfigError("--resume continues a run with its own config.json; do not give a preset or overrides")
+        cfg = read_config(args.resume)
+        validate_config(cfg)
+        run_dir = Path(args.resume)
+    else:
+        cfg = load_config(args.preset or "quickstart", overrides)
+        info = dataset_info(cfg["data"]["name"], **cfg["data"]["options"])
+        resolve_sizes(cfg, info)
+        if args.show_config:
+            print(json.dumps(cfg, indent=1))
+            return 0
+        run_dir = None
+    check_device(cfg["train"]["device"], "train.device (--device)")
 
     main_proc = int(os.environ.get("RANK", "0")) == 0
-    if run_dir is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
-        print("spikerec train: under torchrun give --out DIR (every process must use the same run folder)",
-              file=sys.stderr)
-        return 2
-    lock = None
+    torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if run_dir is None and torchrun and not args.out:
+        raise ConfigError("under torchrun give --out DIR (every process must use the same run folder)")
+    created = False
+    if run_dir is None:
+        created = main_proc and not (args.out and Path(args.out).exists())
+        if main_proc and args.out and not torchrun:
+            run_dir = prepare_out(args.out, sibling=args.sibling)  # never onto an existing run
+            created = created or run_dir != Path(args.out)
+        else:  # under torchrun the launcher prepared --out
+            run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
+    lock = RunLock(run_dir, "spikerec train").acquire() if main_proc else None
     try:
-        if run_dir is None:
-            if main_proc and args.out and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-                run_dir = prepare_out(args.out, sibling=args.sibling)
-            else:  # under torchrun the launcher prepared --out
-                run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
+        if main_proc and args.resume:
+            status = resume_status(run_dir)
+            if status == "finished":
+                print(f"run '{run_dir}' is {describe_run(run_dir)}: nothing to resume, nothing changed. "
+                      f"Re-test it with: spikerec evaluate {run_dir}")
+                return 0
+            if status == "none" and not args.from_scratch:
+                raise RunFolderError(f"run '{run_dir}' has no checkpoint to resume from (it stopped before its first "
+                                     f"one); to train it again from the start in the same folder, add --from-scratch")
         if main_proc:
-            lock = RunLock(run_dir, "spikerec train").acquire()
-            if args.resume:
-                status = resume_status(run_dir)
-                if status == "finished":
-                    print(f"run '{run_dir}' is {describe_run(run_dir)}: nothing to resume, nothing changed. "
-                          f"Re-test it with: spikerec evaluate {run_dir}")
-                    lock.release()
-                    return 0
-                if status == "none" and not args.from_scratch:
-                    raise RunFolderError(f"run '{run_dir}' has no checkpoint to resume from (it stopped before its "
-                                         f"first one); to train it again from the start in the same folder, add "
-                                         f"--from-scratch")
             removed = remove_debris(run_dir)
             if removed:
                 print(f"removed {len(removed)} leftover(s) of an interrupted write: "
                       f"{', '.join(str(p) for p in removed[:3])}{' ...' if len(removed) > 3 else ''}")
-    except (RunFolderError, RunError) as e:
-        if lock is not None:
-            lock.release()
-        print(f"spikerec train: {e}", file=sys.stderr)
-        return 2
-    trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume), stop_after_steps=args.stop_after_steps,
-                      echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None),
-                      checkpoint_minutes=args.checkpoint_minutes or None)
-    try:
-        summary = trainer.fit()
-    except (DatasetMissingError, DataError) as e:
-        if lock is not None:
-            lock.release()
-        remove_if_unused(run_dir)
-        print(f"spikerec train: data set '{cfg['data']['name']}' is not available:\n{e}\n"
-              f"(see 'spikerec datasets' for what is installed and how to get the rest)", file=sys.stderr)
-        return 3
-    except NonFiniteLoss as e:
-        print(f"spikerec train: {e}", file=sys.stderr)
-        return 4
-    except Interrupted as e:
-        if main_proc:
-            print(stop_message(e))
-        return 0 if e.signum is None else 128 + e.signum
-    except KeyboardInterrupt:
-        if main_proc:
-            print(f"\nspikerec train: interrupted twice, stopped at once; the newest checkpoint is "
-                  f"{trainer.last_ckpt or 'none'}; continue with: spikerec train --resume {run_dir}", file=sys.stderr)
-        return 130
+        trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume),
+                          stop_after_steps=args.stop_after_steps,
+                          echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None),
+                          checkpoint_minutes=args.checkpoint_minutes or None)
+        try:
+            summary = trainer.fit()
+        except TrainingStopped as e:
+            if main_proc:
+                print(stop_message(e), flush=True)
+            return 0 if e.signum is None else 130
+        except (DatasetMissingError, DataError) as e:
+            _release_and_discard(lock, run_dir, created)
+            raise DataError(f"data set '{cfg['data']['name']}' is not available: {' '.join(str(e).split())} "
+                            f"(see 'spikerec datasets' for what is installed and how to get the rest)") from None
+        except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+            _release_and_discard(lock, run_dir, created)
+            raise Interrupted(_resume_hint(run_dir)) from None
+        except BaseException:
+            _release_and_discard(lock, run_dir, created)
+            raise
     finally:
         if lock is not None:
             lock.release()
@@ -236,6 +214,33 @@ def _strip_out(argv: list[str]) -> list[str]:
     return out
 
 
+def _resume_hint(run_dir: Path) -> str:
+    ck = Path(run_dir) / "checkpoints"
+    if ck.is_dir() and any(ck.glob("step-*")):
+        return f"continue with: spikerec train --resume {run_dir}"
+    return "no checkpoint had been written yet, so nothing can be resumed; start the run again"
+
+
+def _discard_unstarted(run_dir: Path, created: bool) -> None:
+    """Leave nothing behind when a run folder this command created ends before its first
+    checkpoint (a folder that existed before, or a run with a checkpoint, is kept)."""
+    run_dir = Path(run_dir)
+    if not created or any((run_dir / "checkpoints").glob("step-*")):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        if run_dir.parent.name == "runs":
+            run_dir.parent.rmdir()  # only if empty
+    except OSError:
+        pass
+
+
+def _release_and_discard(lock, run_dir: Path, created: bool) -> None:
+    if lock is not None:
+        lock.release()
+    _discard_unstarted(run_dir, created)
+
+
 def _print_summary(s: dict) -> None:
     acc = s.get("test_accuracy")
     what = f"{100 * acc:.1f}%" if acc is not None else "n/a (regression)"
@@ -249,5 +254,5 @@ def _print_summary(s: dict) -> None:
     print(f"re-evaluate:   spikerec evaluate {d}")
 
 
-if __name__ == "__main__":  # torchrun entry point
-    sys.exit(main())
+if __name__ == "__main__":  # torchrun entry point (with the top-level error handler)
+    sys.exit(run_command("train", [a for a in sys.argv[1:] if a != "--debug"], debug="--debug" in sys.argv))

@@ -1,7 +1,7 @@
 """``spikerec lsc``: Local Stability Condition pre-training of a configured model, alone.
 
 Builds the model of a preset, runs :func:`spikerec.stability.lsc_pretrain` on batches of
-the preset's training data (labels unused, digest 002 §3), and writes a run folder with
+the preset's training data (labels unused: the condition is on the transition derivatives alone, Herranz-Celotti & Rouat, Sec. II-B), and writes a run folder with
 the pre-trained weights (``model.safetensors``, ``config.json``, ``model.json``), the
 report (``lsc.json``) and its plot (``lsc.png``). ``spikerec evaluate`` and
 ``spikerec export`` read that folder like any other run.
@@ -11,11 +11,22 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
+from ..data import dataset_info, get_dataset, make_loader
+from ..errors import ConfigError
+from ..stability import lsc_pretrain
+from ..stability.progress import LSCProgressBar, lsc_warning
+from ..train.config import load_config, resolve_sizes
+from ..train.runs import new_run_dir, save_model, write_config
+from ..train.trainer import build_from_config, seed_everything
+from .common import ArgumentParser
+
 __all__ = ["main"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(
         prog="spikerec lsc", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="LSC pre-training (Herranz-Celotti & Rouat): drive the spectral radius of every transition "
                     "derivative (time, depth, input) towards a target (1, 0.5) with the clipped weight multiplier "
@@ -34,34 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    import torch
-
-    from ..data import DataError, DatasetMissingError, dataset_info, get_dataset, make_loader
-    from ..train.config import ConfigError, load_config, resolve_sizes
-    from ..train.runs import new_run_dir, save_model, write_config
-    from ..train.trainer import build_from_config, seed_everything
-    from . import lsc_pretrain
-    from .progress import LSCProgressBar, lsc_warning
-
     overrides = list(args.overrides) + ["lsc.enabled=true"]
     if args.target is not None:
         overrides.append(f"lsc.target={args.target}")
-    try:
-        cfg = load_config(args.preset, overrides)
-        dc = cfg["data"]
-        resolve_sizes(cfg, dataset_info(dc["name"], **dc["options"]))
-        train_set = get_dataset(dc["name"], "train", **dc["options"])
-    except (ConfigError, DatasetMissingError, DataError, ValueError) as e:
-        print(f"spikerec lsc: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.preset, overrides)
+    dc = cfg["data"]
+    resolve_sizes(cfg, dataset_info(dc["name"], **dc["options"]))
+    train_set = get_dataset(dc["name"], "train", **dc["options"])
     tc, lc = cfg["train"], cfg["lsc"]
     if tc["threads"]:
         torch.set_num_threads(int(tc["threads"]))
     seed_everything(int(tc["seed"]), bool(tc["deterministic"]))
     model = build_from_config(cfg["model"])
     if not hasattr(model, "cells"):
-        print("spikerec lsc: LSC pre-training needs a stack of cells ([model] layers)", file=sys.stderr)
-        return 2
+        raise ConfigError("LSC pre-training needs a stack of cells ([model] layers); this preset's model has none")
     bs = int(lc["batch_size"]) or int(dc["batch_size"])
     loader = make_loader(train_set, bs, True, int(tc["seed"]) + 7919)
     data = [b for _, b in zip(range(int(lc["batches"])), loader)] if lc["batches"] else loader
@@ -69,12 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     out = new_run_dir(f"{cfg.get('preset', 'run')}-lsc", args.out)
     if not args.quiet:
         print(f"LSC pre-training of '{cfg.get('preset')}' towards radius {options.get('target', 1.0)} ...", flush=True)
-    try:
-        with LSCProgressBar(int(options.get("max_steps", 2000)), disable=args.quiet) as bar:
-            report = lsc_pretrain(model, data, options, progress=bar)
-    except ValueError as e:
-        print(f"spikerec lsc: {e}", file=sys.stderr)
-        return 2
+    with LSCProgressBar(int(options.get("max_steps", 2000)), disable=args.quiet) as bar:
+        report = lsc_pretrain(model, data, options, progress=bar)
     cfg["train"]["epochs"] = 0
     write_config(out, cfg)
     save_model(out, model, cfg, extra={"lsc": {"converged": report.converged, "steps": report.steps,

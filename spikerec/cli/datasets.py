@@ -6,22 +6,22 @@
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from .home import data_home, dataset_dir
-from .verify import verify_layout
+from ..data.digits import DIGITS_SHA256, load_digits_arrays
+from ..data.fileio import file_digest
+from ..data.home import data_home, dataset_dir
+from ..data.mnist import MNIST_MD5, find_mnist, missing_message
+from ..data.shd_file import SHD_ZIP_MD5, shd_missing_message
+from ..data.verify import verify_layout
+from .common import ArgumentParser
 
 __all__ = ["main", "status", "KNOWN_SUMS"]
 
 
 def _known_sums() -> dict[str, str]:
-    from .digits import DIGITS_SHA256
-    from .mnist import MNIST_MD5
-    from .shd_file import SHD_ZIP_MD5
-
     sums = {f"shd/{k}": f"md5:{v}" for k, v in SHD_ZIP_MD5.items()}
     sums.update({f"mnist/{k}": f"md5:{v}" for k, v in MNIST_MD5.items()})
     sums["sklearn:digits"] = f"sha256:{DIGITS_SHA256}"
@@ -44,8 +44,6 @@ def read_manifest(path: Path) -> dict[str, str]:
 
 
 def _verify(path: Path, rel: str, sums: dict[str, str]) -> str:
-    from .fileio import file_digest
-
     want = sums.get(rel)
     if want is None:
         return f"sha256:{file_digest(path)} (no published sum to compare)"
@@ -59,14 +57,10 @@ def status(verify: bool = False) -> list[dict]:
     sums = {**KNOWN_SUMS, **read_manifest(home / "manifest")}
     rows = []
     try:
-        from .digits import load_digits_arrays
-
         load_digits_arrays()
         rows.append(dict(name="digits", state="available", detail="embedded in scikit-learn (content sha256 verified)"))
     except Exception as e:  # noqa: BLE001
         rows.append(dict(name="digits", state="missing", detail=f"{e}; install scikit-learn"))
-    from .shd_file import shd_missing_message
-
     shd = dataset_dir("shd")
     for part in ("train", "test"):
         hits = [d / f"shd_{part}.h5{ext}" for d in (shd, shd / "SHD") for ext in ("", ".gz", ".zip")]
@@ -81,8 +75,6 @@ def status(verify: bool = False) -> list[dict]:
                              detail=detail))
         else:
             rows.append(dict(name=f"shd ({part})", state="missing", detail=shd_missing_message(part)))
-    from .mnist import find_mnist, missing_message
-
     files = find_mnist()
     if files:
         detail = ", ".join(str(p) for p in files.values())
@@ -100,7 +92,7 @@ def status(verify: bool = False) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="spikerec datasets", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="spikerec datasets", description=__doc__.split("\n")[0])
     p.add_argument("--verify", action="store_true",
                    help="compute checksums of the files found and open each one to check its layout")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -1,0 +1,42 @@
+"""Pieces every subcommand shares: an argument parser whose errors are one line, the
+interruption that carries a resume hint, and the device check."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["ArgumentParser", "Interrupted", "check_device"]
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` whose usage errors become :class:`ConfigError` (one line, exit code 2)
+    instead of a usage block and ``SystemExit``."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        raise ConfigError(f"{message} (see '{self.prog} --help')")
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while a command runs; ``hint`` says how to continue."""
+
+    def __init__(self, hint: str = ""):
+        super().__init__(hint)
+        self.hint = hint
+
+
+def check_device(name: str, option: str) -> None:
+    """A clear :class:`ConfigError` when ``name`` asks for CUDA (or an index) that this machine lacks."""
+    name = str(name)
+    if name in ("auto", "cpu"):
+        return
+    if not (name == "cuda" or name.startswith("cuda:")):
+        raise ConfigError(f"{option} = '{name}': expected cpu, cuda, cuda:N or auto")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{option} = '{name}' but CUDA is not available on this machine; use cpu or auto")
+    if name.startswith("cuda:"):
+        idx = name[5:]
+        if not idx.isdigit() or int(idx) >= torch.cuda.device_count():
+            raise ConfigError(f"{option} = '{name}': this machine has CUDA devices 0..{torch.cuda.device_count() - 1}")

