@@ -27,7 +27,7 @@ def test_layout_checks_of_each_kind(tmp_path):
     empty = tmp_path / "shd_test.h5"
     write_shd_like(empty, 0, mean_spikes=20)
     ok, words = verify_layout("shd", empty)
-    assert not ok and "holds 0 samples" in words and str(empty) in words
+    assert not ok and "holds no samples" in words and str(empty) in words
     good = tmp_path / "good.h5"
     write_shd_like(good, 2, mean_spikes=20)
     gz = tmp_path / "shd_train.h5.gz"

@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         except TrainingStopped as e:
             if main_proc:
                 print(stop_message(e), flush=True)
-            return 0 if e.signum is None else 130
+            if e.signum is None:
+                return 0
+            raise Interrupted(stop_message(e).splitlines()[-1]) from None  # one line on stderr, exit 130
         except (DatasetMissingError, DataError) as e:
             _release_and_discard(lock, run_dir, created)
             raise DataError(f"data set '{cfg['data']['name']}' is not available: {' '.join(str(e).split())} "

@@ -7,7 +7,7 @@ A run folder holds::
     metrics.jsonl        every record (step, epoch, lsc, test)   metrics.csv  one row per epoch
     checkpoints/         step-XXXXXXXX/{state.safetensors, state.json}, latest.json
     curves.png, raster.png, lsc.json, lsc.png (when LSC ran), summary.json
-    .lock                advisory lock (``fcntl.flock``) and the PID of the process using the run
+    .lock                while in use: advisory lock (``fcntl.flock``) and the PID of the process using it
 
 A run folder is never destroyed or shared: :func:`prepare_out` refuses a folder that already
 holds something (or picks a fresh numbered sibling), :class:`RunLock` gives one process at a
@@ -235,7 +235,8 @@ class RunLock:
     """Advisory lock (``fcntl.flock`` on ``<run>/.lock``) held while a process uses a run folder.
 
     A second process gets :class:`RunInUseError`: "run X is in use by PID N (command)". The
-    lock dies with its process (also on ``kill -9``), so a stale ``.lock`` file never blocks.
+    lock dies with its process (also on ``kill -9``), so a stale ``.lock`` file never blocks;
+    the file is removed on release, so using a run leaves its folder's contents as they were.
     Use as a context manager or call :meth:`acquire` / :meth:`release`.
     """
 
@@ -247,27 +248,39 @@ class RunLock:
 
     def acquire(self) -> "RunLock":
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                holder = os.read(fd, 256).decode(errors="replace").strip() or "unknown PID"
-            finally:
-                os.close(fd)
-            pid, _, cmd = holder.partition(" ")
-            raise RunInUseError(f"run '{self.run_dir}' is in use by PID {pid}{f' ({cmd})' if cmd else ''}; "
-                                f"wait for it to finish or stop it, then try again") from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.read(fd, 256).decode(errors="replace").strip() or "unknown PID"
+                finally:
+                    os.close(fd)
+                pid, _, cmd = holder.partition(" ")
+                raise RunInUseError(f"run '{self.run_dir}' is in use by PID {pid}{f' ({cmd})' if cmd else ''}; "
+                                    f"wait for it to finish or stop it, then try again") from None
+            try:  # the holder before us may have removed the file: lock the file that is there now
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {self.command}\n".encode(), 0)
         self.fd = fd
         return self
 
     def release(self) -> None:
-        """Unlock; the file is emptied first, so a run folder's contents do not depend on who used it last."""
+        """Remove the lock file and unlock: a run folder holds ``.lock`` only while it is in use
+        (or after its user was killed; the next user takes the stale file over)."""
         if self.fd is not None:
             try:
-                os.ftruncate(self.fd, 0)
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
             finally:
                 os.close(self.fd)
@@ -326,12 +339,12 @@ def remove_if_unused(run_dir) -> None:
 
 
 def weights_source(run_dir, checkpoint: bool = False) -> str:
-    """Which weights :func:`load_model` uses, in words (``model.safetensors`` or a checkpoint)."""
+    """Which weights :func:`load_model` uses: ``"model.safetensors"`` or ``"checkpoint checkpoints/step-N"``."""
     d = Path(run_dir)
     if not checkpoint:
-        return f"final weights {d / 'model.safetensors'}"
+        return "model.safetensors"
     ck = latest_checkpoint(d / "checkpoints")
-    return f"checkpoint {ck}" if ck is not None else "no checkpoint"
+    return f"checkpoint {ck.relative_to(d)}" if ck is not None else "no checkpoint"
 
 
 def resume_status(run_dir) -> str:
