@@ -36,6 +36,10 @@ CELL_KINDS: dict[str, tuple[str, str]] = {
 }
 
 
+# what a stack needs of each layer (the Jacobian tools also need ``state_from_vector``)
+_STACK_METHODS = ("initial_state", "step", "output", "state_vector", "stability_groups")
+
+
 def register_cell(kind: str, module: str, cls: str) -> None:
     """Make a new cell kind available to :func:`build_model`."""
     CELL_KINDS[kind] = (module, cls)
@@ -56,7 +60,7 @@ class RecurrentStack(nn.Module):
         if not cells:
             raise ValueError("RecurrentStack: needs at least one cell")
         for i, c in enumerate(list(cells) + [readout]):
-            missing = protocol_missing(c)
+            missing = protocol_missing(c, _STACK_METHODS)
             if missing:
                 raise TypeError(f"layer {i} ({type(c).__name__}) does not follow the cell protocol: missing {missing}")
         for i in range(1, len(cells)):

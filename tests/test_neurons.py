@@ -32,8 +32,9 @@ class LoihiLikeArithmetic:
         lim = (1 << (bits - 1)) - 1
         return x.clamp(-lim, lim)
 
-    def synaptic_input(self, x, weight):
-        return x @ weight.t()
+    def synaptic_input(self, x, weight, into=None):
+        out = x @ weight.t()
+        return out if into is None else into + out
 
     def decay_factor(self, code, dt):
         return code
@@ -122,6 +123,7 @@ def test_integer_arithmetic_through_the_step_equals_reference(profile, overrides
         q, _ = quantize(_net(seed, **spec), profile, **overrides)
         g = torch.Generator().manual_seed(100 + seed)
         x = torch.randint(0, 4, (13, 3, 5), generator=g) if seed else (torch.rand(13, 3, 5, generator=g) < 0.4).long()
+        assert isinstance(LoihiLikeArithmetic(q.profile), neurons.Arithmetic)
         y, spikes = _run_integer_step(q, x)
         ys_ref, spikes_ref = simulate_reference(q, x)
         assert torch.equal(y, torch.tensor(ys_ref, dtype=torch.long))
@@ -326,3 +328,103 @@ def test_every_cell_follows_the_one_protocol():
     with pytest.raises(TypeError, match="missing"):
         from spikerec.models import RecurrentStack
         RecurrentStack([torch.nn.Linear(2, 2)], LeakyReadout(2, 2))
+
+
+class XyloLikeArithmetic(LoihiLikeArithmetic):
+    """Xylo's rules as its documentation states them: bitshift decay removing at least one LSB, saturation after
+    every partial sum of the synaptic input, up to ``n_max`` spikes per step (``v -= n thr``), immediate reset."""
+
+    def __init__(self, profile, n_max=31):
+        super().__init__(profile)
+        self.reset_timing, self.n_max = "immediate", n_max
+
+    def synaptic_input(self, x, weight, into=None):
+        acc = torch.zeros(x.shape[0], weight.shape[0], dtype=torch.long) if into is None else into
+        for c in range(x.shape[1]):  # one partial sum per input channel, saturated each time
+            acc = self.current(acc + x[:, c:c + 1] * weight[:, c])
+        return acc
+
+    def decay(self, x, dash):
+        d = x >> dash
+        return x - torch.where((d == 0) & (x != 0), torch.sign(x), d)
+
+    def spike(self, v, thr, surrogate):
+        return torch.div(v, thr, rounding_mode="floor").clamp(0, self.n_max)
+
+
+def test_xylo_like_rules_through_the_step_equal_a_plain_loop():
+    """Multi-spike counts, add-then-decay synapse, at-least-one-LSB decay, per-event saturation and immediate reset,
+    all through the one LIF step, against a plain-Python loop in Xylo's documented order (post-reset state)."""
+    from spikerec.hardware.profiles import get_profile
+
+    p = get_profile("xylo", current_bits=8, state_bits=10, current_overflow="saturate", state_overflow="saturate")
+    ar = XyloLikeArithmetic(p)
+    g = torch.Generator().manual_seed(5)
+    N, C, T, B = 3, 4, 25, 2
+    W = torch.randint(-70, 90, (N, C), generator=g)
+    bias = torch.randint(-3, 6, (N,), generator=g)
+    d_i, d_v = torch.tensor([1, 2, 3]), torch.tensor([2, 4, 1])
+    thr = torch.tensor([20, 35, 50])
+    x = torch.randint(0, 3, (T, B, C), generator=g)
+    prm = lif.LIFParams(W, bias, None, d_v, d_i, thr)
+    opt = lif.LIFOptions(synapse="add_then_decay", bias_into="voltage")
+    st = lif.CubaLIFState(torch.zeros(B, N, dtype=torch.long), torch.zeros(B, N, dtype=torch.long))
+    counts = []
+    for t in range(T):
+        n, st = lif.step(prm, st, x[t], opt, ar)
+        counts.append(n)
+    counts = torch.stack(counts)
+
+    def sat(v, bits):
+        lim = (1 << (bits - 1)) - 1
+        return max(-lim, min(lim, v))
+
+    def dec(v, dash):
+        d = v >> dash
+        return v - (d if d != 0 or v == 0 else (1 if v > 0 else -1))
+
+    order_mattered = 0  # steps where saturating every partial sum differs from saturating the total once
+    for b in range(B):
+        for j in range(N):
+            i = v = 0
+            for t in range(T):
+                i0, alone = i, 0
+                for c in range(C):
+                    i = sat(i + int(x[t, b, c]) * int(W[j, c]), 8)
+                    alone += int(x[t, b, c]) * int(W[j, c])
+                order_mattered += i != sat(i0 + alone, 8)
+                i = sat(dec(i, int(d_i[j])), 8)
+                v = sat(dec(v, int(d_v[j])) + i + int(bias[j]), 10)
+                n = max(0, min(31, v // int(thr[j])))
+                v -= n * int(thr[j])
+                assert int(counts[t, b, j]) == n, (t, b, j)
+    assert int(counts.max()) > 1, "degenerate case: no multi-spike step"
+    assert order_mattered > 0, "degenerate case: per-event saturation never differed from saturating the sum"
+
+
+def test_a_cell_without_roles_says_so():
+    from spikerec.layers.base import Cell
+
+    class NoRoles(Cell):
+        pass
+
+    with pytest.raises(NotImplementedError, match="NoRoles: declares no parameter roles"):
+        NoRoles().stability_groups()
+
+
+def test_neurons_imports_only_torch_and_surrogate():
+    """``spikerec.neurons`` sits below ``layers`` in the import order: it imports torch, the standard library,
+    ``spikerec.surrogate`` and itself, nothing else of spikerec."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(neurons.__file__).parent
+    for f in root.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                target = (node.module or "").split(".")[0]
+                assert node.level == 1 or target == "surrogate", f"{f.name}: from {'.' * node.level}{node.module}"
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("spikerec"):
+                assert node.module in ("spikerec.surrogate",) or node.module.startswith("spikerec.neurons"), f.name
+            elif isinstance(node, ast.Import):
+                assert all(not a.name.startswith("spikerec") or a.name.startswith("spikerec.neurons") for a in node.names)

@@ -115,7 +115,7 @@ class ALIF(Cell):
 
     def decays(self):
         """``(alpha, rho)`` = ``exp(-dt/tau_mem)``, ``exp(-dt/tau_adapt)``."""
-        return _alif.decays(self.params(), self.options())
+        return _alif.decays(self.params(masked=False), self.options())
 
     @staticmethod
     def param_specs() -> dict[str, ParamSpec]:
@@ -130,10 +130,11 @@ class ALIF(Cell):
             "beta": ParamSpec(Role.THRESHOLD),
         }
 
-    def params(self) -> ALIFParams:
-        """The parameters as the step takes them (effective recurrent matrix)."""
-        return ALIFParams(self.weight, self.bias, self.effective_recurrent_weight(), self.log_tau_mem,
-                          self.log_tau_adapt, self.b, self.beta)
+    def params(self, *, masked: bool = True) -> ALIFParams:
+        """The parameters as the step takes them (effective recurrent matrix; ``masked=False`` skips the
+        mask product for readers that do not use ``W_rec``, such as :meth:`output`)."""
+        w_rec = self.effective_recurrent_weight() if masked else self.recurrent_weight
+        return ALIFParams(self.weight, self.bias, w_rec, self.log_tau_mem, self.log_tau_adapt, self.b, self.beta)
 
     def options(self) -> ALIFOptions:
         return ALIFOptions(dt=self.dt, detach_reset=self.detach_reset, surrogate=self.surrogate)
@@ -145,7 +146,7 @@ class ALIF(Cell):
 
     def threshold(self, state) -> torch.Tensor:
         """Adaptive threshold ``theta = b + beta a``."""
-        return _alif.threshold(self.params(), state)
+        return _alif.threshold(self.params(masked=False), state)
 
     def initial_state(self, batch: int, device=None, dtype=None):
         device = device if device is not None else self.weight.device
@@ -158,7 +159,7 @@ class ALIF(Cell):
         return out + self.bias if self.bias is not None else out
 
     def output(self, x_t, state):
-        return _alif.output(self.params(), state, self.options())
+        return _alif.output(self.params(masked=False), state, self.options())
 
     def step(self, x_t, state):
         check_step_input(x_t, self.input_size)

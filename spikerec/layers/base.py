@@ -64,9 +64,9 @@ class CellProtocol(Protocol):
 PROTOCOL_METHODS = ("initial_state", "step", "output", "state_vector", "state_from_vector", "stability_groups")
 
 
-def protocol_missing(cell) -> list[str]:
-    """Names of the :data:`PROTOCOL_METHODS` that ``cell`` lacks (empty when it follows the protocol)."""
-    return [m for m in PROTOCOL_METHODS if not callable(getattr(cell, m, None))]
+def protocol_missing(cell, methods: tuple[str, ...] = PROTOCOL_METHODS) -> list[str]:
+    """Names of ``methods`` (default: :data:`PROTOCOL_METHODS`) that ``cell`` lacks (empty when it has them)."""
+    return [m for m in methods if not callable(getattr(cell, m, None))]
 
 
 def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_complex: bool = False) -> None:
@@ -158,6 +158,9 @@ class Cell(nn.Module):
 
     def stability_groups(self) -> dict[str, list[nn.Parameter]]:
         """LSC groups from the roles: ``time`` = role time, ``depth`` = the others (multiplier on)."""
+        if not self.param_specs():
+            raise NotImplementedError(f"{type(self).__name__}: declares no parameter roles; define param_specs() "
+                                      "(or override stability_groups())")
         return stability_groups_from_specs(self)
 
     def forward(self, x: torch.Tensor, state=None):

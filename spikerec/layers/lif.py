@@ -112,7 +112,7 @@ class LIF(Cell):
 
     def decays(self):
         """``(alpha, alpha_s)`` with ``alpha = exp(-dt / tau)``; ``alpha_s`` is None without CUBA."""
-        return _lif.decays(self.params(), self.options())
+        return _lif.decays(self.params(masked=False), self.options())
 
     def effective_recurrent_weight(self) -> torch.Tensor | None:
         if self.recurrent_weight is None:
@@ -136,10 +136,11 @@ class LIF(Cell):
             "threshold": ParamSpec(Role.THRESHOLD),
         }
 
-    def params(self) -> LIFParams:
-        """The parameters as the step takes them (effective recurrent matrix)."""
-        return LIFParams(self.weight, self.bias, self.effective_recurrent_weight(), self.log_tau_mem,
-                         self.log_tau_syn, self.threshold)
+    def params(self, *, masked: bool = True) -> LIFParams:
+        """The parameters as the step takes them (effective recurrent matrix; ``masked=False`` skips the
+        mask product for readers that do not use ``W_rec``, such as :meth:`output`)."""
+        w_rec = self.effective_recurrent_weight() if masked else self.recurrent_weight
+        return LIFParams(self.weight, self.bias, w_rec, self.log_tau_mem, self.log_tau_syn, self.threshold)
 
     def options(self) -> LIFOptions:
         return LIFOptions(dt=self.dt, reset=self.reset, detach_reset=self.detach_reset, surrogate=self.surrogate)
@@ -157,7 +158,7 @@ class LIF(Cell):
         return out + self.bias if self.bias is not None else out
 
     def output(self, x_t, state):
-        return _lif.output(self.params(), state, self.options())
+        return _lif.output(self.params(masked=False), state, self.options())
 
     def step(self, x_t, state):
         check_step_input(x_t, self.input_size)

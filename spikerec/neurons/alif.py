@@ -89,7 +89,7 @@ def step(params: ALIFParams, state, x_t: torch.Tensor, options: ALIFOptions, ari
     if params.bias is not None and options.bias_into == "current":
         J = J + params.bias
     if params.recurrent_weight is not None:
-        J = J + arith.synaptic_input(z_prev, params.recurrent_weight)
+        J = arith.synaptic_input(z_prev, params.recurrent_weight, J)
     i = arith.current(J)
     drive = i + params.bias if (params.bias is not None and options.bias_into == "voltage") else i
     reset = theta * z_prev

@@ -6,8 +6,9 @@ the *order* of the operations (synaptic input, synaptic decay, membrane decay, r
 step's, and the few orderings that targets disagree on are options of the step (``synapse`` order,
 ``bias_into``) or of the arithmetic (``reset_timing``). An arithmetic object supplies:
 
-* ``synaptic_input(x, weight)``: ``W x`` for one step (an integer arithmetic may saturate after
-  each partial sum, as Xylo does per input event);
+* ``synaptic_input(x, weight, into=None)``: ``into + W x`` for one step (``W x`` without ``into``);
+  an integer arithmetic may saturate after each partial sum, as Xylo does per input event, starting
+  from ``into`` (the synaptic current the events are added to);
 * ``decay_factor(log_tau, dt)`` and ``decay(x, factor)``: the leak. FLOAT multiplies by
   ``exp(-dt / tau)``; integer rules (Loihi's ``(x (2^12 - d)) >> 12`` toward zero, Xylo's
   ``x - (x >> dash)`` that removes at least one LSB) read the time-constant field of the parameters
@@ -46,7 +47,7 @@ class Arithmetic(Protocol):
 
     reset_timing: str
 
-    def synaptic_input(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor: ...
+    def synaptic_input(self, x: torch.Tensor, weight: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def decay_factor(self, log_tau: torch.Tensor, dt: float) -> torch.Tensor: ...
 
@@ -69,8 +70,9 @@ class FloatArithmetic:
 
     reset_timing = "next_step"
 
-    def synaptic_input(self, x, weight):
-        return x @ weight.t()
+    def synaptic_input(self, x, weight, into=None):
+        out = x @ weight.t()
+        return out if into is None else into + out
 
     def decay_factor(self, log_tau, dt):
         return torch.exp(-dt * torch.exp(-log_tau))

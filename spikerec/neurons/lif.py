@@ -1,8 +1,9 @@
 """Leaky integrate-and-fire neuron (LIF), plain or with a current-based synapse (CUBA): the one definition.
 
 Discrete dynamics (Herranz-Celotti & Rouat, "Stabilizing RNN gradients through pre-training",
-App. H, eq. 49 with a constant threshold, i.e. beta = 0; the current-based synapse as in Neftci,
-Mostafa & Zenke 2019, "Surrogate gradient learning in spiking neural networks", Sec. II), with
+App. H, eq. 49 with a constant threshold, i.e. beta = 0; the current-based synapse is the discrete
+LIF of Neftci, Mostafa & Zenke 2019, "Surrogate gradient learning in spiking neural networks",
+IEEE Signal Processing Magazine 36(6)), with
 ``alpha = exp(-dt / tau_mem)``, ``alpha_s = exp(-dt / tau_syn)``::
 
     z_{t-1} = H(v_{t-1} - thr)                         recomputed from the state
@@ -109,22 +110,27 @@ def output(params: LIFParams, state, options: LIFOptions, arith: Arithmetic = FL
     return arith.spike(state.v, params.threshold, options.surrogate)
 
 
+def _synaptic(params: LIFParams, x_t, z_prev, options: LIFOptions, arith: Arithmetic, into=None):
+    """``[into +] W x_t [+ b] + W_rec z_{t-1}`` in the arithmetic's partial-sum rule."""
+    J = arith.synaptic_input(x_t, params.weight, into)
+    if params.bias is not None and options.bias_into == "current":
+        J = J + params.bias
+    if params.recurrent_weight is not None:
+        J = arith.synaptic_input(z_prev, params.recurrent_weight, J)
+    return J
+
+
 def step(params: LIFParams, state, x_t: torch.Tensor, options: LIFOptions, arith: Arithmetic = FLOAT):
     """One time step of the module docstring's equations; returns ``(z_t, new_state)``."""
     alpha, alpha_s = decays(params, options, arith)
     thr = params.threshold
     z_prev = arith.spike(state.v, thr, options.surrogate)
-    J = arith.synaptic_input(x_t, params.weight)
-    if params.bias is not None and options.bias_into == "current":
-        J = J + params.bias
-    if params.recurrent_weight is not None:
-        J = J + arith.synaptic_input(z_prev, params.recurrent_weight)
-    if alpha_s is None:
-        i = arith.current(J)
-    elif options.synapse == "decay_then_add":
-        i = arith.current(arith.decay(state.i, alpha_s) + J)
+    if alpha_s is not None and options.synapse == "add_then_decay":
+        i = arith.current(arith.decay(arith.current(_synaptic(params, x_t, z_prev, options, arith, state.i)), alpha_s))
+    elif alpha_s is not None:
+        i = arith.current(arith.decay(state.i, alpha_s) + _synaptic(params, x_t, z_prev, options, arith))
     else:
-        i = arith.current(arith.decay(arith.current(state.i + J), alpha_s))
+        i = arith.current(_synaptic(params, x_t, z_prev, options, arith))
     drive = i + params.bias if (params.bias is not None and options.bias_into == "voltage") else i
     z_r = z_prev.detach() if options.detach_reset else z_prev
     v = state.v
