@@ -60,10 +60,17 @@ def test_every_readme_command_works_as_written(tmp_path, monkeypatch):
     code, out, err = run_cli(["train", "quickstart", "--set", "train.epochs=1", "--stop-after-steps", "3"])
     assert code == 0, err
     stopped = re.search(r"--resume (\S+)", out).group(1)
+    made = {}  # preset -> the run folder its train command printed
     for argv in _block():
-        argv = [stopped if (a.startswith("runs/quickstart-") and "--resume" in argv) else
-                run if a.startswith("runs/quickstart-") else a for a in argv]
+        def folder(a):
+            if "--resume" in argv:
+                return stopped
+            preset = a[len("runs/"):].rstrip("…").rstrip("-")
+            return made.get(preset, run)
+        argv = [folder(a) if a.startswith("runs/quickstart-") else a for a in argv]
         code, out, err = run_cli(_shortened(argv)[1:])
+        if argv[1] == "train" and "run folder:" in out:
+            made[argv[2]] = re.search(r"run folder: +(\S+)", out).group(1)
         assert code == 0, (argv, out[-2000:], err[-2000:])
         assert "Traceback" not in err, (argv, err[-2000:])
     shd = README.read_text().split("Then run\n`", 1)[1].split("`", 1)[0]  # the SHD paragraph's command
