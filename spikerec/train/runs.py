@@ -199,7 +199,7 @@ def describe_run(run_dir) -> str:
     if (d / "model.safetensors").is_file():
         return "a model (model.safetensors)"
     names = sorted(p.name for p in d.iterdir())
-    return f"{len(names)} entries ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+    return f"{len(names)} {'entry' if len(names) == 1 else 'entries'} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
 
 
 def _nonempty(d: Path) -> bool:
@@ -207,7 +207,7 @@ def _nonempty(d: Path) -> bool:
     return d.is_dir() and any(p.name != LOCK_NAME for p in d.iterdir())
 
 
-def prepare_out(out, *, sibling: bool = False, flag: str = "--sibling") -> Path:
+def prepare_out(out, *, sibling: bool = False, flag: str | None = "--sibling") -> Path:
     """The folder for a new run at ``out``: created if missing, used if empty.
 
     A folder that holds anything is never reused: without ``sibling`` this raises
@@ -222,7 +222,8 @@ def prepare_out(out, *, sibling: bool = False, flag: str = "--sibling") -> Path:
             hint = f"continue it with 'spikerec train --resume {p}', " if (p / "config.json").is_file() else ""
             raise RunFolderError(
                 f"run folder '{p}' already exists and holds {describe_run(p)}; it is never overwritten. "
-                f"{hint}choose another --out, or add {flag} to start a fresh numbered sibling ({p}-2, ...)")
+                f"{hint}choose another --out" + (f", or add {flag} to start a fresh numbered sibling ({p}-2, ...)"
+                                                 if flag else ""))
         i = 2
         while _nonempty(Path(f"{p}-{i}")) or Path(f"{p}-{i}").is_file():
             i += 1
