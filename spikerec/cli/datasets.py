@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ..data.digits import DIGITS_SHA256, load_digits_arrays
-from ..data.fileio import file_digest
+from ..data.fileio import file_checksum
 from ..data.home import data_home, dataset_dir
 from ..data.mnist import MNIST_MD5, find_mnist, missing_message
 from ..data.mnist5k import MNIST5K_SHA256, load_mnist5k_arrays
@@ -40,17 +40,17 @@ def read_manifest(path: Path) -> dict[str, str]:
         for line in path.read_text().splitlines():
             line = line.split("#", 1)[0].strip()
             if line:
-                digest, rel = line.split(None, 1)
-                out[rel.strip()] = digest
+                checksum, rel = line.split(None, 1)
+                out[rel.strip()] = checksum
     return out
 
 
 def _verify(path: Path, rel: str, sums: dict[str, str]) -> str:
     want = sums.get(rel)
     if want is None:
-        return f"sha256:{file_digest(path)} (no published sum to compare)"
+        return f"sha256:{file_checksum(path)} (no published sum to compare)"
     algo, hexd = want.split(":", 1)
-    got = file_digest(path, algo)
+    got = file_checksum(path, algo)
     return "checksum ok" if got == hexd else f"CHECKSUM MISMATCH ({algo} {got}, expected {hexd})"
 
 

@@ -53,9 +53,9 @@ def _load_digits_cached():
     import hashlib
 
     data, target = _read_digits_file()
-    digest = hashlib.sha256(data.astype(np.uint8).tobytes() + target.astype(np.uint8).tobytes()).hexdigest()
-    if digest != DIGITS_SHA256 or data.shape != (1797, 64):
-        raise DataError(f"scikit-learn's digits data differ from the expected set (sha256 {digest}, expected "
+    checksum = hashlib.sha256(data.astype(np.uint8).tobytes() + target.astype(np.uint8).tobytes()).hexdigest()
+    if checksum != DIGITS_SHA256 or data.shape != (1797, 64):
+        raise DataError(f"scikit-learn's digits data differ from the expected set (sha256 {checksum}, expected "
                         f"{DIGITS_SHA256}, shape {data.shape}); the 'digits' splits would not be reproducible")
     return data.astype(np.float64) / 16.0, target.astype(np.int64)
 
