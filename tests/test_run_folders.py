@@ -158,3 +158,19 @@ def test_time_based_checkpoints(tmp_path):
     steps = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
     # after LSC (step 0), then after every step: each one is due by the clock
     assert steps == [f"step-{i:08d}" for i in range(5)], steps
+
+
+def test_a_folder_holding_only_a_lock_and_write_debris_is_a_fresh_run(tmp_path):
+    """kill -9 while config.json was being written leaves '.lock' and a '.tmp*' file: starting the same
+    --out again uses the folder (it holds no run) and removes the debris; a real file still refuses."""
+    from spikerec.train.runs import RunFolderError, prepare_out
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("123 spikerec train\n")
+    (out / ".tmpconfig.json").write_text("{")
+    assert prepare_out(out) == out
+    assert not (out / ".tmpconfig.json").exists()
+    (out / "config.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="never overwritten"):
+        prepare_out(out)

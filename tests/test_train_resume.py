@@ -49,3 +49,27 @@ def test_resume_after_kill_is_bit_identical(tmp_path, capsys):
     assert ra == rb  # no duplicated or missing rows after the resume
     assert sum(r["kind"] == "epoch" for r in rb) == 2
     assert (b / "metrics.csv").read_text().count("\n") == 3
+
+
+def test_resume_from_an_epoch_end_checkpoint_is_bit_identical(tmp_path):
+    """A checkpoint written at an epoch's end precedes the next epoch's DataLoader iterator, whose
+    creation draws from the global RNG; the resume must restore the RNG before that draw."""
+    import shutil
+
+    a = tmp_path / "a"
+    assert main(["train", *SMALL, "--set", "train.keep_checkpoints=100", "--out", str(a)]) == 0
+    c = tmp_path / "c"
+    shutil.copytree(a, c)
+    # 9 steps per epoch: step-00000009 is the checkpoint of epoch 1's end (batch_in_epoch 0)
+    state = json.loads((c / "checkpoints" / "step-00000009" / "state.json").read_text())
+    assert state["epoch"] == 1 and state["batch_in_epoch"] == 0
+    for p in (c / "checkpoints").glob("step-*"):
+        if p.name > "step-00000009":
+            shutil.rmtree(p)
+    for name in ("model.safetensors", "model.json", "summary.json", "checkpoints/latest.json"):
+        (c / name).unlink(missing_ok=True)
+    assert main(["train", "--resume", str(c), "--quiet"]) == 0
+    wa, wc = load_file(str(a / "model.safetensors")), load_file(str(c / "model.safetensors"))
+    for k in wa:
+        assert torch.equal(wa[k], wc[k]), k
+    assert _records(a) == _records(c)

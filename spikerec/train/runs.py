@@ -77,6 +77,9 @@ def new_run_dir(preset: str, out: str | os.PathLike | None = None, root: str | o
         while p.exists():
             p, i = Path(f"{base}-{i}"), i + 1
     p.mkdir(parents=True, exist_ok=True)
+    for q in p.iterdir():  # what a run killed before its first file was complete left behind
+        if _is_write_debris(q):
+            q.unlink(missing_ok=True)
     return p
 
 
@@ -202,9 +205,14 @@ def describe_run(run_dir) -> str:
     return f"{len(names)} {'entry' if len(names) == 1 else 'entries'} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
 
 
+def _is_write_debris(p: Path) -> bool:
+    """A temporary file an interrupted atomic write left behind (``.tmp*``, ``*.part``)."""
+    return p.is_file() and not p.is_symlink() and (p.name.startswith(".tmp") or p.name.endswith(".part"))
+
+
 def _nonempty(d: Path) -> bool:
-    """Holds anything but the lock file (a run killed before it wrote anything is empty)."""
-    return d.is_dir() and any(p.name != LOCK_NAME for p in d.iterdir())
+    """Holds anything but the lock file and write debris (a run killed before it wrote anything is empty)."""
+    return d.is_dir() and any(p.name != LOCK_NAME and not _is_write_debris(p) for p in d.iterdir())
 
 
 def prepare_out(out, *, sibling: bool = False, flag: str | None = "--sibling") -> Path:
@@ -229,6 +237,9 @@ def prepare_out(out, *, sibling: bool = False, flag: str | None = "--sibling") -
             i += 1
         p = Path(f"{p}-{i}")
     p.mkdir(parents=True, exist_ok=True)
+    for q in p.iterdir():  # what a run killed before its first file was complete left behind
+        if _is_write_debris(q):
+            q.unlink(missing_ok=True)
     return p
 
 

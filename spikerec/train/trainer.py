@@ -506,11 +506,17 @@ class Trainer:
             self._maybe_stop()
             while self.epoch < epochs:
                 self.train_loader.set_epoch(self.epoch)
-                it = iter(self.train_loader)
                 skip = self.batch_in_epoch
+                # Creating a DataLoader iterator draws a base seed from the global RNG. A checkpoint from
+                # an epoch's end was taken before that draw, one from inside an epoch after it: restore
+                # the RNG where the original run stood when it wrote the checkpoint.
+                if self.rng_pending is not None and skip == 0:
+                    ckpt.set_rng_state(*self.rng_pending)
+                    self.rng_pending = None
+                it = iter(self.train_loader)
                 for _ in range(skip):
                     next(it)
-                if self.rng_pending is not None:  # after the iterator exists, as in the original run
+                if self.rng_pending is not None:
                     ckpt.set_rng_state(*self.rng_pending)
                     self.rng_pending = None
                 if skip == 0:
