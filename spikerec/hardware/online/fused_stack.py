@@ -314,8 +314,10 @@ class FusedStack:
         y_t = yout.clone()
         loss = gy = None
         if closure is not None:
-            if value_and_grad is not None:
-                loss, gy = value_and_grad(y_t)
+            if value_and_grad is not None:  # closed form: (loss, d loss / d y) or None (no loss here)
+                lg = value_and_grad(y_t)
+                if lg is not None:
+                    loss, gy = lg
             else:
                 yl = y_t.clone().requires_grad_()
                 with torch.enable_grad():
