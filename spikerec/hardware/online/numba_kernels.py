@@ -132,32 +132,21 @@ if _HAVE_NUMBA:
                             G_th[n] += val
                         else:
                             G_ga[n] += val
-                if has_mat:  # branch-free inner loops over contiguous rows (vectorised by LLVM)
-                    gm = gam[n]
+                if has_mat:  # branch-free inner loops over contiguous rows, one written array each
+                    gm = gam[n]  # (so that LLVM vectorises them without aliasing checks)
                     e0r, e1r, xr = em[n, b, 0], em[n, b, 1], x[b]
-                    if use_g and has_bre and has_bim:
-                        Gr, Gi = G_bre[n], G_bim[n]
+                    for h in range(H):
+                        e0, e1 = e0r[h], e1r[h]
+                        e0r[h] = a * e0 - c * e1 + gm * xr[h]
+                        e1r[h] = c * e0 + a * e1
+                    if use_g and has_bre:
+                        Gr = G_bre[n]
                         for h in range(H):
-                            e0, e1 = e0r[h], e1r[h]
-                            f0 = a * e0 - c * e1 + gm * xr[h]
-                            f1 = c * e0 + a * e1
-                            e0r[h] = f0
-                            e1r[h] = f1
-                            Gr[h] += q0 * f0 + q1 * f1
-                            Gi[h] += q1 * f0 - q0 * f1
-                    else:
+                            Gr[h] += q0 * e0r[h] + q1 * e1r[h]
+                    if use_g and has_bim:
+                        Gi = G_bim[n]
                         for h in range(H):
-                            e0, e1 = e0r[h], e1r[h]
-                            e0r[h] = a * e0 - c * e1 + gm * xr[h]
-                            e1r[h] = c * e0 + a * e1
-                        if use_g and has_bre:
-                            Gr = G_bre[n]
-                            for h in range(H):
-                                Gr[h] += q0 * e0r[h] + q1 * e1r[h]
-                        if use_g and has_bim:
-                            Gi = G_bim[n]
-                            for h in range(H):
-                                Gi[h] += q1 * e0r[h] - q0 * e1r[h]
+                            Gi[h] += q1 * e0r[h] - q0 * e1r[h]
 
 
 def lru_trace_step_numba(prev, new, x, g, lam, gam, wnu, wth, cols, ev, em, G_vec, G_bre, G_bim):
