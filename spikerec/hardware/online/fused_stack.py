@@ -68,7 +68,7 @@ if _nb is not None:
                 hr[b, n] = (lr[n] * p0 - li[n] * p1) + w[n]
                 hi[b, n] = (lr[n] * p1 + li[n] * p0) + w[N + n]
             for k in range(K):
-                acc = 0.0
+                acc = y.dtype.type(0)  # of the arrays' dtype (a float64 literal would promote)
                 cr, ci = Cr[k], Ci[k]
                 for n in range(N):
                     acc += cr[n] * hr[b, n] - ci[n] * hi[b, n]
@@ -85,7 +85,7 @@ if _nb is not None:
         K = y.shape[1]
         for b in range(B):
             for k in range(K):
-                acc = 0.0
+                acc = y.dtype.type(0)  # of the arrays' dtype (a float64 literal would promote)
                 wk = W[k]
                 for j in range(H):
                     acc += wk[j] * h[b, j]
@@ -123,16 +123,21 @@ if _nb is not None:
         N = hr.shape[1]
         K = Cr.shape[0]
         if use_g:
+            tr = np.empty(N, dtype=hr.dtype)  # contiguous rows (g's fields are interleaved)
+            ti = np.empty(N, dtype=hr.dtype)
             for b in range(B):
-                for n in range(N):
-                    g[b, n, 0] = 0.0
-                    g[b, n, 1] = 0.0
+                tr[:] = 0.0
+                ti[:] = 0.0
                 for k in range(K):
                     q = gy[b, k]
                     cr, ci = Cr[k], Ci[k]
                     for n in range(N):
-                        g[b, n, 0] += q * cr[n]
-                        g[b, n, 1] -= q * ci[n]
+                        tr[n] += q * cr[n]
+                    for n in range(N):
+                        ti[n] -= q * ci[n]
+                for n in range(N):
+                    g[b, n, 0] = tr[n]
+                    g[b, n, 1] = ti[n]
             for k in range(K):
                 for b in range(B):
                     q = gy[b, k]
