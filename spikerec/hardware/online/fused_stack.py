@@ -303,6 +303,16 @@ class FusedStack:
         self.ro_bwd = (W.numpy(), dummy2 if dW is None else dW.numpy(), dummy1 if db is None else db.numpy(),
                        dW is not None, db is not None)
         self.ystate = states[-1]
+        self.fwd_args = [fwd + (y.numpy(),) for fwd, _, y, _, _ in self.layers]
+        self.bwd_args = []
+        for _, a, _, _, _ in self.layers:
+            self.bwd_args.append((a["hr"], a["hi"], a["pr"], a["pi"], a["Cr"], a["Ci"], a["D"], a["dvec"], a["Br"],
+                                  a["Bi"], a["gam"], a["lr"], a["li"], a["dCr"], a["dCi"], a["dD"], a["has_cr"],
+                                  a["has_ci"], a["has_d"], a["g"], a["gu"], a["need_gu"], a["wnu"], a["wth"],
+                                  a["cols"], a["ev"], a["em"], a["has_mat"], a["G_nu"], a["G_th"], a["G_ga"],
+                                  a["G_bre"], a["G_bim"], a["has_bre"], a["has_bim"]))
+        self.yout_np = self.ystate[0].numpy()
+        self.gh_np = self.readout[4].numpy()
         self.gen = lr_._gen
 
     # --- one step -------------------------------------------------------------------------------
@@ -314,13 +324,12 @@ class FusedStack:
         x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
         u = x.numpy()
         ins = []
-        for fwd, _, y, _, _ in self.layers:
+        for fa in self.fwd_args:
             ins.append(u)
-            _lru_fwd(u, *fwd[:10], fwd[10], y.numpy())
-            u = y.numpy()
-        yout = self.ystate[0]
-        _linear_fwd(u, *self.ro_args, yout.numpy())
-        y_t = yout.clone()
+            _lru_fwd(u, *fa)
+            u = fa[-1]
+        _linear_fwd(u, *self.ro_args, self.yout_np)
+        y_t = self.ystate[0].clone()
         loss = gy = None
         if closure is not None:
             if value_and_grad is not None:  # closed form: (loss, d loss / d y) or None (no loss here)
@@ -340,18 +349,14 @@ class FusedStack:
                     loss = loss.detach()
         use_g = gy is not None
         if use_g:
-            gy = gy.to(self.dtype).contiguous()
-            W, _, dW, db, gh = self.readout
-            _linear_bwd(gy.numpy(), u, *self.ro_bwd, gh.numpy())
-            gcur = gh.numpy()
+            if gy.dtype != self.dtype or not gy.is_contiguous():
+                gy = gy.to(self.dtype).contiguous()
+            _linear_bwd(gy.numpy(), u, *self.ro_bwd, self.gh_np)
+            gcur = self.gh_np
         else:
             gcur = self.ro_args[0][:0]  # unused
         for l in range(len(self.layers) - 1, -1, -1):
-            _, a, _, gu, _ = self.layers[l]
-            _lru_bwd(gcur, use_g, ins[l], a["hr"], a["hi"], a["pr"], a["pi"], a["Cr"], a["Ci"], a["D"], a["dvec"],
-                     a["Br"], a["Bi"], a["gam"], a["lr"], a["li"], a["dCr"], a["dCi"], a["dD"], a["has_cr"],
-                     a["has_ci"], a["has_d"], a["g"], a["gu"], a["need_gu"], a["wnu"], a["wth"], a["cols"],
-                     a["ev"], a["em"], a["has_mat"], a["G_nu"], a["G_th"], a["G_ga"], a["G_bre"], a["G_bim"],
-                     a["has_bre"], a["has_bim"])
-            gcur = a["gu"]
+            ba = self.bwd_args[l]
+            _lru_bwd(gcur, use_g, ins[l], *ba)
+            gcur = ba[20]  # the error reaching the layer's input
         return y_t, loss

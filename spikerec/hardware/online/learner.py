@@ -166,7 +166,7 @@ def mse_loss(y, target, t):
 
 def _mse_value_and_grad(y, target_t):
     """``(0.5 sum (y - target)^2, y - target)``: the loss and its gradient in closed form."""
-    d = y - target_t.to(y.dtype)
+    d = y - (target_t if target_t.dtype == y.dtype else target_t.to(y.dtype))
     return 0.5 * torch.dot(d.reshape(-1), d.reshape(-1)), d
 
 
@@ -628,7 +628,7 @@ class OnlineLearner:
         if target_t.dim() == 0 or target_t.shape[0] != B:
             raise ValueError(f"{name}: expected a batch-first target with {B} samples, got shape "
                              f"{tuple(target_t.shape)}")
-        out = self.model.layers[-1].output_size
+        out = self.tracers[-1].cell.output_size
         if target_t.is_floating_point() and target_t.dim() == 2 and target_t.shape[1] != out:
             raise ValueError(f"{name}: expected shape [{B}, {out}] (the readout's size), got {tuple(target_t.shape)}")
         if self._target_shape is None:
