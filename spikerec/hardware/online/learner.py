@@ -356,12 +356,12 @@ class OnlineLearner:
         if self.mode == "stream" or (drop is not None and drop.training):
             # active dropout: step by step, so the output returned and the gradient share one mask
             self._finish_block(carry=True)
+            vg = None if target_t is None else getattr(self.loss, "value_and_grad", None)
+            vg = None if vg is None else (lambda y, vg=vg: vg(y, target_t))
             if self._fused_stack is not None:
-                vg = None if target_t is None else getattr(self.loss, "value_and_grad", None)
-                y, l = self._fused_stack.step(x_t, self._closure(target_t, self.steps),
-                                              None if vg is None else (lambda y, vg=vg: vg(y, target_t)))
+                y, l = self._fused_stack.step(x_t, self._closure(target_t, self.steps), vg)
             elif self._fast_kinds is not None and self.mode == "stream":
-                y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps))
+                y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps), vg)
             else:
                 y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
         else:
@@ -465,7 +465,9 @@ class OnlineLearner:
                     _, l = self._fused_stack.step(x[t0], lambda y, t=t0: loss_fn(y, target, t),
                                                   None if vg is None else (lambda y, t=t0: vg(y, target, t)))
                 elif self._fast_kinds is not None:
-                    _, l = fast_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t))
+                    vg = getattr(loss_fn, "value_and_grad", None)
+                    _, l = fast_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t),
+                                            None if vg is None else (lambda y, t=t0: vg(y, target, t)))
                 else:
                     _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
             else:
