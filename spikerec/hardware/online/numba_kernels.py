@@ -13,6 +13,7 @@ fall back to the torch path.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba"]
@@ -198,15 +199,23 @@ _EMPTY: dict = {}
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _mat_rows(e0r, e1r, pre, j00, j01, j10, j11, q0, q1, G, use_g):  # pragma: no cover - compiled
-        H = pre.shape[0]
-        for h in range(H):
-            e0, e1 = e0r[h], e1r[h]
-            e0r[h] = j00 * e0 + j01 * e1 + pre[h]
-            e1r[h] = j10 * e0 + j11 * e1
-        if use_g:
-            for h in range(H):
-                G[h] += q0 * e0r[h] + q1 * e1r[h]
+    def _mat_nest(em, pre, Jc, g, G, use_g):  # pragma: no cover - compiled
+        """A matrix trace ``eps[n, b] <- J[n, b] eps[n, b] + (pre[b], 0)`` (``em [N, B, 2, H]``,
+        ``Jc [N, B, 4]`` the 2x2 Jacobians) and ``G[n] += sum_b g[b, n] . eps[n, b]``: branch-free
+        loops over contiguous rows, one written array each, in a loop nest of its own (vectorised)."""
+        N, B, _, H = em.shape
+        for n in range(N):
+            for b in range(B):
+                j00, j01, j10, j11 = Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3]
+                e0r, e1r, xr = em[n, b, 0], em[n, b, 1], pre[b]
+                for h in range(H):
+                    e0, e1 = e0r[h], e1r[h]
+                    e0r[h] = j00 * e0 + j01 * e1 + xr[h]
+                    e1r[h] = j10 * e0 + j11 * e1
+                if use_g:
+                    q0, q1, Gn = g[b, n, 0], g[b, n, 1], G[n]
+                    for h in range(H):
+                        Gn[h] += q0 * e0r[h] + q1 * e1r[h]
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _alif_trace(v0, a0, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
@@ -214,6 +223,7 @@ if _HAVE_NUMBA:
         B, N = v0.shape
         m = cols.shape[0]
         zero, one = ev.dtype.type(0), ev.dtype.type(1)  # of the arrays' dtype (no float64 promotion)
+        Jc = np.empty((N, B, 4), dtype=ev.dtype)  # the 2x2 Jacobians, for the matrix traces
         for n in range(N):
             alpha, dalpha, rho, drho, omr, bb, beta = cn[0, n], cn[1, n], cn[2, n], cn[3, n], cn[4, n], cn[5, n], cn[6, n]
             rd = Rd[n] if has_rd else zero
@@ -263,10 +273,11 @@ if _HAVE_NUMBA:
                     ev[b, n, 1, j] = f1
                     if use_g:
                         G_vec[kind, n] += q0 * f0 + q1 * f1
-                if has_w:
-                    _mat_rows(ew[n, b, 0], ew[n, b, 1], x[b], dv_v, dv_a, da_v, da_a, q0, q1, G_w[n], use_g)
-                if has_r:
-                    _mat_rows(er[n, b, 0], er[n, b, 1], zp[b], dv_v, dv_a, da_v, da_a, q0, q1, G_r[n], use_g)
+                Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3] = dv_v, dv_a, da_v, da_a
+        if has_w:
+            _mat_nest(ew, x, Jc, g, G_w, use_g)
+        if has_r:
+            _mat_nest(er, zp, Jc, g, G_r, use_g)
 
 
 def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_w, G_r, Rd, detach_reset):
