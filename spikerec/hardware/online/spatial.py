@@ -15,7 +15,8 @@ written out here per cell instead of building and walking an autograd graph at e
   derivative ``psi``: ``g_v = gz psi``, ``g_a = -beta gz psi``, ``db -= sum_b gz psi``,
   ``dbeta -= sum_b gz psi a``, ``gx = g_v W``.
 
-The only autograd call left is ``d l_t / d y_t`` of the user's loss on a leaf ``y_t``.
+The only autograd call left is ``d l_t / d y_t`` of the user's loss on a leaf ``y_t``, and none when the
+loss carries its gradient in closed form (``value_and_grad``, as the package's losses do).
 The result equals the autograd spatial backward of :meth:`OnlineLearner._stream`
 (tests/test_online_fast.py, float64, fresh random inputs). Networks with other cells (LIF, GRU,
 ...) or with active dropout keep the autograd path.
