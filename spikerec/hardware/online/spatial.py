@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
 from .traces_base import stream_step
 from .traces_lif import ALIFTrace, ReadoutTrace
@@ -40,7 +41,7 @@ def _kind(tr) -> str | None:
         return "alif"
     if isinstance(tr, ReadoutTrace):
         return "leaky_readout"
-    if getattr(tr, "stateless", False) and type(tr.cell).__name__ == "LeakyReadout":  # a linear readout
+    if getattr(tr, "stateless", False) and isinstance(tr.cell, LeakyReadout):  # a linear readout
         return "readout"
     return None
 
