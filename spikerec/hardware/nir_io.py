@@ -10,12 +10,12 @@ continuous: ``tau dv/dt = (v_leak - v) + r I``. A reader integrating with forwar
     CubaLIF:  tau_syn = dt / (1 - alpha_syn), w_in = tau_syn / dt, tau_mem = dt / (1 - alpha), r = tau_mem / dt
     LI:       tau = dt / (1 - alpha), r = tau / dt (leaky readout; a plain readout is just the Affine)
 
-(each neuron kind's mapping, both directions, is one entry of :data:`spikerec.hardware.nir_map.MAPPINGS`)
 with ``dt = 1e-4`` by default: snnTorch's importer hard-codes ``dt = 1e-4``; Norse's ``from_nir`` takes
 ``dt=`` and must be given the same value (and ignores ``r`` of ``LIF`` nodes, see
 :func:`fold_lif_r`). The bias is the ``Affine`` bias (inside ``J``, filtered by the synapse for
 CubaLIF, exactly as spikerec). Graph metadata holds ``dt``; every neuron node's metadata holds
-``reset``, ``reset_timing`` and ``spikerec_kind``.
+``reset``, ``reset_timing`` and ``spikerec_kind``. Each neuron kind's mapping, both directions, is one
+entry of :data:`spikerec.hardware.nir_map.MAPPINGS`; this module walks the graph.
 
 **What NIR cannot express is refused.** NIR neurons reset to ``v_reset``: spikerec's reset
 ``zero`` is exactly that; ``subtract`` and ``none`` and the ALIF are not NIR, and every reader
