@@ -365,3 +365,16 @@ def test_hand_written_graph_reads_and_writes_back_unchanged(seed, float64_defaul
             if key in (node.metadata or {}):
                 np.testing.assert_allclose(np.asarray(node2.metadata[key]), node.metadata[key], **F32, err_msg=f"{name}.{key}")
     assert g2.nodes["layer2.lif"].metadata["spikerec_kind"] == "alif"
+
+
+def test_each_mapping_is_a_registered_backend_of_its_kind():
+    """Every entry of MAPPINGS is a backend of its neuron kind, naming a test of this file that exists."""
+    from spikerec import neurons
+    from spikerec.hardware.nir_map import MAPPINGS
+
+    for key, mapping in MAPPINGS.items():
+        found = [b for b in neurons.backends_of(mapping.neuron_kind).values() if b.fn is mapping.to_node]
+        assert found and all(b.name.startswith("hardware.nir_map") for b in found), key  # lif and cuba share one writer
+        for b in found:
+            path, name = b.test.split("::")
+            assert path == "tests/test_nir.py" and callable(globals().get(name)), b.test
