@@ -234,3 +234,147 @@ def test_rockpool_is_a_further_reader_when_installed():
     assert rep["rockpool"]["layers"][0]["spikes_a"] > 20 and 0.5 < rep["rockpool"]["matched"] <= 1.0
     rep = cross_check(_model(3, reset="zero"), x, simulators=("rockpool",))  # plain LIF nodes
     assert "rockpool" in rep and ("skipped" in rep["rockpool"]) != ("matched" in rep["rockpool"])
+
+
+# --- the mapping table (spikerec.hardware.nir_map): one entry per kind, both directions ---------------
+F32 = dict(rtol=4 * float(np.finfo(np.float32).eps), atol=1e-12)  # NIR stores float32: a few roundings
+
+
+@pytest.fixture
+def float64_default():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # from_nir builds cells in the default dtype
+    yield
+    torch.set_default_dtype(old)
+
+
+def _random_model(kind, seed):
+    """A fresh float64 model whose first layer (or readout) is of ``kind``, every parameter random per neuron."""
+    g = torch.Generator().manual_seed(seed)
+    u = lambda n, lo, hi: lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float64)  # noqa: E731
+    first = {"alif": {"kind": "alif", "size": 20, "b": 0.2, "tau_mem": 10.0, "tau_adapt": 30.0, "bias": True},
+             "cuba": {"kind": "lif", "size": 20, "reset": "zero", "tau_syn": 4.0, "recurrent": True},
+             }.get(kind, {"kind": "lif", "size": 20, "reset": "zero", "recurrent": True})
+    torch.manual_seed(seed)
+    m = build_model({"input_size": 10, "layers": [first], "readout": {"size": 4, "tau": 6.0, "mode": "mean"}}).double()
+    cell, ro = m.cells[0], m.readout
+    with torch.no_grad():
+        cell.weight.normal_(0.0, 0.6, generator=g)
+        cell.bias.copy_(u(20, -0.05, 0.15))
+        cell.recurrent_weight.normal_(0.0, 0.2, generator=g)
+        cell.log_tau_mem.copy_(u(20, 3.0, 30.0).log())
+        if kind == "alif":
+            cell.log_tau_adapt.copy_(u(20, 20.0, 200.0).log())
+            cell.b.copy_(u(20, 0.1, 0.4))
+            cell.beta.copy_(u(20, 0.5, 2.0))
+        else:
+            cell.threshold.copy_(u(20, 0.3, 0.8))
+        if kind == "cuba":
+            cell.log_tau_syn.copy_(u(20, 2.0, 8.0).log())
+        ro.log_tau.copy_(u(4, 2.0, 20.0).log())
+        ro.weight.normal_(0.0, 0.5, generator=g)
+        ro.bias.uniform_(-0.1, 0.1, generator=g)
+    return m
+
+
+def _fields(p):
+    return {k: v for k, v in p._asdict().items() if v is not None and not k.startswith("log_tau")}
+
+
+@pytest.mark.parametrize("kind", ["lif", "cuba", "alif", "readout"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mapping_round_trip_per_kind(kind, seed, float64_default):
+    """model -> NIR -> from_nir through the kind's entry of MAPPINGS: the same parameters (to float32
+    rounding, the format's precision; decays compared as alpha = exp(-dt/tau)) and identical spikes."""
+    from spikerec.hardware.nir_map import MAPPINGS, mapping_for_cell, mapping_for_node
+
+    m = _random_model(kind, seed)
+    cell, ro = (m.readout, m.readout) if kind == "readout" else (m.cells[0], m.readout)
+    assert mapping_for_cell(cell) is MAPPINGS[kind]
+    g = to_nir(m, extensions=kind == "alif")
+    assert mapping_for_node(g.nodes["readout.li" if kind == "readout" else "layer0.lif"]) is MAPPINGS[kind]
+    m2 = from_nir(g)
+    assert next(m2.parameters()).dtype == torch.float64
+    cell2 = m2.readout if kind == "readout" else m2.cells[0]
+    assert type(cell2) is type(cell)
+    a, b = _fields(cell.params()), _fields(cell2.params())
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name].detach().numpy(), a[name].detach().numpy(), **F32, err_msg=name)
+    decays = (lambda c: [c.alpha()]) if kind == "readout" else (lambda c: [d for d in c.decays() if d is not None])
+    for d, d2 in zip(decays(cell), decays(cell2), strict=True):
+        np.testing.assert_allclose(d2.detach().numpy(), d.detach().numpy(), rtol=0, atol=2e-7)
+    x = _x(seed + 7, T=50, B=5, p=0.3).double()
+    y, _, h = m(x, record=True)
+    y2, _, h2 = m2(x, record=True)
+    for s, s2 in zip(h, h2, strict=True):
+        assert 0 < s.sum() < s.numel() and torch.equal(s, s2)
+    np.testing.assert_allclose(y2.detach().numpy(), y.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _hand_written_graph(seed=0, dt=1e-4):
+    """Input -> LIF (recurrent, r = 1) -> CubaLIF -> LIF with the spikerec.alif extension (recurrent) -> LI,
+    written in the normal form spikerec writes (r folded for LIF; r = tau/dt, w_in = tau_syn/dt otherwise)."""
+    rng = np.random.default_rng(seed)
+    f = lambda *a: np.asarray(a[0] if len(a) == 1 else a, np.float32)  # noqa: E731
+    tau = lambda n: f(rng.uniform(3, 30, n) * dt)  # noqa: E731
+    w = lambda o, i, s=0.5: f(rng.normal(0, s, (o, i)))  # noqa: E731
+    z = lambda n: np.zeros(n, np.float32)  # noqa: E731
+    t0, ts1, tm1, t2, t3 = tau(8), tau(6), tau(6), tau(5), tau(3)
+    nodes = {
+        "input": nir.Input(input_type=np.array([7])),
+        "layer0.affine": nir.Affine(weight=w(8, 7), bias=f(rng.uniform(-1, 1, 8))),
+        "layer0.lif": nir.LIF(tau=t0, r=np.ones(8, np.float32), v_leak=z(8), v_threshold=f(rng.uniform(0.3, 1, 8)),
+                              v_reset=z(8), metadata={"reset": "zero"}),
+        "layer0.w_rec": nir.Linear(weight=w(8, 8, 2.0)),
+        "layer1.affine": nir.Affine(weight=w(6, 8), bias=f(rng.uniform(-0.1, 0.1, 6))),
+        "layer1.lif": nir.CubaLIF(tau_syn=ts1, tau_mem=tm1, r=f(tm1 / dt), v_leak=z(6), v_threshold=f(rng.uniform(0.3, 1, 6)),
+                                  v_reset=z(6), w_in=f(ts1 / dt), metadata={"reset": "zero"}),
+        "layer2.affine": nir.Affine(weight=w(5, 6), bias=f(rng.uniform(-0.1, 0.1, 5))),
+        "layer2.lif": nir.LIF(tau=t2, r=f(t2 / dt), v_leak=z(5), v_threshold=(b := f(rng.uniform(0.1, 0.4, 5))), v_reset=z(5),
+                              metadata={"spikerec_kind": "alif", "tau_adapt": tau(5) * 10, "b": b,
+                                        "beta": f(rng.uniform(0.5, 2.0, 5))}),
+        "layer2.w_rec": nir.Linear(weight=w(5, 5)),
+        "readout.affine": nir.Affine(weight=w(3, 5), bias=f(rng.uniform(-0.1, 0.1, 3))),
+        "readout.li": nir.LI(tau=t3, r=f(t3 / dt), v_leak=z(3)),
+        "output": nir.Output(output_type=np.array([3])),
+    }
+    edges = [("input", "layer0.affine"), ("layer0.affine", "layer0.lif"), ("layer0.lif", "layer0.w_rec"),
+             ("layer0.w_rec", "layer0.lif"), ("layer0.lif", "layer1.affine"), ("layer1.affine", "layer1.lif"),
+             ("layer1.lif", "layer2.affine"), ("layer2.affine", "layer2.lif"), ("layer2.lif", "layer2.w_rec"),
+             ("layer2.w_rec", "layer2.lif"), ("layer2.lif", "readout.affine"), ("readout.affine", "readout.li"),
+             ("readout.li", "output")]
+    return nir.NIRGraph(nodes=nodes, edges=edges, metadata={"dt": dt, "readout_mode": "mean"})
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_hand_written_graph_reads_and_writes_back_unchanged(seed, float64_default):
+    """A NIR graph written by hand -> spikerec -> NIR: the same nodes, edges and values (float32 rounding)."""
+    g = _hand_written_graph(seed)
+    m = from_nir(g)
+    assert [type(c).__name__ for c in m.cells] == ["LIF", "LIF", "ALIF"] and m.cells[1].cuba
+    g2 = to_nir(m, extensions=True)
+    assert set(g2.nodes) == set(g.nodes) and sorted(g2.edges) == sorted(g.edges)
+    for name, node in g.nodes.items():
+        node2 = g2.nodes[name]
+        assert type(node2) is type(node), name
+        for field, v in vars(node).items():
+            if isinstance(v, np.ndarray) and field not in ("input_type", "output_type"):
+                np.testing.assert_allclose(np.asarray(getattr(node2, field)), v, **F32, err_msg=f"{name}.{field}")
+        for key in ("tau_adapt", "b", "beta"):
+            if key in (node.metadata or {}):
+                np.testing.assert_allclose(np.asarray(node2.metadata[key]), node.metadata[key], **F32, err_msg=f"{name}.{key}")
+    assert g2.nodes["layer2.lif"].metadata["spikerec_kind"] == "alif"
+
+
+def test_each_mapping_is_a_registered_backend_of_its_kind():
+    """Every entry of MAPPINGS is a backend of its neuron kind, naming a test of this file that exists."""
+    from spikerec import neurons
+    from spikerec.hardware.nir_map import MAPPINGS
+
+    for key, mapping in MAPPINGS.items():
+        found = [b for b in neurons.backends_of(mapping.neuron_kind).values() if b.fn is mapping.to_node]
+        assert found and all(b.name.startswith("hardware.nir_map") for b in found), key  # lif and cuba share one writer
+        for b in found:
+            path, name = b.test.split("::")
+            assert path == "tests/test_nir.py" and callable(globals().get(name)), b.test

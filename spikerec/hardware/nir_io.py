@@ -14,7 +14,8 @@ with ``dt = 1e-4`` by default: snnTorch's importer hard-codes ``dt = 1e-4``; Nor
 ``dt=`` and must be given the same value (and ignores ``r`` of ``LIF`` nodes, see
 :func:`fold_lif_r`). The bias is the ``Affine`` bias (inside ``J``, filtered by the synapse for
 CubaLIF, exactly as spikerec). Graph metadata holds ``dt``; every neuron node's metadata holds
-``reset``, ``reset_timing`` and ``spikerec_kind``.
+``reset``, ``reset_timing`` and ``spikerec_kind``. Each neuron kind's mapping, both directions, is one
+entry of :data:`spikerec.hardware.nir_map.MAPPINGS`; this module walks the graph.
 
 **What NIR cannot express is refused.** NIR neurons reset to ``v_reset``: spikerec's reset
 ``zero`` is exactly that; ``subtract`` and ``none`` and the ALIF are not NIR, and every reader
@@ -39,12 +40,17 @@ LIF, so :mod:`spikerec.hardware.crosscheck` refuses to run such graphs in snnTor
 """
 from __future__ import annotations
 
+import copy
 import os
 
+import nir
 import numpy as np
 import torch
 
 from ..atomic import atomic_path
+from ..layers.readout import LeakyReadout
+from ..models import RecurrentStack
+from .nir_map import MAPPINGS, SPIKING_NODE_TYPES, NIRImportError, _np, assign_params, mapping_for_cell, mapping_for_node
 
 __all__ = ["to_nir", "write_nir", "read_nir", "from_nir", "fold_lif_r", "NIRImportError", "NIRExportError", "DEFAULT_DT",
            "flatten_graph", "nir_extensions_needed"]
@@ -53,44 +59,38 @@ DEFAULT_DT = 1e-4
 FORMAT = "spikerec-nir-1"
 
 
-class NIRImportError(ValueError):
-    """A NIR graph (or file) spikerec cannot read; the message names the node."""
-
-
 class NIRExportError(ValueError):
     """A model NIR cannot express without spikerec's extensions; the message names the layer and the way out."""
 
 
 def nir_extensions_needed(model) -> list[str]:
     """``["cells.k: why", ...]`` for each layer NIR cannot express (empty: plain NIR suffices)."""
-    from ..layers.alif import ALIF
-
     out = []
     for k, cell in enumerate(model.cells):
-        if isinstance(cell, ALIF):
-            out.append(f"cells.{k}: ALIF (adaptive threshold) has no NIR node")
-        elif getattr(cell, "reset", "zero") != "zero":
-            out.append(f"cells.{k}: reset '{cell.reset}' (NIR neurons reset to v_reset, i.e. 'zero')")
+        mapping = mapping_for_cell(cell)
+        why = mapping.extension(cell) if mapping is not None else None
+        if why:
+            out.append(f"cells.{k}: {why}")
     return out
 
 
-def _np(t) -> np.ndarray:
-    return t.detach().cpu().double().numpy().astype(np.float32)
+def _fold(gain: np.ndarray, node):
+    """Scale an Affine/Linear node's rows by ``gain`` (float64), in place."""
+    node.weight = (np.asarray(node.weight, np.float64) * gain[:, None]).astype(np.float32)
+    if isinstance(node, nir.Affine):
+        node.bias = (np.asarray(node.bias, np.float64) * gain).astype(np.float32)
 
 
-def _tau(alpha: np.ndarray, dt: float) -> np.ndarray:
-    return (dt / np.clip(1.0 - alpha, 1e-12, None)).astype(np.float32)
+def _affine(weight, bias):
+    W = _np(weight)
+    return nir.Affine(weight=W, bias=_np(bias)) if bias is not None else nir.Linear(weight=W)
 
 
 def to_nir(model, *, dt: float = DEFAULT_DT, extensions: bool = False):
     """The :class:`nir.NIRGraph` of a :class:`~spikerec.models.RecurrentStack` of LIF/ALIF cells and a
-    ``LeakyReadout`` (see the module docstring for the mapping). Raises :class:`NIRExportError` for
-    layers NIR cannot express (reset ``subtract``/``none``, ALIF) unless ``extensions=True``."""
-    import nir
-
-    from ..layers.alif import ALIF
-    from ..layers.lif import LIF
-
+    ``LeakyReadout`` (see the module docstring for the mapping; each neuron is written by its entry of
+    :data:`spikerec.hardware.nir_map.MAPPINGS`). Raises :class:`NIRExportError` for layers NIR cannot
+    express (reset ``subtract``/``none``, ALIF) unless ``extensions=True``."""
     if not (dt > 0):
         raise ValueError(f"to_nir: dt must be > 0, got {dt!r}")
     needed = nir_extensions_needed(model)
@@ -104,61 +104,31 @@ def to_nir(model, *, dt: float = DEFAULT_DT, extensions: bool = False):
     edges = []
     prev = "input"
     for k, cell in enumerate(model.cells):
-        pre = f"layer{k}"
-        n = cell.hidden_size
-        W = _np(cell.weight)
-        if getattr(cell, "bias", None) is not None:
-            nodes[f"{pre}.affine"] = nir.Affine(weight=W, bias=_np(cell.bias))
-        else:
-            nodes[f"{pre}.affine"] = nir.Linear(weight=W)
-        meta = {"dt": dt, "model_dt": float(cell.dt), "reset_timing": "next_step"}
-        zeros = np.zeros(n, np.float32)
-        if isinstance(cell, LIF):
-            alpha, alpha_s = (None if a is None else a.detach().double().numpy() for a in cell.decays())
-            thr = _np(cell.threshold)
-            meta |= {"reset": cell.reset, "spikerec_kind": "cuba" if cell.cuba else "lif"}
-            tau_m = _tau(alpha, dt)
-            if cell.cuba:
-                tau_s = _tau(alpha_s, dt)
-                neuron = nir.CubaLIF(tau_syn=tau_s, tau_mem=tau_m, r=(tau_m / dt).astype(np.float32), v_leak=zeros,
-                                     v_threshold=thr, v_reset=zeros.copy(), w_in=(tau_s / dt).astype(np.float32), metadata=meta)
-            else:  # r = tau/dt folded into the incoming weights (Norse ignores r of LIF)
-                neuron = nir.LIF(tau=tau_m, r=np.ones(n, np.float32), v_leak=zeros, v_threshold=thr,
-                                 v_reset=zeros.copy(), metadata=meta)
-                g = (tau_m.astype(np.float64) / dt)
-                aff = nodes[f"{pre}.affine"]
-                aff.weight = (np.asarray(aff.weight, np.float64) * g[:, None]).astype(np.float32)
-                if isinstance(aff, nir.Affine):
-                    aff.bias = (np.asarray(aff.bias, np.float64) * g).astype(np.float32)
-                meta["r_folded"] = True
-        elif isinstance(cell, ALIF):
-            alpha, rho = (a.detach().double().numpy() for a in cell.decays())
-            tau_m = _tau(alpha, dt)
-            meta |= {"reset": "subtract", "spikerec_kind": "alif", "extension": "spikerec.alif",
-                     "tau_adapt": _tau(rho, dt), "beta": _np(cell.beta), "b": _np(cell.b)}
-            neuron = nir.LIF(tau=tau_m, r=(tau_m / dt).astype(np.float32), v_leak=zeros, v_threshold=_np(cell.b),
-                             v_reset=zeros.copy(), metadata=meta)
-        else:
+        mapping = mapping_for_cell(cell)
+        if mapping is None or mapping.kind == "readout":
             raise ValueError(f"to_nir: layer cells.{k} ({type(cell).__name__}) has no NIR form (only LIF and ALIF)")
-        nodes[f"{pre}.lif"] = neuron
+        pre = f"layer{k}"
+        p = cell.params()
+        nodes[f"{pre}.affine"] = _affine(p.weight, p.bias)
+        written = mapping.to_node(cell, dt)
+        if written.gain is not None:
+            _fold(written.gain, nodes[f"{pre}.affine"])
+        nodes[f"{pre}.lif"] = written.node
         edges += [(prev, f"{pre}.affine"), (f"{pre}.affine", f"{pre}.lif")]
-        w_rec = cell.effective_recurrent_weight()
-        if w_rec is not None:
-            wr = _np(w_rec)
-            if meta.get("r_folded"):
-                wr = (wr.astype(np.float64) * (tau_m.astype(np.float64) / dt)[:, None]).astype(np.float32)
-            nodes[f"{pre}.w_rec"] = nir.Linear(weight=wr)
+        if p.recurrent_weight is not None:
+            nodes[f"{pre}.w_rec"] = nir.Linear(weight=_np(p.recurrent_weight))
+            if written.gain is not None:
+                _fold(written.gain, nodes[f"{pre}.w_rec"])
             edges += [(f"{pre}.lif", f"{pre}.w_rec"), (f"{pre}.w_rec", f"{pre}.lif")]
         prev = f"{pre}.lif"
     ro = model.readout
-    W = _np(ro.weight)
-    nodes["readout.affine"] = nir.Affine(weight=W, bias=_np(ro.bias)) if ro.bias is not None else nir.Linear(weight=W)
+    p = ro.params()
+    nodes["readout.affine"] = _affine(p.weight, p.bias)
     edges.append((prev, "readout.affine"))
     prev = "readout.affine"
-    if ro.leaky:
-        tau = _tau(ro.alpha().detach().double().numpy(), dt)
-        nodes["readout.li"] = nir.LI(tau=tau, r=(tau / dt).astype(np.float32), v_leak=np.zeros(ro.output_size, np.float32),
-                                     metadata={"dt": dt, "model_dt": float(ro.dt)})
+    written = MAPPINGS["readout"].to_node(ro, dt)
+    if written is not None:
+        nodes["readout.li"] = written.node
         edges.append((prev, "readout.li"))
         prev = "readout.li"
     nodes["output"] = nir.Output(output_type=np.array([ro.output_size]))
@@ -171,8 +141,6 @@ def to_nir(model, *, dt: float = DEFAULT_DT, extensions: bool = False):
 def write_nir(model_or_graph, path: str, *, dt: float = DEFAULT_DT, extensions: bool = False) -> str:
     """Write a model (or a graph) to a NIR HDF5 file, through a temporary file and a rename
     (:func:`to_nir`; nothing is written when it refuses)."""
-    import nir
-
     graph = model_or_graph if isinstance(model_or_graph, nir.NIRGraph) else to_nir(model_or_graph, dt=dt,
                                                                                     extensions=extensions)
     with atomic_path(path) as tmp:
@@ -182,8 +150,6 @@ def write_nir(model_or_graph, path: str, *, dt: float = DEFAULT_DT, extensions: 
 
 def read_nir(path: str):
     """Read a NIR file; a clear error for a missing, corrupt or foreign file."""
-    import nir
-
     if not os.path.exists(path):
         raise NIRImportError(f"NIR file '{path}': no such file")
     try:
@@ -199,8 +165,6 @@ def read_nir(path: str):
 def flatten_graph(graph):
     """Inline nested sub-graphs (snnTorch writes recurrent layers as ``NIRGraph`` nodes holding
     ``input -> lif <-> w_rec -> output``); returns ``(nodes, edges)`` of the flat graph."""
-    import nir
-
     nodes, edges = {}, []
     inner_in, inner_out = {}, {}
     for name, node in graph.nodes.items():
@@ -236,37 +200,7 @@ def flatten_graph(graph):
     return nodes, list(dict.fromkeys(fixed))
 
 
-def _arr(node, name, field, n=None):
-    v = getattr(node, field, None)
-    if v is None:
-        raise NIRImportError(f"node '{name}': missing field '{field}'")
-    a = np.asarray(v, dtype=np.float64).reshape(-1)
-    if n is not None and a.size == 1:
-        a = np.full(n, a.item())
-    if n is not None and a.size != n:
-        raise NIRImportError(f"node '{name}': field '{field}' has {a.size} values, expected {n}")
-    if not np.all(np.isfinite(a)) and field not in ("tau", "tau_mem", "tau_syn"):
-        raise NIRImportError(f"node '{name}': field '{field}' has non-finite values")
-    return a
-
-
-def _alpha(tau: np.ndarray, dt: float, name: str) -> np.ndarray:
-    a = 1.0 - dt / tau
-    if np.any(a < -1e-6) or np.any(a > 1.0):
-        raise NIRImportError(f"node '{name}': tau {tau.min():.3g} is shorter than dt {dt:.3g}; forward Euler is unstable "
-                             f"(pass the dt the graph was written for)")
-    return np.clip(a, 0.0, 1.0)
-
-
-def _model_tau(alpha: np.ndarray) -> torch.Tensor:
-    """tau in steps (dt_model = 1) with ``exp(-1/tau) = alpha``; alpha 0 -> a tiny tau, alpha 1 -> a huge one."""
-    a = np.clip(alpha, 1e-300, 1.0 - 1e-15)
-    return torch.tensor(np.clip(-1.0 / np.log(a), 1e-3, 1e12), dtype=torch.get_default_dtype())
-
-
 def _weight_of(node, name):
-    import nir
-
     if isinstance(node, (nir.Affine, nir.Linear)):
         w = np.asarray(node.weight, np.float64)
         b = getattr(node, "bias", None) if isinstance(node, nir.Affine) else None
@@ -291,20 +225,13 @@ def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None
     ``(dt/tau) r`` is folded into the incoming weights. A graph that ends in a spiking layer gets an
     identity readout (``y_t = z_t``, mode ``mean``: spike counts).
     """
-    import nir
-
-    from ..layers.alif import ALIF
-    from ..layers.lif import LIF
-    from ..layers.readout import LeakyReadout
-    from ..models import RecurrentStack
-
     graph = read_nir(graph_or_path) if isinstance(graph_or_path, (str, os.PathLike)) else graph_or_path
     if not isinstance(graph, nir.NIRGraph):
         raise NIRImportError(f"from_nir: expected a nir.NIRGraph or a file path, got {type(graph).__name__}")
     gmeta = dict(getattr(graph, "metadata", {}) or {})
     dt = float(dt if dt is not None else gmeta.get("dt", DEFAULT_DT))
     nodes, edges = flatten_graph(graph)
-    supported = (nir.Input, nir.Output, nir.Affine, nir.Linear, nir.LIF, nir.CubaLIF, nir.IF, nir.LI)
+    supported = (nir.Input, nir.Output, nir.Affine, nir.Linear, *{t for m in MAPPINGS.values() for t in m.node_types})
     for name, node in nodes.items():
         if not isinstance(node, supported):
             raise NIRImportError(f"node '{name}': NIR {type(node).__name__} is not supported by spikerec "
@@ -317,7 +244,7 @@ def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None
     inputs = [k for k, v in nodes.items() if isinstance(v, nir.Input)]
     if len(inputs) != 1:
         raise NIRImportError(f"graph needs exactly one Input node, found {inputs}")
-    neuron_t = (nir.LIF, nir.CubaLIF, nir.IF)
+    neuron_t = SPIKING_NODE_TYPES
 
     def rec_partner(name):
         for w in succ[name]:
@@ -339,8 +266,7 @@ def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None
                 raise NIRImportError("graph has no spiking layer")
             n = cells[-1].hidden_size
             ro_cell = LeakyReadout(n, n, tau=None, bias=False)
-            with torch.no_grad():
-                ro_cell.weight.copy_(torch.eye(n))
+            assign_params(ro_cell, weight=torch.eye(n))
             readout_mode = readout_mode or "mean"
             break
         W, b = _weight_of(nodes[wname], wname)
@@ -351,49 +277,24 @@ def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None
         nname = succ[wname][0]
         node = nodes[nname]
         n = W.shape[0]
-        if isinstance(node, nir.Output) or isinstance(node, nir.LI):
-            if isinstance(node, nir.LI):
-                tau, r = _arr(node, nname, "tau", n), _arr(node, nname, "r", n)
-                v_leak = _arr(node, nname, "v_leak", n)
-                alpha = _alpha(tau, dt, nname)
-                g = r * dt / tau
-                W, b = W * g[:, None], b * g + dt / tau * v_leak
-                leaky = bool(np.any(alpha > 0))
-                ro_cell = LeakyReadout(W.shape[1], n, tau=_model_tau(alpha) if leaky else None)
+        if isinstance(node, nir.Output) or MAPPINGS["readout"].claims(node, {}):
+            if isinstance(node, nir.Output):
+                ro_cell = LeakyReadout(W.shape[1], n, tau=None)
+            else:
+                read = MAPPINGS["readout"].from_node(node, nname, n, dt, {})
+                W, b = W * read.gain[:, None], b * read.gain + read.offset
+                ro_cell = read.build(W.shape[1], n, b, False)
                 if len(succ[nname]) != 1 or not isinstance(nodes[succ[nname][0]], nir.Output):
                     raise NIRImportError(f"node '{nname}': an LI readout must be followed by the Output node")
-            else:
-                ro_cell = LeakyReadout(W.shape[1], n, tau=None)
-            with torch.no_grad():
-                ro_cell.weight.copy_(torch.tensor(W))
-                ro_cell.bias.copy_(torch.tensor(b))
+            assign_params(ro_cell, weight=torch.tensor(W), bias=torch.tensor(b))
             readout_mode = readout_mode or gmeta.get("readout_mode", "mean")
             break
-        if not isinstance(node, neuron_t):
+        mapping = mapping_for_node(node)
+        if not isinstance(node, neuron_t) or mapping is None:
             raise NIRImportError(f"node '{nname}': expected a neuron (LIF, CubaLIF, IF) after '{wname}', got {type(node).__name__}")
-        meta = dict(getattr(node, "metadata", {}) or {})
-        reset = meta.get("reset", "zero")
-        thr = _arr(node, nname, "v_threshold", n)
-        v_reset = _arr(node, nname, "v_reset", n) if getattr(node, "v_reset", None) is not None else np.zeros(n)
-        if np.any(v_reset != 0):
-            raise NIRImportError(f"node '{nname}': v_reset != 0 is not supported (spikerec resets to 0 or subtracts)")
-        tau_syn = None
-        if isinstance(node, nir.IF):
-            r = _arr(node, nname, "r", n)
-            alpha, g, v_leak_term = np.ones(n), r, np.zeros(n)
-        elif isinstance(node, nir.LIF):
-            tau, r, v_leak = _arr(node, nname, "tau", n), _arr(node, nname, "r", n), _arr(node, nname, "v_leak", n)
-            alpha, g, v_leak_term = _alpha(tau, dt, nname), r * dt / tau, dt / tau * v_leak
-        else:
-            ts, tm = _arr(node, nname, "tau_syn", n), _arr(node, nname, "tau_mem", n)
-            r, w_in = _arr(node, nname, "r", n), _arr(node, nname, "w_in", n)
-            if np.any(_arr(node, nname, "v_leak", n) != 0):
-                raise NIRImportError(f"node '{nname}': field 'v_leak' of a CubaLIF must be 0 (spikerec's CUBA LIF has no leak "
-                                     "potential); got non-zero values")
-            alpha, alpha_s = _alpha(tm, dt, nname), _alpha(ts, dt, nname)
-            g, v_leak_term = (r * dt / tm) * (w_in * dt / ts), np.zeros(n)
-            tau_syn = _model_tau(alpha_s)
-        W, b = W * g[:, None], b * g + v_leak_term
+        read = mapping.from_node(node, nname, n, dt, dict(getattr(node, "metadata", {}) or {}))
+        g = read.gain
+        W, b = W * g[:, None], b * g + read.offset
         wr_name = rec_partner(nname)
         Wr = None
         if wr_name is not None:
@@ -407,26 +308,13 @@ def from_nir(graph_or_path, *, dt: float | None = None, readout_mode: str | None
         extra = [p for p in pred[nname] if p not in (wname, wr_name)]
         if extra:
             raise NIRImportError(f"node '{nname}': unsupported extra inputs {extra}")
-        common = dict(recurrent=Wr is not None, zero_diagonal=False)
-        if meta.get("spikerec_kind") == "alif":
-            rho = _alpha(np.asarray(meta["tau_adapt"], np.float64).reshape(-1), dt, nname)
-            cell = ALIF(W.shape[1], n, init_spread=0.0, bias=bool(np.any(b != 0)), **common)
-            with torch.no_grad():
-                cell.log_tau_mem.copy_(_model_tau(alpha).log())
-                cell.log_tau_adapt.copy_(_model_tau(rho).log())
-                cell.b.copy_(torch.tensor(np.asarray(meta["b"], np.float64).reshape(-1)))
-                cell.beta.copy_(torch.tensor(np.asarray(meta["beta"], np.float64).reshape(-1)))
-        else:
-            if reset not in ("zero", "subtract", "none"):
-                raise NIRImportError(f"node '{nname}': unknown reset '{reset}' in metadata")
-            cell = LIF(W.shape[1], n, tau_mem=_model_tau(alpha), tau_syn=tau_syn, threshold=torch.tensor(thr, dtype=torch.get_default_dtype()),
-                       reset=reset, bias=True, **common)
-        with torch.no_grad():
-            cell.weight.copy_(torch.tensor(W))
-            if cell.bias is not None:
-                cell.bias.copy_(torch.tensor(b))
-            if Wr is not None:
-                cell.recurrent_weight.copy_(torch.tensor(Wr))
+        cell = read.build(W.shape[1], n, b, Wr is not None)
+        weights = {"weight": torch.tensor(W)}
+        if cell.bias is not None:
+            weights["bias"] = torch.tensor(b)
+        if Wr is not None:
+            weights["recurrent_weight"] = torch.tensor(Wr)
+        assign_params(cell, **weights)
         if cells and cells[-1].hidden_size != W.shape[1]:
             raise NIRImportError(f"node '{wname}': takes {W.shape[1]} inputs but the previous layer has {cells[-1].hidden_size}")
         cells.append(cell)
@@ -440,10 +328,6 @@ def fold_lif_r(graph):
     """A copy of ``graph`` with each ``LIF`` node's ``r`` folded into its incoming Affine/Linear
     weights (``r = 1`` afterwards). Equivalent NIR semantics; needed by readers that ignore ``r``
     of ``LIF`` (Norse 1.1's ``from_nir`` warns and drops it)."""
-    import copy
-
-    import nir
-
     g = copy.deepcopy(graph)
     nodes = g.nodes
     for name, node in list(nodes.items()):
