@@ -22,7 +22,10 @@ when omitted). Every function returns all states ``x[T, ...]``.
   kernels (:mod:`spikerec.kernels.scan_triton`, complex numbers as split Re/Im);
   without Triton the torch version runs.
 
-  On the CPU, once a step covers >= ``SEQUENTIAL_MIN_WIDTH`` channels, each step is
+  On the CPU with ``a`` constant in time (the LRU's ``lambda``) and numba installed, the
+  default is a compiled work-efficient pass (:mod:`spikerec.kernels.scan_numba`): one
+  parallel region per call instead of one thread barrier per step. Without numba,
+  once a step covers >= ``SEQUENTIAL_MIN_WIDTH`` channels, each step is
   already compute-bound and the blocked scan's second pass costs more than the
   per-step overhead it saves; there ``linear_scan`` runs the work-efficient in-place
   sequential pass instead (same custom backward). Measured in ``BENCHMARKS.md``.
@@ -34,8 +37,11 @@ scan with ``conj(a)`` (PyTorch's convention ``z.grad = dL/dRe z + i dL/dIm z``):
     Gam_t = G_t + conj(a_{t+1}) Gam_{t+1},  Gam_T = 0   (reverse scan)
     dL/db_t = Gam_t,   dL/da_t = Gam_t conj(x_{t-1}),   dL/dx0 = conj(a_0) Gam_0
 
-so memory is the saved ``a`` and ``x`` only (LRU digest §2.3). Under ``torch.func``
-transforms a pure-autograd Hillis-Steele scan is used instead.
+so memory is the saved ``a`` and ``x`` only (the backward of a linear recurrence is the
+same recurrence run in reverse; Martin & Cundy 2018, Sec. 3). On the CPU's sequential
+path ``dL/da`` is accumulated inside that reverse loop, step by step, so neither
+``conj(x)`` nor the product ``Gam * conj(x)`` is written for the whole sequence. Under
+``torch.func`` transforms a pure-autograd Hillis-Steele scan is used instead.
 """
 from __future__ import annotations
 
@@ -44,9 +50,11 @@ import os
 
 import torch
 
+from .kernels import scan_numba as _nb
+
 __all__ = ["scan_loop", "linear_scan", "scan_hillis_steele", "chunk_length"]
 
-IMPLS = ("auto", "torch", "blocked", "sequential", "triton", "hillis_steele", "loop")
+IMPLS = ("auto", "torch", "numba", "blocked", "sequential", "triton", "hillis_steele", "loop")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -249,13 +257,27 @@ def _scan_dispatch(a, b, x0, reverse, impl):
     return _scan_torch(a, b, x0, reverse, impl if impl in ("blocked", "sequential") else "auto")
 
 
+def _use_numba(a, b, impl) -> bool:
+    if impl == "numba":
+        if b.device.type != "cpu":
+            raise ValueError(f"linear_scan(impl='numba'): needs CPU tensors, got {b.device}")
+        if not _nb.available():
+            raise RuntimeError("linear_scan(impl='numba'): the 'numba' package is not importable; use impl='torch'")
+        if not _nb.supported(a, b):
+            raise ValueError("linear_scan(impl='numba'): needs 'a' constant in time and a float32/64 or "
+                             f"complex64/128 dtype; got a {tuple(a.shape)}, dtype {b.dtype}")
+        return True
+    return impl == "auto" and os.environ.get("SPIKEREC_NUMBA", "1") != "0" and _nb.supported(a, b)
+
+
 class _LinearScan(torch.autograd.Function):
     """``x = scan(a, b, x0)`` with the reverse-scan backward (module docstring)."""
 
     @staticmethod
     def forward(ctx, a, b, x0, impl):
+        ctx.numba = _use_numba(a, b, impl)
         with torch.no_grad():
-            x = _scan_dispatch(a, b, x0, False, impl)
+            x = _nb.scan_forward(a, b, x0) if ctx.numba else _scan_dispatch(a, b, x0, False, impl)
         ctx.save_for_backward(a, x, x0 if x0 is not None else torch.empty(0))
         ctx.has_x0 = x0 is not None
         ctx.impl = impl
@@ -267,6 +289,18 @@ class _LinearScan(torch.autograd.Function):
         x0 = x0 if ctx.has_x0 else None
         g = g.contiguous()
         const = a.shape[0] == 1
+        if ctx.numba:
+            ga, gam = _nb.scan_backward(a, g, x, x0, ctx.needs_input_grad[0])
+            gx0 = None
+            if ctx.has_x0 and ctx.needs_input_grad[2]:
+                gx0 = (a[0].conj() * gam[0]).sum_to_size(x0.shape)
+            return ga, (gam if ctx.needs_input_grad[1] else None), gx0, None
+        if ctx.impl in ("auto", "torch", "sequential") and not _triton_ok(g) and _strategy(g, ctx.impl) == "sequential":
+            ga, gam = _seq_backward(a, g, x, x0, ctx.needs_input_grad[0])
+            gx0 = None
+            if ctx.has_x0 and ctx.needs_input_grad[2]:
+                gx0 = (a[0].conj() * gam[0]).sum_to_size(x0.shape)
+            return ga, (gam if ctx.needs_input_grad[1] else None), gx0, None
         if const:
             c = a.conj().resolve_conj()
         else:  # c_t = conj(a_{t+1}); c_{T-1} multiplies the zero final adjoint
@@ -293,6 +327,45 @@ class _LinearScan(torch.autograd.Function):
         return ga, gb, gx0, None
 
 
+def _seq_backward(a, g, x, x0, need_ga: bool):
+    """Work-efficient reverse pass (CPU, wide steps): ``Gam_t = G_t + conj(a_{t+1}) Gam_{t+1}``,
+    with ``dL/da`` accumulated inside the same loop (``sum_t Gam_t conj(x_{t-1})`` for an ``a``
+    constant in time), so no ``conj(x)`` and no product of size ``T`` is ever written.
+    Returns ``(dL/da summed to a's shape or None, Gam)``."""
+    T = g.shape[0]
+    const = a.shape[0] == 1
+    cplx = g.is_complex()
+    gam = torch.empty_like(g)
+    ac = a.conj().resolve_conj() if cplx else a  # [1, ...] or [T, ...]: small when constant
+    acc = torch.zeros(g.shape[1:], dtype=g.dtype, device=g.device) if (need_ga and const) else None
+    GA = torch.empty_like(g) if (need_ga and not const) else None
+    buf = torch.empty(g.shape[1:], dtype=g.dtype, device=g.device) if (need_ga and cplx) else None
+    prev = None
+    for t in range(T - 1, -1, -1):
+        if prev is None:
+            gam[t].copy_(g[t])
+        else:
+            torch.addcmul(g[t], ac[0] if const else ac[t + 1], prev, out=gam[t])
+        prev = gam[t]
+        if not need_ga:
+            continue
+        xp = x[t - 1] if t > 0 else x0
+        if xp is None:
+            if GA is not None:
+                GA[t].zero_()
+            continue
+        if cplx:
+            xp = torch.conj_physical(xp, out=buf)
+        if const:
+            acc.addcmul_(prev, xp)
+        else:
+            torch.mul(prev, xp, out=GA[t])
+    ga = None
+    if need_ga:
+        ga = (acc.unsqueeze(0) if const else GA).sum_to_size(a.shape)
+    return ga, gam
+
+
 def linear_scan(a: torch.Tensor, b: torch.Tensor, x0: torch.Tensor | None = None, *, impl: str = "auto") -> torch.Tensor:
     """All states of ``x_t = a_t * x_{t-1} + b_t`` over the leading time dim (real or complex).
 
@@ -300,7 +373,9 @@ def linear_scan(a: torch.Tensor, b: torch.Tensor, x0: torch.Tensor | None = None
         a: coefficients, broadcastable to ``b`` (``[T, ...]`` or constant in time).
         b: inputs ``[T, ...]``.
         x0: state before the first step, shape ``b.shape[1:]`` (zeros if ``None``).
-        impl: ``auto`` (Triton on CUDA when available, else ``torch``); ``torch`` (the
+        impl: ``auto`` (Triton on CUDA when available; on the CPU the compiled kernel of
+            :mod:`spikerec.kernels.scan_numba` when numba is installed and ``a`` is constant
+            in time; else ``torch``); ``numba`` to force that kernel; ``torch`` (the
             blocked scan, or on the CPU for >= ``SEQUENTIAL_MIN_WIDTH`` channels per step the
             in-place sequential pass, which is faster there); ``blocked`` or ``sequential``
             to force one; ``triton`` (also on CPU tensors under ``TRITON_INTERPRET=1``);

@@ -1,4 +1,5 @@
-"""Curse of memory (digest 000 §9 oracles): closed forms, the eq. 59 erratum, Monte Carlo,
+"""Curse of memory (Zucchet & Orvieto 2024, "Recurrent neural networks: vanishing and exploding gradients
+are not the end of the story", NeurIPS, §2.2, §3 and App. B): closed forms, the eq. 59 erratum, Monte Carlo,
 scaling laws, normalisation/reparametrisation, and measurements on spikerec cells."""
 import math
 
@@ -14,7 +15,7 @@ from spikerec.analysis import plots
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# --- closed forms: anchors (T1-T3) ---------------------------------------------------------------
+# --- closed forms: anchors (eq. 48; eqs. 57-58 with the corrected eq. 57 denominator; App. B.2) ---
 @pytest.mark.parametrize("lam,rho,expected", [(0.9 * np.exp(0.7j), 0.5, 8.16383), (0.9, 0.5, 13.8756),
                                               (0.99, 0.9, 871.79), (0.9, 0.99, 91.3085)])
 def test_forward_second_moment_anchors(lam, rho, expected):
@@ -26,7 +27,7 @@ def test_forward_second_moment_anchors(lam, rho, expected):
 def test_real_sensitivity_anchors(lam, rho, expected):
     got = cm.second_moment_dh_dlam(lam, rho)
     assert got == pytest.approx(expected, rel=2e-5)
-    l = lam  # the explicit real formula of digest 000 §2.4
+    l = lam  # eq. 58 (App. B.2.2) differentiated in closed form for real lambda (not the printed eq. 59)
     real = ((1 + l**2) * (1 - rho**2 * l**2) + 2 * rho * l * (1 - l**2)) / ((1 - l**2) ** 3 * (1 - rho * l) ** 2)
     assert got == pytest.approx(real, rel=1e-12)
 
@@ -67,7 +68,7 @@ def test_general_acf_forms_reduce_to_closed_forms():
         assert cm.second_moment_dh_dlam_acf(lam, acf) == pytest.approx(cm.second_moment_dh_dlam(lam, rho), rel=1e-9)
 
 
-# --- Monte Carlo (§9.0): the corrected form within 5%, eq. 59 not ------------------------------
+# --- Monte Carlo (AR(1) input, R(D) = rho^|D|, App. B.2): the corrected form within 5%, eq. 59 not ---
 @pytest.mark.parametrize("lam,rho", [(0.9, 0.5), (0.9 * np.exp(0.7j), 0.5), (0.7, 1.0), (0.8, 0.9)])
 def test_monte_carlo_matches_corrected_closed_form(lam, rho):
     mc = cm.monte_carlo_moments(lam, rho, n_chains=20000, seed=1)
@@ -77,7 +78,7 @@ def test_monte_carlo_matches_corrected_closed_form(lam, rho):
         assert abs(mc["dh2"] / cm.paper_eq59(lam, rho) - 1) > 0.15
 
 
-# --- scaling laws (T4) -------------------------------------------------------------------------
+# --- scaling laws as lambda -> 1 (derived from eqs. 48 and 58) ------------------------------------
 @pytest.mark.parametrize("rho", [0.0, 0.5, 0.9])
 def test_sensitivity_grows_as_one_minus_lambda_cubed(rho):
     lam = 1 - 10.0 ** -np.arange(2, 5)
@@ -97,7 +98,7 @@ def test_constant_input_slopes():
     assert cm.loglog_slope(1 - lam, cm.second_moment_dh_dlam(lam, 1.0)) == pytest.approx(-4, abs=1e-6)
 
 
-# --- normalisation and reparametrisation (T5) ----------------------------------------------------
+# --- normalisation and reparametrisation (§3.1, App. B.3) -----------------------------------------
 def test_gamma_normalisation_and_exp_parametrisation_keep_white_noise_sensitivity_bounded():
     lam = 1 - np.logspace(-6, -0.5, 40)
     assert np.allclose(cm.normalized_h2(lam, 0.0, "detached"), 1.0)

@@ -20,7 +20,7 @@ def test_latency_formula_and_rules():
     ref = [0.05 * math.log(v / (v - 0.2)) for v in (1.0, 0.5, 0.4, 0.25)]
     assert torch.allclose(t[:4], torch.tensor(ref, dtype=torch.float64), rtol=0, atol=1e-15)
     assert torch.isinf(t[4:]).all()                                    # x <= theta never spikes
-    assert abs(ref[0] - 0.01116) < 1e-4 and abs(ref[3] - 0.08047) < 1e-4  # digest 002 §6.1 anchors
+    assert abs(ref[0] - 0.01116) < 1e-4 and abs(ref[3] - 0.08047) < 1e-4  # T(1), T(0.25); Herranz-Celotti & Rouat 2024, Sec. II-F
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         latency_times(torch.tensor([1.5]), 1.0, 0.2)
 

@@ -1,4 +1,5 @@
-"""Transition Jacobians: analytic blocks (digest 002 §8.5), chain-rule references through
+"""Transition Jacobians: analytic blocks (derived from the cell updates, e.g. the ALIF of Herranz-Celotti &
+Rouat 2024, "Stabilizing RNN gradients through pre-training", App. H, eq. 49), chain-rule references through
 ``model.step``, the matrix-free operators, gradients, and clear errors."""
 import pytest
 import torch

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spikerec.layers import ALIF, LIF, LeakyReadout
+from spikerec.layers.base import value_checks
 
 F64 = torch.float64
 
@@ -191,7 +192,17 @@ def test_bad_construction(make, match):
 ])
 def test_bad_input(x, match):
     for cell in (LIF(3, 4), ALIF(3, 4)):
-        with pytest.raises((ValueError, TypeError), match=match):
+        with pytest.raises((ValueError, TypeError), match=match), value_checks(True):  # NaN: an explicit option
             cell(x)
     with pytest.raises(ValueError, match=r"expected shape \[B, 3\]"):
         LIF(3, 4).step(torch.randn(3), LIF(3, 4).initial_state(1))
+
+
+def test_nan_check_is_off_the_hot_path_by_default():
+    """Without the option a forward never reads the data to look for NaN (no host sync on CUDA); with it, it does."""
+    x = torch.full((4, 2, 3), float("nan"))
+    z, _ = LIF(3, 4)(x)
+    assert z.shape == (4, 2, 4)
+    with value_checks(True), pytest.raises(ValueError, match="LIF input: contains NaN"):
+        LIF(3, 4)(x)
+    LIF(3, 4)(x)  # the option ends with its block

@@ -1,5 +1,6 @@
 """LSC pre-training: convergence in expectation on small random data, multiplier,
-shuffling, report, clear errors and divergence handling (digest 002 §3-4)."""
+shuffling, report, clear errors and divergence handling (Herranz-Celotti & Rouat 2024, "Stabilizing RNN
+gradients through pre-training", Sec. II-D, II-G and App. H)."""
 import json
 
 import pytest

@@ -1,4 +1,5 @@
-"""Lyapunov spectra by the QR method (digest 004 §2.4, oracles T1-T3) for WCRNN and other cells."""
+"""Lyapunov spectra by the QR method (Dubinin & Effenberger 2024, "Fading memory as inductive bias in residual
+recurrent networks", App. A, Algorithm 1; weak-coupling prediction eq. 13) for WCRNN and other cells."""
 import math
 
 import numpy as np
@@ -38,7 +39,8 @@ def test_zero_coupling_gives_log_abs_eig_of_residual(residual):
 
 @pytest.mark.parametrize("gamma", [1e-3, 1e-2])
 def test_weak_coupling_stays_within_the_perturbation_bound(gamma):
-    """T2: every finite-time exponent lies in [log(r - g||W||), log(r + g||W||)] (R = r * orthogonal)."""
+    """Derived from eq. 11 (J_t = R + g D_t W, |tanh'| <= 1): every finite-time exponent lies in
+    [log(r - g||W||), log(r + g||W||)] (R = r * orthogonal)."""
     r = 0.995
     cell = WCRNN(1, 16, residual="rotation", phi=2 * math.pi / 28, r=r, gamma=gamma, seed=1).double()
     res = lyapunov_spectrum(cell, _inputs(300, 2), jacobian="analytic")
@@ -58,7 +60,7 @@ def test_deviation_from_residual_prediction_shrinks_linearly_with_gamma():
 
 
 def test_volume_identity_for_several_cells():
-    """T3: the exponents sum to the average log|det J_t| (QR bookkeeping), any cell."""
+    """Follows from eq. (A.3): the exponents sum to the average log|det J_t| (QR bookkeeping), any cell."""
     from spikerec.layers import ALIF, LIF
 
     cells = [WCRNN(2, 10, residual="informed", gamma=0.05, variant="B", seed=0),

@@ -78,7 +78,8 @@ def test_spike_forward_is_strict_heaviside_and_backward_is_derivative(name, opts
 
 
 def test_lsc_paper_values():
-    # digest 002 §5.1: gamma/(1+|2 omega v|)^2, omega=1, gamma=0.5 -> 0.5, 0.222, 0.125, 0.0556
+    # Herranz-Celotti & Rouat 2024, App. H: dH/dv = gamma f(omega v), f the fast-sigmoid derivative, omega=1,
+    # gamma=0.5; written gamma/(1+|2 omega v|)^2 as in the authors' code -> 0.5, 0.222, 0.125, 0.0556
     sur = get_surrogate("fast_sigmoid", slope=2.0, scale=0.5)
     got = sur.derivative(torch.tensor([0.0, 0.25, 0.5, 1.0], dtype=torch.float64))
     torch.testing.assert_close(got, torch.tensor([0.5, 0.2222222, 0.125, 0.0555556], dtype=torch.float64), atol=1e-6, rtol=0)

@@ -1,4 +1,6 @@
-"""Theory oracles of the LSC paper (digest 002 §8)."""
+"""Theory of the LSC paper (Herranz-Celotti & Rouat 2024, "Stabilizing RNN gradients through pre-training"):
+Theorem 1 (Sec. II-B), Lemma 1 and Corollary 1 (Sec. II-C, App. B, eqs. 24-26), Lemma 2 (Sec. III-B, App. C,
+eqs. 27-33) and the toy d-RNN of Fig. 1c (Sec. III-B)."""
 import math
 from math import comb
 
@@ -31,7 +33,7 @@ def test_grid_path_counts_and_lemma2_identity():
 
 
 def test_theorem1_bounds():
-    # digest §8.3 magnitudes
+    # magnitudes of (1/T) C(T + dl + 2, T), eq. 29 (App. C), evaluated
     assert math.isclose(thm1_bound_rho1(100, 5), 2.61e8, rel_tol=5e-3)
     assert math.isclose(thm1_bound_rho1(20, 20), 2.57e10, rel_tol=5e-3)
     assert math.isclose(thm1_bound_rho1(40, 40), 1.04e22, rel_tol=5e-3)
@@ -71,7 +73,8 @@ def test_pascal_rnn_eq1_convention():
 
 
 def test_expected_radius_of_initialisations():
-    # digest §8.2: Glorot 1.065/1.047, He+ReLU mask 1.050/1.057 (n = 64/128; 200 draws)
+    # Corollary 1 (Sec. II-C, App. B, eq. 24): E rho ~ 1; measured means (seed 0): Glorot 1.065/1.047,
+    # He+ReLU mask 1.050/1.057 (n = 64/128; 200 draws)
     for n, draws, glorot_ref, he_ref in ((64, 200, 1.065, 1.050), (128, 100, 1.047, 1.057)):
         m, _ = expected_radius("glorot_uniform", n, draws=draws, seed=0)
         assert abs(m - 1) < 0.1 and abs(m - glorot_ref) < 0.02

@@ -28,13 +28,19 @@ def test_resume_after_kill_is_bit_identical(tmp_path, capsys):
     # 9 steps per epoch (1078 / 128): stop at step 13, in the middle of epoch 2; the newest
     # checkpoint is step 10, so 3 steps are replayed after the resume.
     assert main(["train", *SMALL, "--out", str(b), "--stop-after-steps", "13"]) == 0
-    assert "stopped after 13 steps" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stopped after 13 steps" in out and f"continue with: spikerec train --resume {b}" in out
     assert not (b / "model.safetensors").exists()
     state = json.loads((b / "checkpoints" / "latest.json").read_text())
-    assert state["step"] == 10
+    assert state["step"] == 13  # the stop wrote a checkpoint
+    # Corrupt that newest checkpoint (as a crash of the disk could): the resume falls back to the
+    # intact step-10 checkpoint, says so, and replays 3 steps.
+    bad = b / "checkpoints" / "step-00000013" / "state.safetensors"
+    bad.write_bytes(bad.read_bytes()[:100])
     assert main(["train", "--resume", str(b), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "resuming" in out and "test accuracy" in out
+    assert "step-00000013 cannot be used" in out and "step-00000010" in out
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert wa.keys() == wb.keys()
     for k in wa:
@@ -43,3 +49,27 @@ def test_resume_after_kill_is_bit_identical(tmp_path, capsys):
     assert ra == rb  # no duplicated or missing rows after the resume
     assert sum(r["kind"] == "epoch" for r in rb) == 2
     assert (b / "metrics.csv").read_text().count("\n") == 3
+
+
+def test_resume_from_an_epoch_end_checkpoint_is_bit_identical(tmp_path):
+    """A checkpoint written at an epoch's end precedes the next epoch's DataLoader iterator, whose
+    creation draws from the global RNG; the resume must restore the RNG before that draw."""
+    import shutil
+
+    a = tmp_path / "a"
+    assert main(["train", *SMALL, "--set", "train.keep_checkpoints=100", "--out", str(a)]) == 0
+    c = tmp_path / "c"
+    shutil.copytree(a, c)
+    # 9 steps per epoch: step-00000009 is the checkpoint of epoch 1's end (batch_in_epoch 0)
+    state = json.loads((c / "checkpoints" / "step-00000009" / "state.json").read_text())
+    assert state["epoch"] == 1 and state["batch_in_epoch"] == 0
+    for p in (c / "checkpoints").glob("step-*"):
+        if p.name > "step-00000009":
+            shutil.rmtree(p)
+    for name in ("model.safetensors", "model.json", "summary.json", "checkpoints/latest.json"):
+        (c / name).unlink(missing_ok=True)
+    assert main(["train", "--resume", str(c), "--quiet"]) == 0
+    wa, wc = load_file(str(a / "model.safetensors")), load_file(str(c / "model.safetensors"))
+    for k in wa:
+        assert torch.equal(wa[k], wc[k]), k
+    assert _records(a) == _records(c)

@@ -1,4 +1,5 @@
-"""WCRNN cell, residual constructions and the weakly coupled Elman initialisation (digest 004 §4)."""
+"""WCRNN cell, residual constructions and the weakly coupled Elman initialisation (Dubinin & Effenberger 2024,
+"Fading memory as inductive bias in residual recurrent networks", Sec. 3-4, eqs. 11 and 16-19)."""
 import math
 
 import numpy as np
@@ -16,7 +17,7 @@ from spikerec.analysis.wcrnn import (VARIANTS, WCRNN, block_rotation, characteri
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# --- residuals (T10, T11, informed) ---------------------------------------------------------------
+# --- residuals (eq. 16, eq. 17, the informed heterogeneous residual of Sec. 4.3) ------------------
 def test_block_rotation_is_a_rotation_with_the_right_eigenvalues():
     phis = torch.tensor([0.1, 1.0, 2.5])
     R = block_rotation(phis)
@@ -67,13 +68,13 @@ def test_type_b_equals_elman_rnn():
     y_cell, _ = cell(x)
     y_rnn, _ = rnn(x)
     assert torch.allclose(y_cell, y_rnn, atol=1e-12)
-    assert y_cell.abs().max() < 1  # T6: type B states live in (-1, 1)
+    assert y_cell.abs().max() < 1  # eq. 19 applies tanh last: type B states live in (-1, 1)
     with pytest.raises(ValueError, match="type-B"):
         WCRNN(2, 4, variant="linear").to_elman()
 
 
 def test_elman_sgd_with_lr_gamma_squared_follows_the_same_iterates():
-    """T8: training W in W_hh = R + g W at lr eta == training W_hh directly at lr eta g^2."""
+    """Derived from eq. 19 (Sec. 4.4): training W in W_hh = R + g W at lr eta == training W_hh directly at lr eta g^2."""
     g, eta = 0.05, 0.3
     cell = WCRNN(2, 6, residual="identity", r=0.99, gamma=g, variant="B", seed=1).double()
     rnn = cell.to_elman()
@@ -105,7 +106,8 @@ def test_weakly_coupled_elman_init():
 
 
 def test_linear_state_bounds_and_no_tanh_superposition():
-    """T6 (diagonal r < 1: |x_t| <= g (1 - r^t)/(1 - r)) and T12 (the no-tanh model is affine)."""
+    """Derived from eq. 11 with R = diag(r) (eq. 17), r < 1: |x_t| <= g (1 - r^t)/(1 - r); and the no-tanh
+    WCRNN of Table 2 is affine in the input."""
     r = torch.linspace(0.8, 0.99, 8)
     cell = WCRNN(1, 8, residual="diagonal", r=r, gamma=0.02, seed=2).double()
     x = torch.randn(100, 3, 1, dtype=torch.float64) * 5
@@ -122,7 +124,8 @@ def test_linear_state_bounds_and_no_tanh_superposition():
 
 
 def test_build_model_registers_wcrnn_and_parameter_counts():
-    """T15: 11,310 trainable parameters for N = 100 on sMNIST (1 input, 10 classes), 10,501 on ADD."""
+    """Counted from eq. 11 with trainable biases and fixed R, gamma (Sec. 3-4): 11,310 trainable parameters for
+    N = 100 on sMNIST (1 input, 10 classes), 10,501 on ADD."""
     import spikerec.analysis.wcrnn  # noqa: F401  (registers the kind)
     from spikerec.models import CELL_KINDS, build_model
 

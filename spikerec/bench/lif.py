@@ -1,13 +1,33 @@
-"""``spikerec bench lif``: forward + backward of one Linear + one LIF layer.
+"""``spikerec bench lif``: forward + backward of a LIF layer against its peers, fairly.
 
-spikerec, snnTorch and Norse run side by side (T=500, B=16, N=512, float32 by default).
-Each library runs in its own subprocess, so its peak resident memory is its own. The
-peers get their best case: the Linear is applied to the whole sequence at once, then
-their per-step neuron is looped (snnTorch ``Leaky``, Norse ``LIFBoxCell``, the neuron
-each library offers without a synaptic current). "LIF part" times the neuron alone
-(given the input currents); its achieved bandwidth counts the minimal traffic of the
-layer: read the currents and write the spikes forward, read the spike gradients and
-write the current gradients backward (4 tensors of ``T*B*N`` floats).
+Every contender runs in its fastest documented form, in one process, interleaved
+(round-robin over contenders, ``--reps`` rounds after a warm-up round); the minimum
+per contender is reported, with its spike rate (so that no one wins by spiking less)
+and the bytes its forward saves for the backward (counted with
+``torch.autograd.graph.saved_tensors_hooks``, each storage once).
+
+Part 1, the neuron alone (input currents ``I[T, B, N]`` given, requiring grad; one
+backward with a fixed random output gradient):
+
+* ``spikerec``: :class:`spikerec.kernels.lif_sequence.LIFSequence` (compiled CPU kernel
+  for a feed-forward layer when numba is installed);
+* ``spikerec-torch``: the same kernel, torch loop forced;
+* ``plain loop``: the LIF equations over ``I.unbind(0)`` with a surrogate spike;
+* ``snntorch``: ``snn.Leaky`` over ``I.unbind(0)`` (indexing ``I[t]`` inside the loop makes
+  every step's backward allocate a zero tensor of the whole sequence);
+* ``norse``: ``LIFBoxCell`` over ``I.unbind(0)``; ``norse LIF``: Norse's sequence module
+  ``norse.torch.LIF`` (current-based: one more state than the others);
+* ``spikingjelly``: ``LIFNode(step_mode="m")``, its multi-step torch backend on the CPU;
+* ``copy``: a clone of the four ``T*B*N`` tensors a neuron must move (read currents, write
+  spikes; read spike gradients, write current gradients), the bandwidth floor.
+
+Part 2, the whole layer ``Linear + LIF`` from input spikes ``x`` (weights require grad):
+each peer's Linear runs on the whole sequence at once, then its neuron; ``Linear`` alone is
+the floor. Part 3, an ALIF layer with 512 recurrent units: spikerec's fused kernel against a
+plain loop of the same equations. Dynamics are matched (``alpha = 0.95``, threshold 1,
+subtractive reset where the library has it; Norse's inputs are scaled by
+``1 / (dt tau_mem_inv)``; Norse resets to zero; SpikingJelly subtracts the threshold before
+the decay, so it spikes slightly more). The printed spike rates show what each one did.
 """
 from __future__ import annotations
 
@@ -15,140 +35,275 @@ import argparse
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
 import time
 import warnings
 
+import torch
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+from ..atomic import atomic_write_text
 
 
-def _worker(lib: str, T: int, B: int, N: int, reps: int, threads: int) -> dict:
-    import torch
+def saved_bytes(fn) -> int:
+    """Bytes of the tensors autograd saves while ``fn()`` runs (each storage counted once)."""
+    seen = {}
 
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    x = (torch.rand(T, B, N) < 0.1).float()
-    beta = 0.95
-    if lib == "spikerec":
-        from spikerec.layers import LIF
+    def pack(t):
+        try:
+            key = (t.untyped_storage().data_ptr(), t.dtype)
+            seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
+            pass
+        return t
 
-        cell = LIF(N, N, tau_mem=-1.0 / torch.log(torch.tensor(beta)).item(), reset="subtract", learn_tau=False)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
 
-        def full():
-            z, _ = cell(x)
-            return z
 
-        def neuron(I):
-            from spikerec.layers._lif_kernel import LIFSequence
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
-            alpha, _ = cell.decays()
-            z, _, _ = LIFSequence.apply(I, torch.zeros(B, N), None, alpha.detach(), None, cell.threshold.detach(),
-                                        None, cell.surrogate, "subtract", True)
-            return z
-    elif lib == "snntorch":
+
+def _interleaved(contenders: dict, reps: int) -> dict:
+    """``{name: min seconds}`` over ``reps`` round-robin rounds after one warm-up round."""
+    for fn in contenders.values():
+        fn()
+    best = {k: float("inf") for k in contenders}
+    for _ in range(reps):
+        for k, fn in contenders.items():
+            best[k] = min(best[k], _time(fn))
+    return best
+
+
+def _neuron_contenders(T, B, N, beta, libs):
+    """``{name: (make_forward(I) -> spikes, input scale)}``."""
+    from ..kernels.lif_sequence import LIFSequence
+    from ..surrogate import get_surrogate
+
+    sur = get_surrogate("fast_sigmoid", slope=25.0)
+    alpha = torch.full((N,), beta)
+    thr = torch.ones(N)
+    v0 = torch.zeros(B, N)
+    out = {}
+
+    def spikerec_impl(impl):
+        return lambda I: LIFSequence.apply(I, v0, None, alpha, None, thr, None, sur, "subtract", True, impl)[0]
+
+    out["spikerec"] = (spikerec_impl("auto"), 1.0)
+    out["spikerec-torch"] = (spikerec_impl("torch"), 1.0)
+
+    def plain(I):
+        mem = torch.zeros(B, N)
+        spk = torch.zeros(B, N)
+        spikes = []
+        for it in I.unbind(0):
+            mem = beta * mem + it - spk.detach()
+            spk = sur(mem - 1.0)
+            spikes.append(spk)
+        return torch.stack(spikes)
+
+    out["plain loop"] = (plain, 1.0)
+    if "snntorch" in libs:
         import snntorch as snn
 
-        fc = torch.nn.Linear(N, N)
         lif = snn.Leaky(beta=beta, threshold=1.0, reset_mechanism="subtract")
 
-        def neuron(I):
-            mem = torch.zeros(B, N)
-            out = []
-            for t in range(T):
-                spk, mem = lif(I[t], mem)
-                out.append(spk)
-            return torch.stack(out)
+        def snn_fwd(I):
+            mem = lif.init_leaky()
+            spikes = []
+            for it in I.unbind(0):
+                spk, mem = lif(it, mem)
+                spikes.append(spk)
+            return torch.stack(spikes)
 
-        def full():
-            return neuron(fc(x))
-    elif lib == "norse":
+        out["snntorch"] = (snn_fwd, 1.0)
+    if "norse" in libs:
         import norse.torch as nt
 
-        fc = torch.nn.Linear(N, N)
-        p = nt.LIFBoxParameters(tau_mem_inv=torch.tensor((1 - beta) / 1e-3), v_th=torch.tensor(1.0))
-        cellN = nt.LIFBoxCell(p, dt=1e-3)
+        dt = 1e-3
+        inv = (1 - beta) / dt
+        cell = nt.LIFBoxCell(nt.LIFBoxParameters(tau_mem_inv=torch.tensor(inv), v_th=torch.tensor(1.0)), dt=dt)
 
-        def neuron(I):
+        def norse_fwd(I):
             s = None
-            out = []
-            for t in range(T):
-                z, s = cellN(I[t], s)
-                out.append(z)
-            return torch.stack(out)
+            spikes = []
+            for it in I.unbind(0):
+                z, s = cell(it, s)
+                spikes.append(z)
+            return torch.stack(spikes)
 
-        def full():
-            return neuron(fc(x))
-    else:
-        raise ValueError(lib)
+        out["norse"] = (norse_fwd, 1.0 / (dt * inv))
+        seq = nt.LIF(nt.LIFParameters(tau_mem_inv=torch.tensor(inv), tau_syn_inv=torch.tensor(1.0 / dt)), dt=dt)
+        out["norse LIF"] = (lambda I: seq(I)[0], 1.0 / (dt * inv))
+    if "spikingjelly" in libs:
+        try:
+            from spikingjelly.activation_based import functional as sjf
+            from spikingjelly.activation_based import neuron as sjn
+            from spikingjelly.activation_based import surrogate as sjs
+        except ImportError:
+            print("spikingjelly not installed (pip install 'spikerec[bench]'); skipped", file=sys.stderr)
+        else:
+            node = sjn.LIFNode(tau=1.0 / (1.0 - beta), decay_input=False, v_reset=None, detach_reset=True,
+                               surrogate_function=sjs.Sigmoid(), step_mode="m")
 
-    def run_full():
-        z = full()
-        z.sum().backward()
+            def sj_fwd(I):
+                sjf.reset_net(node)
+                return node(I)
 
+            out["spikingjelly"] = (sj_fwd, 1.0)
+    return out
+
+
+def _bench_neurons(a, libs):
+    T, B, N = a.T, a.B, a.N
+    torch.manual_seed(0)
     I0 = torch.randn(T, B, N) * 0.5 + 0.3
+    gz = torch.randn(T, B, N)
+    cont = _neuron_contenders(T, B, N, 0.95, libs)
+    runs, rates, saved = {}, {}, {}
+    for name, (fwd, scale) in cont.items():
+        Iin = (I0 * scale).contiguous()
 
-    def run_neuron():
-        I = I0.clone().requires_grad_()
-        z = neuron(I)
-        z.backward(torch.ones_like(z))
+        def run(fwd=fwd, Iin=Iin):
+            I = Iin.detach().requires_grad_()
+            z = fwd(I)
+            z.backward(gz)
+            return z
 
-    base = _rss_mb()
-    run_full()  # warm-up
-    run_neuron()
-    tf, tn = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run_full()
-        tf.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        run_neuron()
-        tn.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"lib": lib, "full_s": min(tf), "neuron_s": min(tn), "peak_rss_mb": peak, "base_rss_mb": base}
+        runs[name] = run
+        with torch.no_grad():
+            rates[name] = float(fwd(Iin).float().mean())
+        saved[name] = saved_bytes(lambda fwd=fwd, Iin=Iin: fwd(Iin.detach().requires_grad_()))
+    src = torch.empty(T, B, N)
+    dst = torch.empty(T, B, N)
+    runs["copy"] = lambda: (dst.copy_(src), dst.copy_(src))
+    rates["copy"], saved["copy"] = float("nan"), 0
+    best = _interleaved(runs, a.reps)
+    return best, rates, saved
+
+
+def _bench_layers(a, libs):
+    T, B, N = a.T, a.B, a.N
+    from ..layers import LIF
+
+    torch.manual_seed(0)
+    x = (torch.rand(T, B, N) < 0.1).float()
+    gz = torch.randn(T, B, N)
+    beta = 0.95
+    cell = LIF(N, N, tau_mem=-1.0 / torch.log(torch.tensor(beta)).item(), reset="subtract", learn_tau=False)
+    cont = {"spikerec": (lambda xx: cell(xx)[0], 1.0)}
+    for name, v in _neuron_contenders(T, B, N, beta, libs).items():
+        if name in ("plain loop", "snntorch", "norse", "spikingjelly"):
+            cont[name] = v
+    runs, rates, saved = {}, {}, {}
+    for name, (neuron, scale) in cont.items():
+        if name == "spikerec":
+            fwd = neuron
+        else:
+            fc = torch.nn.Linear(N, N)
+            with torch.no_grad():
+                fc.weight.copy_(cell.weight * scale)
+                fc.bias.copy_(cell.bias * scale)
+            fwd = lambda xx, fc=fc, neuron=neuron: neuron(fc(xx))  # noqa: E731
+        runs[name] = lambda fwd=fwd: fwd(x).backward(gz)
+        with torch.no_grad():
+            rates[name] = float(fwd(x).mean())
+        saved[name] = saved_bytes(lambda fwd=fwd: fwd(x))
+    fc0 = torch.nn.Linear(N, N)
+    runs["Linear alone"] = lambda: fc0(x).backward(gz)
+    rates["Linear alone"], saved["Linear alone"] = float("nan"), saved_bytes(lambda: fc0(x))
+    return _interleaved(runs, a.reps), rates, saved
+
+
+def _bench_alif(a):
+    from ..layers import ALIF
+
+    T, B, N = a.T, a.B, a.alif_n
+    torch.manual_seed(0)
+    cell = ALIF(N, N, tau_mem=20.0, tau_adapt=100.0, b=1.0, beta=0.5, recurrent=True)
+    x = (torch.rand(T, B, N) < 0.1).float() * 3.0
+    gz = torch.randn(T, B, N)
+    sur = cell.surrogate
+
+    def plain():
+        alpha, rho = cell.decays()
+        w_t = cell.effective_recurrent_weight().t()
+        I = cell.input_current(x)
+        v = torch.zeros(B, N)
+        ad = torch.zeros(B, N)
+        z = torch.zeros(B, N)
+        spikes = []
+        for it in I.unbind(0):
+            ad = rho * ad + (1.0 - rho) * z
+            theta = cell.b + cell.beta * ad
+            v = alpha * v + it + z @ w_t - (theta * z).detach()
+            z = sur(v - theta)
+            spikes.append(z)
+        return torch.stack(spikes)
+
+    cont = {"spikerec fused": lambda: cell(x)[0], "plain loop": plain}
+    runs = {k: (lambda f=f: f().backward(gz)) for k, f in cont.items()}
+    rates = {}
+    for k, f in cont.items():
+        with torch.no_grad():
+            rates[k] = float(f().mean())
+    saved = {k: saved_bytes(f) for k, f in cont.items()}
+    return _interleaved(runs, a.reps), rates, saved
+
+
+def _print(title, best, rates, saved, ref, unit_ref_name):
+    print(title)
+    print(f"  {'contender':<16} {'ms':>9} {'x ' + unit_ref_name:>14} {'spike rate':>11} {'saved MB':>9}")
+    for k, s in best.items():
+        r = rates.get(k, float("nan"))
+        rs = "-" if r != r else f"{r:.4f}"
+        print(f"  {k:<16} {1e3 * s:>9.1f} {s / best[ref]:>14.2f} {rs:>11} {saved.get(k, 0) / 2**20:>9.1f}")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="spikerec bench lif", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="spikerec bench lif", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=500)
     ap.add_argument("--B", type=int, default=16)
     ap.add_argument("--N", type=int, default=512)
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions (the minimum is reported)")
+    ap.add_argument("--alif-n", type=int, default=512, help="recurrent units of the ALIF part")
+    ap.add_argument("--reps", type=int, default=5, help="timed rounds (the minimum is reported)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--libs", default="spikerec,snntorch,norse")
+    ap.add_argument("--libs", default="snntorch,norse,spikingjelly", help="peers to include (comma list)")
+    ap.add_argument("--parts", default="neuron,layer,alif", help="which parts to run (comma list)")
     ap.add_argument("--json", help="also write the results to this JSON file")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.worker:
-        print(json.dumps(_worker(a.worker, a.T, a.B, a.N, a.reps, a.threads)))
-        return 0
-    rows = []
-    for lib in a.libs.split(","):
-        cmd = [sys.executable, "-m", "spikerec.bench.lif", "--worker", lib, "--T", str(a.T), "--B", str(a.B),
-               "--N", str(a.N), "--reps", str(a.reps), "--threads", str(a.threads)]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:
-            print(f"{lib}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
-            continue
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    if not rows:
-        return 1
-    ref = next((r for r in rows if r["lib"] == "spikerec"), rows[0])
-    nbytes = 4 * a.T * a.B * a.N * 4
-    print(f"Linear + LIF forward+backward, T={a.T} B={a.B} N={a.N} float32, {a.threads} threads, "
-          f"{platform.processor() or platform.machine()}")
-    print(f"{'library':<10} {'full ms':>9} {'x spikerec':>11} {'LIF-part ms':>12} {'x spikerec':>11} {'LIF GB/s':>9} {'peak RSS MB':>12}")
-    for r in rows:
-        print(f"{r['lib']:<10} {1e3*r['full_s']:>9.1f} {r['full_s']/ref['full_s']:>11.2f} {1e3*r['neuron_s']:>12.1f} "
-              f"{r['neuron_s']/ref['neuron_s']:>11.2f} {nbytes/r['neuron_s']/1e9:>9.2f} {r['peak_rss_mb']:>12.0f}")
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(a.threads)
+    libs = set(filter(None, a.libs.split(",")))
+    parts = set(a.parts.split(","))
+    print(f"T={a.T} B={a.B} N={a.N} float32, {a.threads} threads, {platform.processor() or platform.machine()}, "
+          f"torch {torch.__version__}; minimum of {a.reps} interleaved rounds after a warm-up")
+    result = {"T": a.T, "B": a.B, "N": a.N, "threads": a.threads}
+    if "neuron" in parts:
+        best, rates, saved = _bench_neurons(a, libs)
+        peers = [k for k in best if k not in ("spikerec", "spikerec-torch", "copy")]
+        fastest = min(peers, key=best.get)
+        _print("LIF neuron part (currents given), forward + backward:", best, rates, saved, "spikerec", "spikerec")
+        print(f"  fastest other: {fastest}; spikerec is {best[fastest] / best['spikerec']:.2f}x faster; "
+              f"{best['spikerec'] / best['copy']:.2f}x the copy of the same bytes")
+        result["neuron"] = {"ms": {k: 1e3 * v for k, v in best.items()}, "rate": rates, "saved_bytes": saved}
+    if "layer" in parts:
+        best, rates, saved = _bench_layers(a, libs)
+        _print("Linear + LIF layer from input spikes, forward + backward:", best, rates, saved, "Linear alone", "Linear")
+        result["layer"] = {"ms": {k: 1e3 * v for k, v in best.items()}, "rate": rates, "saved_bytes": saved}
+    if "alif" in parts:
+        best, rates, saved = _bench_alif(a)
+        _print(f"ALIF, {a.alif_n} recurrent units, forward + backward:", best, rates, saved, "spikerec fused",
+               "fused")
+        print(f"  fused is {best['plain loop'] / best['spikerec fused']:.2f}x the plain loop")
+        result["alif"] = {"ms": {k: 1e3 * v for k, v in best.items()}, "rate": rates, "saved_bytes": saved}
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"T": a.T, "B": a.B, "N": a.N, "threads": a.threads, "rows": rows}, f, indent=1)
+        atomic_write_text(a.json, json.dumps(result, indent=1))
     return 0
 
 

@@ -4,8 +4,11 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
 128, 256 and smaller nets), one gradient of a per-step MSE loss is computed by
 
 * ``stream``: :meth:`~spikerec.hardware.online.OnlineLearner.step` fed one step at a time from a
-  generator (the input is never held whole), then ``update()``; the fast path (hand-written
-  spatial backward, one compiled trace kernel per layer);
+  generator (the input is never held whole), with the package's ``mse_step_loss``, then
+  ``update()``; the fastest path that applies (LRU: the whole-stack compiled step of
+  ``fused_stack``; ALIF: hand-written spatial backward, one compiled trace kernel per layer);
+* ``stream_layer``: the same with ``fused=False`` (torch forward and spatial backward, one compiled
+  trace kernel per layer);
 * ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
   the earlier implementation, kept as the reference), for a before/after comparison in one run;
 * ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``
@@ -150,15 +153,13 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     import torch
 
     from spikerec.hardware.online import OnlineLearner, mse_loss
+    from spikerec.hardware.online.learner import mse_step_loss
 
     torch.set_num_threads(int(os.environ.get("SPIKEREC_BENCH_THREADS", "1")))
     model = _build(net, H, N)
     g = torch.Generator().manual_seed(1)
     x = (torch.rand(T, B, H, generator=g) < 0.2).float() if net == "alif" else torch.randn(T, B, H, generator=g)
     tgt = torch.randn(T, B, 10, generator=g)
-
-    def step_loss(y, target_t):
-        return 0.5 * ((y - target_t) ** 2).sum()
 
     def steps():  # the stream: one step at a time from a generator
         for t in range(T):
@@ -169,8 +170,9 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
         if m == "bptt":
             y, _ = model(x)
             (0.5 * ((y - tgt) ** 2).sum()).backward()
-        elif m in ("stream", "stream_ref"):
-            lr = OnlineLearner(model, mode="stream", loss=step_loss, fast=None if m == "stream" else False)
+        elif m in ("stream", "stream_layer", "stream_ref"):
+            lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, fast=False if m == "stream_ref" else None,
+                               fused=False if m == "stream_layer" else None)
             for x_t, t_t in steps():
                 lr.step(x_t, t_t)
                 if peak is not None:
@@ -240,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("stream", "stream_ref", "chunked", "chunked_ref", "bptt"):
-            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_ref, chunked, chunked_ref "
-                  f"or bptt", file=sys.stderr)
+        if m not in ("stream", "stream_layer", "stream_ref", "chunked", "chunked_ref", "bptt"):
+            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_layer, stream_ref, chunked, "
+                  f"chunked_ref or bptt", file=sys.stderr)
             return 2
     print(f"machine: {_machine()}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")

@@ -5,28 +5,32 @@ time (the LRU case), ``b[T, B, C]``. For each ``T`` it times, in one process:
 
 * ``copy``: a device-to-device copy of ``b`` into a preallocated ``x`` (the same bytes a
   scan must move: read ``b``, write ``x``), the bandwidth reference; on the CPU a fresh
-  output also costs first-touch page faults, which every other column includes;
+  output also costs first-touch page faults, which every other column includes, so
+  ``clone`` (a copy into a fresh tensor) is the floor the ratios use;
 * ``loop``: :func:`spikerec.scan.scan_loop` (one step per time index, autograd-capable:
   allocates each state and stacks them);
 * ``loop*``: the strongest sequential baseline without autograd: one in-place
   ``addcmul`` per step into a freshly allocated output;
 * ``blocked``: the torch blocked (log-depth) scan, ``linear_scan(impl="blocked")``;
-* ``linear_scan``: ``linear_scan(impl="torch")``, which on the CPU picks the in-place
-  sequential pass for wide steps (>= 2048 channels) and the blocked scan otherwise;
+* ``linear_scan``: ``linear_scan(lam, b)`` with the default ``impl="auto"``: on the CPU the
+  compiled kernel when numba is installed, else the in-place sequential pass for wide
+  steps (>= 2048 channels) and the blocked scan otherwise;
 * ``triton``: the Triton kernels (CUDA only);
 * forward+backward of ``loop`` (autograd through ``T`` steps) and of ``linear_scan``
-  (custom reverse-scan backward), for ``T <= --backward-max-t``.
+  (custom reverse-scan backward), for ``T <= --backward-max-t``; the backward moves
+  three tensors of the size of ``b`` (read the output gradient and ``x``, write the input
+  gradient), so forward+backward is compared with 2.5 copies ("copy of its bytes").
 
 "best" is the faster of the parallel paths (blocked, linear_scan, triton).
 
-Bandwidth = bytes moved (``2 T B C`` elements) / time. Median of ``--repeats`` runs
-(the loop uses fewer repeats at large ``T``).
+Bandwidth = bytes moved (``2 T B C`` elements) / time. All contenders of one ``T`` run
+interleaved (round-robin) in one process; the minimum of ``--repeats`` rounds after a
+warm-up round is reported (the loops use fewer rounds at large ``T``).
 """
 from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
 import time
 
@@ -40,17 +44,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time(fn, device, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
+def _interleaved(fns: dict, device, repeats: int, fewer: dict | None = None) -> dict:
+    """Minimum time of each callable over ``repeats`` round-robin rounds after one warm-up round
+    (``fewer[name]`` rounds for the slow ones), so that load on the machine hits all alike."""
+    fewer = fewer or {}
+    for fn in fns.values():
         fn()
     _sync(device)
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    best = {k: float("inf") for k in fns}
+    for r in range(repeats):
+        for k, fn in fns.items():
+            if r >= fewer.get(k, repeats):
+                continue
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
 
 
 def machine_description(device: torch.device) -> str:
@@ -85,9 +95,6 @@ def run(Ts, batch: int, channels: int, dtype: torch.dtype, device: torch.device,
         out = torch.empty_like(b)
         nbytes = 2 * b.numel() * b.element_size()
         loop_reps = max(1, min(repeats, 16384 // T))
-        row = {"T": T, "bytes": nbytes}
-        row["copy"] = _time(lambda: out.copy_(b), device, repeats)
-        row["loop"] = _time(lambda: scan_loop(lam, b), device, loop_reps)
 
         def loop_inplace():
             y = torch.empty_like(b)  # a fresh output, as any scan returns (first-touch page faults included)
@@ -96,14 +103,13 @@ def run(Ts, batch: int, channels: int, dtype: torch.dtype, device: torch.device,
                 x = torch.addcmul(b[t], lam, x, out=y[t])
             return y
 
-        row["loop_inplace"] = _time(loop_inplace, device, loop_reps)
-        row["blocked"] = _time(lambda: linear_scan(lam, b, impl="blocked"), device, repeats)
-        row["scan"] = _time(lambda: linear_scan(lam, b, impl="torch"), device, repeats)
+        fwd = {"copy": lambda: out.copy_(b), "clone": lambda: b.clone(), "loop": lambda: scan_loop(lam, b), "loop_inplace": loop_inplace,
+               "blocked": lambda: linear_scan(lam, b, impl="blocked"), "scan": lambda: linear_scan(lam, b)}
         if device.type == "cuda":
             from ..kernels import triton_available
 
             if triton_available():
-                row["triton"] = _time(lambda: linear_scan(lam, b, impl="triton"), device, repeats)
+                fwd["triton"] = lambda: linear_scan(lam, b, impl="triton")
         if T <= backward_max_t:
             cot = torch.randn_like(b)
             lam_p = lam.clone().requires_grad_(True)
@@ -116,10 +122,13 @@ def run(Ts, batch: int, channels: int, dtype: torch.dtype, device: torch.device,
                     lam_p.grad = b_p.grad = None
                 return go
 
-            row["loop_fb"] = _time(fb(scan_loop), device, loop_reps)
-            row["scan_fb"] = _time(fb(lambda a, x: linear_scan(a, x, impl="torch")), device, repeats)
-            if "triton" in row:
-                row["triton_fb"] = _time(fb(lambda a, x: linear_scan(a, x, impl="triton")), device, repeats)
+            fwd["loop_fb"] = fb(scan_loop)
+            fwd["scan_fb"] = fb(lambda a, x: linear_scan(a, x))
+            if "triton" in fwd:
+                fwd["triton_fb"] = fb(lambda a, x: linear_scan(a, x, impl="triton"))
+        slow = {"loop", "loop_inplace", "loop_fb"}
+        row = {"T": T, "bytes": nbytes}
+        row.update(_interleaved(fwd, device, repeats, {k: loop_reps for k in slow}))
         rows.append(row)
         del b, out
     return rows
@@ -129,7 +138,8 @@ def format_table(rows: list[dict]) -> str:
     has_tri = any("triton" in r for r in rows)
     head = ["T", "copy ms", "loop ms", "loop* ms", "blocked ms", "linear_scan ms"] + (["triton ms"] if has_tri else []) + \
            ["best vs loop", "best vs loop*", "copy GB/s", "best GB/s"] + (["triton / copy"] if has_tri else []) + \
-           ["fwd+bwd loop ms", "fwd+bwd linear_scan ms", "fwd+bwd speed-up"]
+           ["fwd+bwd loop ms", "fwd+bwd linear_scan ms", "fwd+bwd speed-up", "clone ms", "linear_scan / clone",
+            "fwd+bwd / clones of its bytes"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         gb = r["bytes"] / 1e9
@@ -142,9 +152,10 @@ def format_table(rows: list[dict]) -> str:
         if has_tri:
             cells.append(f"{r['triton'] / r['copy']:.2f}x" if "triton" in r else "-")
         if "loop_fb" in r:
-            cells += [f"{1e3 * r['loop_fb']:.0f}", f"{1e3 * r['scan_fb']:.1f}", f"{r['loop_fb'] / r['scan_fb']:.1f}x"]
+            cells += [f"{1e3 * r['loop_fb']:.0f}", f"{1e3 * r['scan_fb']:.1f}", f"{r['loop_fb'] / r['scan_fb']:.1f}x",
+                      f"{1e3 * r['clone']:.1f}", f"{r['scan'] / r['clone']:.2f}x", f"{r['scan_fb'] / (2.5 * r['clone']):.2f}x"]
         else:
-            cells += ["-", "-", "-"]
+            cells += ["-", "-", "-", f"{1e3 * r['clone']:.1f}", f"{r['scan'] / r['clone']:.2f}x", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine_description(device)}")
     for dt in dtypes:
         print(f"\nB={batch}, C={channels}, dtype={str(dt).replace('torch.', '')}, lambda constant in time, "
-              f"median of {repeats} (loop: fewer at large T)\n")
+              f"minimum of {repeats} interleaved rounds (loops: fewer at large T)\n")
         rows = run(Ts, batch, channels, dt, device, repeats, args.backward_max_t)
         print(format_table(rows))
     return 0

@@ -1,7 +1,7 @@
 """``spikerec datasets``: what is available, what is missing and exactly how to get it.
 
     spikerec datasets            # table of data sets and their state
-    spikerec datasets --verify   # also check checksums of the files found
+    spikerec datasets --verify   # also check checksums and open each file found to check its layout
     spikerec datasets --json     # machine-readable
 """
 from __future__ import annotations
@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 from ..data.digits import DIGITS_SHA256, load_digits_arrays
-from ..data.fileio import file_digest
+from ..data.fileio import file_checksum
 from ..data.home import data_home, dataset_dir
 from ..data.mnist import MNIST_MD5, find_mnist, missing_message
 from ..data.mnist5k import MNIST5K_SHA256, load_mnist5k_arrays
 from ..data.shd_file import SHD_ZIP_MD5, shd_missing_message
+from ..data.verify import verify_layout
 from .common import ArgumentParser
 
 __all__ = ["main", "status", "KNOWN_SUMS"]
@@ -39,17 +40,17 @@ def read_manifest(path: Path) -> dict[str, str]:
         for line in path.read_text().splitlines():
             line = line.split("#", 1)[0].strip()
             if line:
-                digest, rel = line.split(None, 1)
-                out[rel.strip()] = digest
+                checksum, rel = line.split(None, 1)
+                out[rel.strip()] = checksum
     return out
 
 
 def _verify(path: Path, rel: str, sums: dict[str, str]) -> str:
     want = sums.get(rel)
     if want is None:
-        return f"sha256:{file_digest(path)} (no published sum to compare)"
+        return f"sha256:{file_checksum(path)} (no published sum to compare)"
     algo, hexd = want.split(":", 1)
-    got = file_digest(path, algo)
+    got = file_checksum(path, algo)
     return "checksum ok" if got == hexd else f"CHECKSUM MISMATCH ({algo} {got}, expected {hexd})"
 
 
@@ -73,18 +74,23 @@ def status(verify: bool = False) -> list[dict]:
         hits = [h for h in hits if h.is_file()]
         if hits:
             detail = ", ".join(str(h) for h in hits)
+            checks = [verify_layout("shd", h) for h in hits] if verify else []
             if verify:
                 detail += "; " + "; ".join(_verify(h, str(h.relative_to(home)) if h.is_relative_to(home) else h.name, sums)
-                                           for h in hits)
-            rows.append(dict(name=f"shd ({part})", state="available", detail=detail))
+                                           for h in hits) + "\n" + "\n".join(w for _, w in checks)
+            rows.append(dict(name=f"shd ({part})", state="available" if all(ok for ok, _ in checks) else "broken",
+                             detail=detail))
         else:
             rows.append(dict(name=f"shd ({part})", state="missing", detail=shd_missing_message(part)))
     files = find_mnist()
     if files:
         detail = ", ".join(str(p) for p in files.values())
+        checks = [verify_layout("mnist", p) for p in files.values()] if verify else []
         if verify:
-            detail += "; " + "; ".join(_verify(p, f"mnist/{p.name}", sums) for p in files.values())
-        rows.append(dict(name="slmnist / smnist / psmnist", state="available", detail=detail))
+            detail += "; " + "; ".join(_verify(p, f"mnist/{p.name}", sums) for p in files.values()) \
+                + "\n" + "\n".join(w for _, w in checks)
+        rows.append(dict(name="slmnist / smnist / psmnist", state="available" if all(ok for ok, _ in checks) else "broken",
+                         detail=detail))
     else:
         rows.append(dict(name="slmnist / smnist / psmnist", state="missing", detail=missing_message()))
     for n in ("copy", "adding", "teacher_student"):
@@ -94,19 +100,20 @@ def status(verify: bool = False) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="spikerec datasets", description=__doc__.split("\n")[0])
-    p.add_argument("--verify", action="store_true", help="compute checksums of the files found")
+    p.add_argument("--verify", action="store_true",
+                   help="compute checksums of the files found and open each one to check its layout")
     p.add_argument("--json", action="store_true", help="print JSON")
     a = p.parse_args(argv)
     rows = status(a.verify)
     if a.json:
         print(json.dumps(dict(data_home=str(data_home()), datasets=rows), indent=2))
-        return 0
+        return 1 if a.verify and any(r["state"] == "broken" for r in rows) else 0
     print(f"data home: {data_home()}  (set SPIKEREC_DATA to change it)\n")
     for r in rows:
         print(f"{r['name']:<28} {r['state']}")
         for line in r["detail"].splitlines():
             print(f"    {line}")
-    return 0
+    return 1 if a.verify and any(r["state"] == "broken" for r in rows) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,7 +12,7 @@ from ..data import get_dataset, make_loader
 from ..errors import CheckpointError
 from ..hardware.profiles import PROFILES
 from ..train.checkpoint import atomic_write_json
-from ..train.runs import load_model, read_config
+from ..train.runs import load_model, read_config, weights_source
 from ..train.trainer import evaluate
 from .common import ArgumentParser, check_device
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         raise CheckpointError(f"'{final}' is missing (the run did not finish); evaluate its newest checkpoint "
                               f"explicitly with --checkpoint")
     model = load_model(args.run, map_location=args.device, checkpoint=args.checkpoint)
-    weights = "newest checkpoint" if args.checkpoint else "model.safetensors"
+    weights = weights_source(args.run, args.checkpoint)
     dc = cfg["data"]
     ds = get_dataset(dc["name"], args.split, **dc.get("options", {}))
     bs = args.batch_size or int(dc.get("eval_batch_size", 256))

@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import nullcontext
 
 import torch
 
 from ..hardware.export import export_model, load_test_batches, summary
 from ..hardware.profiles import PROFILES
-from ..train.runs import load_model
+from ..train.runs import RunFolderError, RunLock, load_model
 
 __all__ = ["main", "build_parser", "export_run"]
 
@@ -57,10 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
-                         finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
-                         random_input=args.random_input, nir_extensions=args.nir_extensions)
-    except (FileNotFoundError, ValueError) as e:  # QuantizationError and XyloLimitError are ValueErrors
+        with RunLock(args.run, "spikerec export") if os.path.isdir(args.run) else nullcontext():
+            rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
+                             finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
+                             random_input=args.random_input, nir_extensions=args.nir_extensions)
+    except (FileNotFoundError, ValueError, RunFolderError) as e:  # QuantizationError, XyloLimitError: ValueErrors
         print(f"spikerec export: {e}", file=sys.stderr)
         return 2
     print(summary(rep))

@@ -16,8 +16,9 @@ import torch
 from ..data import dataset_info, get_dataset, make_loader
 from ..errors import ConfigError
 from ..stability import lsc_pretrain
+from ..stability.progress import LSCProgressBar, lsc_warning
 from ..train.config import load_config, resolve_sizes
-from ..train.runs import new_run_dir, save_model, write_config
+from ..train.runs import new_run_dir, prepare_out, save_model, write_config
 from ..train.trainer import build_from_config, seed_everything
 from .common import ArgumentParser
 
@@ -62,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     loader = make_loader(train_set, bs, True, int(tc["seed"]) + 7919)
     data = [b for _, b in zip(range(int(lc["batches"])), loader)] if lc["batches"] else loader
     options = {k: v for k, v in lc.items() if k not in ("enabled", "batch_size", "batches")}
-    out = new_run_dir(f"{cfg.get('preset', 'run')}-lsc", args.out)
+    out = prepare_out(args.out, flag=None) if args.out else new_run_dir(f"{cfg.get('preset', 'run')}-lsc")  # never onto an existing run
     if not args.quiet:
         print(f"LSC pre-training of '{cfg.get('preset')}' towards radius {options.get('target', 1.0)} ...", flush=True)
-    report = lsc_pretrain(model, data, options)
+    with LSCProgressBar(int(options.get("max_steps", 2000)), disable=args.quiet) as bar:
+        report = lsc_pretrain(model, data, options, progress=bar)
     cfg["train"]["epochs"] = 0
     write_config(out, cfg)
     save_model(out, model, cfg, extra={"lsc": {"converged": report.converged, "steps": report.steps,
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     radii = ", ".join(f"{k} {v:.3f}" for k, v in (report.best_radii or {}).items())
     print(f"{report.stop_reason or 'done'} after {report.steps} steps ({report.wall_time_s:.1f} s)")
     print(f"radii: {radii}")
+    if lsc_warning(report):
+        print(lsc_warning(report))
     print(f"folder: {out} (model.safetensors, lsc.json, lsc.png)")
     return 0 if not report.diverged else 1
 

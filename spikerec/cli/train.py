@@ -13,8 +13,9 @@ from ..data import DatasetMissingError, dataset_info
 from ..errors import ConfigError, DataError
 from ..train.config import list_presets, load_config, resolve_sizes, validate_config
 from ..train.distributed import launch
-from ..train.runs import new_run_dir, read_config
-from ..train.trainer import Trainer
+from ..train.runs import (RunFolderError, RunLock, describe_run, new_run_dir, prepare_out, read_config, remove_debris,
+                          resume_status, stop_message)
+from ..train.trainer import Trainer, TrainingStopped
 from . import run_command
 from .common import ArgumentParser, Interrupted, check_device
 
@@ -29,10 +30,14 @@ examples:
   spikerec train copy-online --learning online    eligibility-trace learning instead of BPTT
   spikerec train quickstart --nproc-per-node 2    data-parallel with torchrun (gloo on CPU, NCCL on GPU)
   spikerec train --resume runs/quickstart-20250101-120000
+  spikerec train --out runs/mine --sibling         a fresh runs/mine-2 (-3, ...) if runs/mine already holds a run
   spikerec train --list                           the presets
 
 A run folder holds config.json, model.safetensors + model.json, metrics.jsonl/.csv,
 checkpoints/, curves.png, raster.png and summary.json; 'spikerec evaluate RUN' re-tests it.
+A run folder is never overwritten (--out onto an existing run is refused) and is used by one
+process at a time. Ctrl-C, SIGTERM and --stop-after-steps write a checkpoint and print the
+--resume command.
 """
 
 
@@ -52,12 +57,18 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
     p.add_argument("--seed", type=int, help="shortcut for --set train.seed=N")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (shortcut for --set train.device=...)")
-    p.add_argument("--out", help="run folder (default runs/<preset>-<time>)")
-    p.add_argument("--resume", metavar="RUN", help="continue RUN from its newest checkpoint (same result as uninterrupted)")
+    p.add_argument("--out", help="run folder (default runs/<preset>-<time>); an existing run is never overwritten")
+    p.add_argument("--sibling", action="store_true",
+                   help="if --out already holds something, start a fresh numbered sibling OUT-2, OUT-3, ... instead")
+    p.add_argument("--resume", metavar="RUN", help="continue RUN from its newest intact checkpoint (same result as uninterrupted)")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="with --resume: confirm training RUN again from the start when it has no checkpoint")
+    p.add_argument("--checkpoint-minutes", type=float, default=10.0, metavar="M",
+                   help="also write a checkpoint every M minutes of training (default 10; 0: off)")
     p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                    help="launch N data-parallel processes with torchrun (the global batch is split)")
     p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
-                   help="stop after N optimiser steps as if killed (no final checkpoint; to test --resume)")
+                   help="stop after N optimiser steps with a checkpoint (continue with --resume)")
     p.add_argument("--quiet", action="store_true", help="no progress bars; one line per epoch (for logs)")
     p.add_argument("--list", action="store_true", help="list the presets and exit")
     p.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
@@ -112,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         rest = _strip_launch_args(argv)
-        if not args.out and not args.resume:  # every process must write to the same folder
-            rest += ["--out", str(new_run_dir(args.preset or "quickstart"))]
+        if not args.resume:  # every process must write to the same folder
+            out = prepare_out(args.out, sibling=args.sibling) if args.out else new_run_dir(args.preset or "quickstart")
+            rest = _strip_out(rest) + ["--out", str(out)]
         return launch(rest, args.nproc_per_node)
 
     overrides = _overrides(args)
@@ -134,30 +146,74 @@ def main(argv: list[str] | None = None) -> int:
     check_device(cfg["train"]["device"], "train.device (--device)")
 
     main_proc = int(os.environ.get("RANK", "0")) == 0
-    if run_dir is None and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not args.out:
+    torchrun = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if run_dir is None and torchrun and not args.out:
         raise ConfigError("under torchrun give --out DIR (every process must use the same run folder)")
     created = False
     if run_dir is None:
         created = main_proc and not (args.out and Path(args.out).exists())
-        run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
-    trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume), stop_after_steps=args.stop_after_steps,
-                      echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None))
+        if main_proc and args.out and not torchrun:
+            run_dir = prepare_out(args.out, sibling=args.sibling)  # never onto an existing run
+            created = created or run_dir != Path(args.out)
+        else:  # under torchrun the launcher prepared --out
+            run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
+    lock = RunLock(run_dir, "spikerec train").acquire() if main_proc else None
     try:
-        summary = trainer.fit()
-    except (DatasetMissingError, DataError) as e:
-        _discard_unstarted(run_dir, created)
-        raise DataError(f"data set '{cfg['data']['name']}' is not available: {' '.join(str(e).split())} "
-                        f"(see 'spikerec datasets' for what is installed and how to get the rest)") from None
-    except KeyboardInterrupt:
-        _discard_unstarted(run_dir, created)
-        raise Interrupted(_resume_hint(run_dir)) from None
-    except BaseException:
-        _discard_unstarted(run_dir, created)
-        raise
+        if main_proc and args.resume:
+            status = resume_status(run_dir)
+            if status == "finished":
+                print(f"run '{run_dir}' is {describe_run(run_dir)}: nothing to resume, nothing changed. "
+                      f"Re-test it with: spikerec evaluate {run_dir}")
+                return 0
+            if status == "none" and not args.from_scratch:
+                raise RunFolderError(f"run '{run_dir}' has no checkpoint to resume from (it stopped before its first "
+                                     f"one); to train it again from the start in the same folder, add --from-scratch")
+        if main_proc:
+            removed = remove_debris(run_dir)
+            if removed:
+                print(f"removed {len(removed)} leftover(s) of an interrupted write: "
+                      f"{', '.join(str(p) for p in removed[:3])}{' ...' if len(removed) > 3 else ''}")
+        trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume),
+                          stop_after_steps=args.stop_after_steps,
+                          echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None),
+                          checkpoint_minutes=args.checkpoint_minutes or None)
+        try:
+            summary = trainer.fit()
+        except TrainingStopped as e:
+            if main_proc:
+                print(stop_message(e), flush=True)
+            if e.signum is None:
+                return 0
+            raise Interrupted(stop_message(e).splitlines()[-1]) from None  # one line on stderr, exit 130
+        except (DatasetMissingError, DataError) as e:
+            _release_and_discard(lock, run_dir, created)
+            raise DataError(f"data set '{cfg['data']['name']}' is not available: {' '.join(str(e).split())} "
+                            f"(see 'spikerec datasets' for what is installed and how to get the rest)") from None
+        except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+            _release_and_discard(lock, run_dir, created)
+            raise Interrupted(_resume_hint(run_dir)) from None
+        except BaseException:
+            _release_and_discard(lock, run_dir, created)
+            raise
+    finally:
+        if lock is not None:
+            lock.release()
     if "stopped_at_step" in summary or not main_proc:
         return 0
     _print_summary(summary)
     return 0
+
+
+def _strip_out(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out=") and a != "--sibling":
+            out.append(a)
+    return out
 
 
 def _resume_hint(run_dir: Path) -> str:
@@ -179,6 +235,12 @@ def _discard_unstarted(run_dir: Path, created: bool) -> None:
             run_dir.parent.rmdir()  # only if empty
     except OSError:
         pass
+
+
+def _release_and_discard(lock, run_dir: Path, created: bool) -> None:
+    if lock is not None:
+        lock.release()
+    _discard_unstarted(run_dir, created)
 
 
 def _print_summary(s: dict) -> None:

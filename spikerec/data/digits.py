@@ -52,14 +52,31 @@ def load_digits_arrays():
 def _load_digits_cached():
     import hashlib
 
+    data, target = _read_digits_file()
+    checksum = hashlib.sha256(data.astype(np.uint8).tobytes() + target.astype(np.uint8).tobytes()).hexdigest()
+    if checksum != DIGITS_SHA256 or data.shape != (1797, 64):
+        raise DataError(f"scikit-learn's digits data differ from the expected set (sha256 {checksum}, expected "
+                        f"{DIGITS_SHA256}, shape {data.shape}); the 'digits' splits would not be reproducible")
+    return data.astype(np.float64) / 16.0, target.astype(np.int64)
+
+
+def _read_digits_file():
+    """The digits table scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``), read without
+    importing scikit-learn (a second or more at start-up); ``load_digits`` when the file is not there.
+    The sha256 check of the caller holds either way."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.exists(path):
+            table = np.loadtxt(path, delimiter=",")
+            return table[:, :-1], table[:, -1]
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    digest = hashlib.sha256(d.data.astype(np.uint8).tobytes() + d.target.astype(np.uint8).tobytes()).hexdigest()
-    if digest != DIGITS_SHA256 or d.data.shape != (1797, 64):
-        raise DataError(f"scikit-learn's digits data differ from the expected set (sha256 {digest}, expected "
-                        f"{DIGITS_SHA256}, shape {d.data.shape}); the 'digits' splits would not be reproducible")
-    return d.data.astype(np.float64) / 16.0, d.target.astype(np.int64)
+    return d.data, d.target
 
 
 def _options(options: dict) -> dict:

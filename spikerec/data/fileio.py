@@ -11,11 +11,11 @@ import numpy as np
 from ..atomic import atomic_path  # noqa: F401  (re-exported)
 from .home import DataError
 
-__all__ = ["atomic_path", "file_digest", "read_idx", "write_idx"]
+__all__ = ["atomic_path", "file_checksum", "read_idx", "write_idx"]
 
 
-def file_digest(path: str | os.PathLike, algo: str = "sha256", chunk: int = 1 << 22) -> str:
-    """Hex digest of a file (``sha256`` or ``md5``)."""
+def file_checksum(path: str | os.PathLike, algo: str = "sha256", chunk: int = 1 << 22) -> str:
+    """Hex checksum of a file (``sha256`` or ``md5``)."""
     h = hashlib.new(algo)
     with open(path, "rb") as f:
         while True:

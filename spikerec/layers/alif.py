@@ -24,7 +24,7 @@ from ..neurons import alif as _alif
 from ..neurons.alif import ALIFOptions, ALIFParams, ALIFState
 from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
-from ._lif_kernel import ALIFSequence
+from ..kernels.alif_sequence import ALIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["ALIF", "ALIFState", "truncated_normal_positive"]
@@ -155,8 +155,7 @@ class ALIF(Cell):
         return ALIFState(z, z.clone())
 
     def input_current(self, x):
-        out = x @ self.weight.t()
-        return out + self.bias if self.bias is not None else out
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
     def output(self, x_t, state):
         return _alif.output(self.params(masked=False), state, self.options())

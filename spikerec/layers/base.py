@@ -21,7 +21,9 @@ implements its shared parts. The dynamics of each kind live in :mod:`spikerec.ne
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -31,7 +33,7 @@ from ..errors import DataError
 from ..neurons.roles import ParamSpec, stability_groups_from_specs
 
 __all__ = ["Cell", "CellProtocol", "PROTOCOL_METHODS", "protocol_missing", "check_sequence", "match_input_dtype",
-           "check_time_constant", "glorot_uniform_", "init_weight_"]
+           "check_time_constant", "glorot_uniform_", "init_weight_", "value_checks"]
 
 
 @runtime_checkable
@@ -68,9 +70,30 @@ def protocol_missing(cell, methods: tuple[str, ...] = PROTOCOL_METHODS) -> list[
     """Names of ``methods`` (default: :data:`PROTOCOL_METHODS`) that ``cell`` lacks (empty when it has them)."""
     return [m for m in methods if not callable(getattr(cell, m, None))]
 
+# Checks that read the data (NaN) cost a pass over the input and, on CUDA, a host sync per call:
+# off by default; ``value_checks(True)`` or ``SPIKEREC_CHECK_VALUES=1`` turns them on. The trainer
+# names a batch with non-finite values when its loss becomes non-finite, where the check is free.
+_VALUE_CHECKS = [os.environ.get("SPIKEREC_CHECK_VALUES", "0") not in ("", "0")]
 
-def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_complex: bool = False) -> None:
-    """Raise a clear error unless ``x`` is a real ``[T, B, features]`` tensor without NaN."""
+
+@contextlib.contextmanager
+def value_checks(enabled: bool = True):
+    """Within this block, every forward also checks its input sequence for NaN (an error naming the tensor)."""
+    old = _VALUE_CHECKS[0]
+    _VALUE_CHECKS[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _VALUE_CHECKS[0] = old
+
+
+def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_complex: bool = False,
+                   check_values: bool | None = None) -> None:
+    """Raise a clear error unless ``x`` is a real ``[T, B, features]`` tensor.
+
+    Shape and dtype checks are free and always run. The NaN check reads the data, so it runs
+    only with ``check_values=True`` or inside :func:`value_checks` (or ``SPIKEREC_CHECK_VALUES=1``).
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor of shape [T, B, {features}], got {type(x).__name__}")
     if x.dim() != 3:
@@ -79,7 +102,9 @@ def check_sequence(x: torch.Tensor, features: int, name: str = "x", *, allow_com
         raise ValueError(f"{name}: expected {features} features in the last dimension, got {x.shape[-1]}")
     if x.is_complex() and not allow_complex:
         raise TypeError(f"{name}: expected a real tensor, got dtype {x.dtype}")
-    if x.is_floating_point() and torch.isnan(x).any():
+    if check_values is None:
+        check_values = _VALUE_CHECKS[0]
+    if check_values and x.is_floating_point() and torch.isnan(x).any():
         raise ValueError(f"{name}: contains NaN values")
 
 

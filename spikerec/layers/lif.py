@@ -16,7 +16,7 @@ from ..neurons import lif as _lif
 from ..neurons.lif import RESET_MODES, CubaLIFState, LIFOptions, LIFParams, LIFState
 from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
-from ._lif_kernel import LIFSequence
+from ..kernels.lif_sequence import LIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["LIF", "LIFState", "CubaLIFState", "RESET_MODES"]
@@ -154,8 +154,7 @@ class LIF(Cell):
 
     def input_current(self, x: torch.Tensor) -> torch.Tensor:
         """``W x + b`` for a step ``[B, C]`` or a whole sequence ``[T, B, C]``."""
-        out = x @ self.weight.t()
-        return out + self.bias if self.bias is not None else out
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
     def output(self, x_t, state):
         return _lif.output(self.params(masked=False), state, self.options())

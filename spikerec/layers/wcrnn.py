@@ -320,7 +320,7 @@ def weakly_coupled_elman_init(rnn: nn.RNN, residual="identity", gamma: float = 0
     Every layer gets ``W_hh = R + gamma W``, ``W_ih = gamma W_in``, ``b = gamma b`` where ``W``,
     ``W_in`` and ``b`` are fresh ``nn.Linear``-default draws: the network starts as a type-B
     WCRNN (eq. 19). Training the merged ``W_hh`` directly with SGD at learning rate
-    ``eta gamma^2`` follows the same iterates as training ``W`` at ``eta`` (Sec. 4.4).
+    ``eta gamma^2`` follows the same iterates as training ``W`` at ``eta`` (derived from eq. 19).
     """
     if not isinstance(rnn, nn.RNN) or rnn.nonlinearity != "tanh":
         raise TypeError("weakly_coupled_elman_init: expected a torch.nn.RNN with nonlinearity='tanh'")

@@ -23,7 +23,8 @@ After each update (paper order, ``order="grad,kappa,shuffle"``):
   parameters are left alone.
 * **shuffling**: with probability ``shuffle_prob`` per step, the entries of every
   trainable tensor with ``ndim >= shuffle_min_ndim`` are permuted (paper: every tensor,
-  every step; code: p = 1/3, ndim >= 2, before kappa: ``order="grad,shuffle,kappa"``).
+  every step; code: p = 1/3, ndim >= 2, before kappa: ``order="grad,shuffle,kappa"``);
+  a GRU's gate-stacked tensors within each gate's block.
 
 The optimiser's per-entry state follows: a shuffle permutes every state tensor of the
 parameter's shape (Lookahead's slow weights, the moment estimates) with the same
@@ -314,18 +315,44 @@ def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[
     return kappas
 
 
+def _gate_blocks(model) -> dict[int, int]:
+    """``{id(param): number of gate blocks}`` for gate-stacked tensors: the weights and biases
+    of ``torch.nn.GRU`` (3 blocks ``r, z, n`` along dim 0) and ``torch.nn.LSTM`` (4 blocks)."""
+    out = {}
+    for m in model.modules():
+        n = 3 if isinstance(m, torch.nn.GRU) else 4 if isinstance(m, torch.nn.LSTM) else 0
+        if n:
+            for p in m.parameters(recurse=False):
+                if p.shape[0] % n == 0:
+                    out[id(p)] = n
+    return out
+
+
+def _block_permutation(numel: int, blocks: int, generator) -> torch.Tensor:
+    """A permutation of ``range(numel)`` that maps each of ``blocks`` equal contiguous blocks onto itself."""
+    size = numel // blocks
+    return torch.cat([b * size + torch.randperm(size, generator=generator) for b in range(blocks)])
+
+
 def shuffle_parameters(model, prob: float = 1.0, min_ndim: int = 1, generator: torch.Generator | None = None,
                        optimizer=None) -> bool:
     """With probability ``prob``, permute the entries of every trainable tensor with ``ndim >= min_ndim``
-    (and the matching per-entry optimiser state). Returns whether it shuffled."""
+    (and the matching per-entry optimiser state). Returns whether it shuffled.
+
+    Gate-stacked tensors (a GRU's ``weight_ih``, ``weight_hh``, biases: ``[r; z; n]`` along
+    dim 0) are permuted within each gate's block, never across gates: the gates play different
+    roles (the update gate ``z`` sets how much of ``h_{t-1}`` passes on, so it dominates the time
+    radius), and mixing their entries undoes what the gradient learnt per gate. With whole-tensor
+    shuffling a 2-layer GRU stays 0.08-0.15 above target 0.5 in the time radius (docs/lsc.md)."""
     if prob <= 0 or torch.rand((), generator=generator).item() >= prob:
         return False
     states = _opt_states(optimizer)
+    blocks = _gate_blocks(model)
     with torch.no_grad():
         for p in model.parameters():
             if not p.requires_grad or p.dim() < min_ndim or p.numel() < 2:
                 continue
-            perm = torch.randperm(p.numel(), generator=generator).to(p.device)
+            perm = _block_permutation(p.numel(), blocks.get(id(p), 1), generator).to(p.device)
             p.copy_(p.reshape(-1)[perm].reshape(p.shape))
             for st in states:
                 for v in st.get(p, {}).values():

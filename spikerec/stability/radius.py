@@ -9,8 +9,13 @@ The radius is the largest eigenvalue modulus, not a norm (``rho(M) <= ||M||_2``)
   Gram-Schmidt, re-orthogonalised twice) from a random start, then the largest modulus
   of the Ritz values (eigenvalues of the ``m x m`` Hessenberg matrix). Works on a dense
   block or matrix-free on a :class:`~spikerec.stability.jacobians.LinearOp` (``jvp``), is
-  exact once ``m = n``, and is differentiable through the products. Unlike plain power
-  iteration it handles complex-conjugate dominant pairs.
+  exact once ``m = n``, and is differentiable through the products and the basis (the
+  exact derivative of the Ritz value; holding the basis fixed, the Ritz-vector
+  approximation ``u^H dM v / u^H v``, was measured further from the eigenvalue's true
+  gradient where Arnoldi has not converged). Where no gradient is needed (verification,
+  measurements under ``no_grad``) the basis lives in one ``[B, m, n]`` buffer filled in
+  place, without autograd. Unlike plain power iteration it handles complex-conjugate
+  dominant pairs.
 * ``method="gelfand"``: ``(prod_j ||M q_j||)^(1/k)`` with ``q_{j+1} = M q_j / ||M q_j||``,
   i.e. ``||M^k q_0||^(1/k)`` with normalisation per step (Gelfand's formula). It does
   not oscillate on complex pairs but converges slowly (error ``O(log(c)/k)``).
@@ -108,10 +113,16 @@ def arnoldi_radius(matvec, B: int, n: int, m: int = 64, *, dtype=torch.float32, 
     m = max(1, min(int(m), n))
     q = v0 if v0 is not None else _start(B, n, dtype, device, generator)
     q = q / q.norm(dim=-1, keepdim=True)
+    w = matvec(q)
+    if not w.requires_grad:
+        return _max_modulus(_arnoldi_no_graph(matvec, q, w, m, tol))
+    # differentiable: through the products and the basis (the Ritz value's exact derivative;
+    # holding the basis fixed gave a worse gradient where Arnoldi has not converged)
     Q = [q]
     cols = []
     for j in range(m):
-        w = matvec(Q[-1])
+        if j > 0:
+            w = matvec(Q[-1])
         Qm = torch.stack(Q, dim=1)  # [B, j+1, n]
         h = torch.einsum("bjn,bn->bj", Qm, w)
         w = w - torch.einsum("bjn,bj->bn", Qm, h)
@@ -127,6 +138,33 @@ def arnoldi_radius(matvec, B: int, n: int, m: int = 64, *, dtype=torch.float32, 
             Q.append(torch.where(ok[:, None], w / safe[:, None], torch.zeros_like(w)))
     H = torch.stack(cols, dim=2)[:, :m, :m]
     return _max_modulus(H)
+
+
+@torch.no_grad()
+def _arnoldi_no_graph(matvec, q, w, m: int, tol: float) -> torch.Tensor:
+    """Hessenberg matrix ``H [B, m, m]`` of ``m`` Arnoldi steps from ``q`` (``w = M q``), without
+    autograd: the basis lives in one ``[B, m, n]`` buffer filled in place (never restacked)."""
+    B, n = q.shape
+    Q = q.new_zeros(B, m, n)
+    H = q.new_zeros(B, m, m)
+    Q[:, 0] = q
+    for j in range(m):
+        if j > 0:
+            w = matvec(Q[:, j])
+        Qj = Q[:, : j + 1]
+        h = torch.einsum("bjn,bn->bj", Qj, w)
+        w = w - torch.einsum("bjn,bj->bn", Qj, h)
+        h2 = torch.einsum("bjn,bn->bj", Qj, w)  # re-orthogonalise
+        w = w - torch.einsum("bjn,bj->bn", Qj, h2)
+        h = h + h2
+        hn = w.norm(dim=-1)
+        ok = hn > tol * h.abs().amax(-1).clamp_min(1.0)
+        H[:, : j + 1, j] = h
+        if j < m - 1:
+            H[:, j + 1, j] = torch.where(ok, hn, torch.zeros_like(hn))
+            Q[:, j + 1] = torch.where(ok[:, None], w / torch.where(ok, hn, torch.ones_like(hn))[:, None],
+                                      torch.zeros_like(w))
+    return H
 
 
 def gelfand_radius(matvec, B: int, n: int, k: int = 100, *, burn_in: int | None = None, dtype=torch.float32,
@@ -178,7 +216,10 @@ def spectral_radius(M: Matrix, method: str = "exact", *, square_mode: str = "sub
         if method == "exact":
             r = _max_modulus(S)
         else:
-            mv = lambda v: torch.einsum("bij,bj->bi", S, v)  # noqa: E731
+            if S.requires_grad and torch.is_grad_enabled():
+                mv = lambda v: torch.einsum("bij,bj->bi", S, v)  # noqa: E731
+            else:
+                mv = lambda v: torch.bmm(S, v.unsqueeze(-1)).squeeze(-1)  # noqa: E731
             fn = arnoldi_radius if method in ("arnoldi", "iterative") else gelfand_radius
             r = fn(mv, S.shape[0], S.shape[-1], n_iter, dtype=S.dtype, device=S.device, generator=generator)
     return r[0] if single else r.reshape(M.shape[:-2])

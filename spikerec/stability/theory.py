@@ -123,7 +123,7 @@ def _draw(init: str, n: int, rng: np.random.Generator) -> np.ndarray:
 def expected_radius(init: str, n: int, draws: int = 200, seed: int = 0) -> tuple[float, float]:
     """Mean and std of ``rho(W)`` over ``draws`` random ``n x n`` matrices of an initialisation.
 
-    Digest values (200 draws): Glorot-uniform 1.065 / 1.047 / 1.039 and He-normal with a
+    Measured values (seed 0, 200 draws): Glorot-uniform 1.065 / 1.047 / 1.039 and He-normal with a
     ReLU mask 1.050 / 1.057 / 1.048 for n = 64 / 128 / 256; orthogonal exactly 1.
     """
     if int(n) < 1 or int(draws) < 1:

@@ -27,7 +27,7 @@ from ..errors import CheckpointError
 
 __all__ = ["atomic_write_text", "atomic_write_json", "save_tensors_atomic", "save_checkpoint", "load_checkpoint",
            "latest_checkpoint", "pack_optimizer", "unpack_optimizer", "get_rng_state", "set_rng_state",
-           "CheckpointError"]
+           "CheckpointError", "checkpoints_newest_first", "load_newest_intact"]
 
 
 def atomic_write_json(path, obj: Any) -> None:
@@ -169,6 +169,32 @@ def latest_checkpoint(root) -> Path | None:
         pass
     done = sorted(p for p in root.glob("step-*") if p.is_dir() and _readable(p))
     return done[-1] if done else None
+
+
+def checkpoints_newest_first(root) -> list[Path]:
+    """Every complete-looking ``step-*`` folder under ``root``, highest step first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.glob("step-*") if p.is_dir() and _readable(p)), reverse=True)
+
+
+def load_newest_intact(root, check=None) -> tuple[dict[str, torch.Tensor], dict, list[tuple[Path, str]]]:
+    """The newest checkpoint under ``root`` that can be read (and passes ``check(tensors, meta)``,
+    which raises on a bad one): ``(tensors, meta, skipped)`` with ``skipped`` the newer
+    ``(folder, reason)`` pairs that could not be used. Raises :class:`CheckpointError` when none can."""
+    skipped: list[tuple[Path, str]] = []
+    for d in checkpoints_newest_first(root):
+        try:
+            tensors, meta = load_checkpoint(d)
+            if check is not None:
+                check(tensors, meta)
+        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back to an older one
+            skipped.append((d, str(e).splitlines()[0][:200]))
+            continue
+        return tensors, meta, skipped
+    why = "; ".join(f"{p.name}: {r}" for p, r in skipped) or "none found"
+    raise CheckpointError(f"no intact checkpoint in '{root}' ({why})")
 
 
 def load_checkpoint(path) -> tuple[dict[str, torch.Tensor], dict]:

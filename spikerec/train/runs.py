@@ -7,23 +7,35 @@ A run folder holds::
     metrics.jsonl        every record (step, epoch, lsc, test)   metrics.csv  one row per epoch
     checkpoints/         step-XXXXXXXX/{state.safetensors, state.json}, latest.json
     curves.png, raster.png, lsc.json, lsc.png (when LSC ran), summary.json
+    .lock                while in use: advisory lock (``fcntl.flock``) and the PID of the process using it
+
+A run folder is never destroyed or shared: :func:`prepare_out` refuses a folder that already
+holds something (or picks a fresh numbered sibling), :class:`RunLock` gives one process at a
+time the folder (train, resume, export), and :func:`remove_debris` deletes what an interrupted
+atomic write left behind (``checkpoints/.tmp-step-*``, ``*.part``, ``.tmp*``).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, SpikerecError
 from ..lru_model import LRUModel
 from ..models import RecurrentStack, build_model
-from .checkpoint import atomic_write_json, load_checkpoint, save_tensors_atomic
+from .checkpoint import atomic_write_json, checkpoints_newest_first, latest_checkpoint, load_checkpoint, save_tensors_atomic
 
-__all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "read_weights", "load_weights", "RunError"]
+__all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "read_weights",
+           "load_weights", "RunError", "RunFolderError", "RunInUseError", "RunLock", "prepare_out", "remove_debris",
+           "remove_if_unused", "describe_run", "weights_source", "resume_status", "stop_message", "LOCK_NAME"]
+
+LOCK_NAME = ".lock"
 
 
 class RunError(CheckpointError):
@@ -32,6 +44,17 @@ class RunError(CheckpointError):
     :class:`~spikerec.errors.CheckpointError` (exit code 5)."""
 
     exit_code = 2
+
+
+class RunFolderError(SpikerecError):
+    """A run folder that cannot be used as asked (exists already, in use, nothing to resume):
+    a command-line choice to change, exit code 2."""
+
+    exit_code = 2
+
+
+class RunInUseError(RunFolderError):
+    """Another process holds the run folder's lock."""
 
 
 def build_from_config(model_cfg: dict):
@@ -54,6 +77,9 @@ def new_run_dir(preset: str, out: str | os.PathLike | None = None, root: str | o
         while p.exists():
             p, i = Path(f"{base}-{i}"), i + 1
     p.mkdir(parents=True, exist_ok=True)
+    for q in p.iterdir():  # what a run killed before its first file was complete left behind
+        if _is_write_debris(q):
+            q.unlink(missing_ok=True)
     return p
 
 
@@ -100,8 +126,10 @@ def load_model(run_dir, *, map_location="cpu", checkpoint: bool = False):
     """Rebuild the model of a run from ``config.json`` and load ``model.safetensors``: a
     :class:`~spikerec.models.RecurrentStack` (or an ``LRUModel`` for ``kind = "lru_deep"``).
 
-    With ``checkpoint=True`` (or when the run has no final weights yet) the weights of the
-    newest checkpoint are loaded instead.
+    With ``checkpoint=True`` the weights of the newest checkpoint are loaded instead. A run
+    without ``model.safetensors`` (unfinished, or the file was removed) raises
+    :class:`~spikerec.errors.CheckpointError` saying so and pointing at ``checkpoint=True`` (``--checkpoint``):
+    the weights are never switched silently. :func:`weights_source` says which ones are used.
     """
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
@@ -109,7 +137,12 @@ def load_model(run_dir, *, map_location="cpu", checkpoint: bool = False):
         raise RunError(f"'{run_dir}/config.json' has no resolved model input size")
     model = build_from_config(cfg["model"])
     weights = run_dir / "model.safetensors"
-    if checkpoint or not weights.is_file():
+    if not checkpoint and not weights.is_file():
+        has = latest_checkpoint(run_dir / "checkpoints") is not None
+        raise CheckpointError(f"'{weights}' is missing (the run did not finish{' or the file was removed' if has else ''}); "
+                       + ("to use its newest checkpoint instead, say so with --checkpoint" if has
+                          else "it has no checkpoint either"))
+    if checkpoint:
         if not (run_dir / "checkpoints").is_dir():
             raise RunError(f"'{run_dir}' has neither model.safetensors nor checkpoints/ (the run did not finish a step)")
         tensors, _ = load_checkpoint(run_dir / "checkpoints")
@@ -149,3 +182,200 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], weights
                                   f"'{config}' needs {list(v.shape)} (a layer size in the config differs from the "
                                   f"trained one; restore config.json or retrain)")
     model.load_state_dict(state)
+
+
+# --- protecting run folders ------------------------------------------------------------------
+def describe_run(run_dir) -> str:
+    """A few words on what a run folder holds (for messages)."""
+    d = Path(run_dir)
+    if (d / "summary.json").is_file():
+        try:
+            s = json.loads((d / "summary.json").read_text())
+            acc = s.get("test_accuracy")
+            what = f", test accuracy {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""
+            return f"a finished run ({s.get('steps', '?')} steps{what})"
+        except (OSError, ValueError):
+            return "a finished run"
+    ck = latest_checkpoint(d / "checkpoints")
+    if ck is not None:
+        return f"an unfinished run with a checkpoint at step {int(ck.name.split('-')[-1])}"
+    if (d / "model.safetensors").is_file():
+        return "a model (model.safetensors)"
+    names = sorted(p.name for p in d.iterdir())
+    return f"{len(names)} {'entry' if len(names) == 1 else 'entries'} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+
+
+def _is_write_debris(p: Path) -> bool:
+    """A temporary file an interrupted atomic write left behind (``.tmp*``, ``*.part``)."""
+    return p.is_file() and not p.is_symlink() and (p.name.startswith(".tmp") or p.name.endswith(".part"))
+
+
+def _nonempty(d: Path) -> bool:
+    """Holds anything but the lock file and write debris (a run killed before it wrote anything is empty)."""
+    return d.is_dir() and any(p.name != LOCK_NAME and not _is_write_debris(p) for p in d.iterdir())
+
+
+def prepare_out(out, *, sibling: bool = False, flag: str | None = "--sibling") -> Path:
+    """The folder for a new run at ``out``: created if missing, used if empty.
+
+    A folder that holds anything is never reused: without ``sibling`` this raises
+    :class:`RunFolderError` (naming what the folder holds, how to continue it and ``flag``);
+    with ``sibling`` the first free ``<out>-2``, ``<out>-3``, ... is created and returned.
+    """
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise RunFolderError(f"--out '{p}' is a file, not a folder; give a new folder name")
+    if _nonempty(p):
+        if not sibling:
+            hint = f"continue it with 'spikerec train --resume {p}', " if (p / "config.json").is_file() else ""
+            raise RunFolderError(
+                f"run folder '{p}' already exists and holds {describe_run(p)}; it is never overwritten. "
+                f"{hint}choose another --out" + (f", or add {flag} to start a fresh numbered sibling ({p}-2, ...)"
+                                                 if flag else ""))
+        i = 2
+        while _nonempty(Path(f"{p}-{i}")) or Path(f"{p}-{i}").is_file():
+            i += 1
+        p = Path(f"{p}-{i}")
+    p.mkdir(parents=True, exist_ok=True)
+    for q in p.iterdir():  # what a run killed before its first file was complete left behind
+        if _is_write_debris(q):
+            q.unlink(missing_ok=True)
+    return p
+
+
+class RunLock:
+    """Advisory lock (``fcntl.flock`` on ``<run>/.lock``) held while a process uses a run folder.
+
+    A second process gets :class:`RunInUseError`: "run X is in use by PID N (command)". The
+    lock dies with its process (also on ``kill -9``), so a stale ``.lock`` file never blocks;
+    the file is removed on release, so using a run leaves its folder's contents as they were.
+    Use as a context manager or call :meth:`acquire` / :meth:`release`.
+    """
+
+    def __init__(self, run_dir, command: str = "spikerec"):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.command = command
+        self.fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    holder = os.read(fd, 256).decode(errors="replace").strip() or "unknown PID"
+                finally:
+                    os.close(fd)
+                pid, _, cmd = holder.partition(" ")
+                raise RunInUseError(f"run '{self.run_dir}' is in use by PID {pid}{f' ({cmd})' if cmd else ''}; "
+                                    f"wait for it to finish or stop it, then try again") from None
+            try:  # the holder before us may have removed the file: lock the file that is there now
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {self.command}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file and unlock: a run folder holds ``.lock`` only while it is in use
+        (or after its user was killed; the next user takes the stale file over)."""
+        if self.fd is not None:
+            try:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self.fd)
+                self.fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def remove_debris(run_dir) -> list[Path]:
+    """Delete what interrupted writes left in a run folder and return it: temporary checkpoint
+    folders (``checkpoints/.tmp-step-*``), step folders missing a file (an interrupted prune),
+    atomic-write temporaries (``*.part``, ``.tmp*``) and empty folders under ``export/``.
+    Call it while holding the run's :class:`RunLock`."""
+    d = Path(run_dir)
+    gone: list[Path] = []
+    if not d.is_dir():
+        return gone
+    ck = d / "checkpoints"
+    if ck.is_dir():
+        for p in ck.iterdir():
+            if p.is_dir() and (p.name.startswith(".tmp") or (p.name.startswith("step-") and not (
+                    (p / "state.safetensors").is_file() and (p / "state.json").is_file()))):
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p)
+    for p in sorted(d.rglob("*")):
+        if p.is_file() and not p.is_symlink() and (p.name.endswith(".part") or p.name.startswith(".tmp")):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    ex = d / "export"
+    if ex.is_dir():
+        for p in sorted(ex.rglob("*"), key=lambda q: -len(q.parts)):
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+                gone.append(p)
+        if not any(ex.iterdir()):
+            ex.rmdir()
+            gone.append(ex)
+    return gone
+
+
+def remove_if_unused(run_dir) -> None:
+    """Remove a run folder that holds nothing but its lock file (a run that could not start)."""
+    d = Path(run_dir)
+    try:
+        if {p.name for p in d.iterdir()} <= {LOCK_NAME}:
+            (d / LOCK_NAME).unlink(missing_ok=True)
+            d.rmdir()
+            if d.parent.name == "runs":
+                d.parent.rmdir()
+    except OSError:
+        pass
+
+
+def weights_source(run_dir, checkpoint: bool = False) -> str:
+    """Which weights :func:`load_model` uses: ``"model.safetensors"`` or ``"checkpoint checkpoints/step-N"``."""
+    d = Path(run_dir)
+    if not checkpoint:
+        return "model.safetensors"
+    ck = latest_checkpoint(d / "checkpoints")
+    return f"checkpoint {ck.relative_to(d)}" if ck is not None else "no checkpoint"
+
+
+def resume_status(run_dir) -> str:
+    """``"finished"`` (``summary.json`` written), ``"checkpoint"`` (an unfinished run with a
+    checkpoint) or ``"none"`` (nothing to resume from). Raises :class:`RunError` for a folder
+    that is not a run."""
+    d = Path(run_dir)
+    read_config(d)
+    if (d / "summary.json").is_file():
+        return "finished"
+    return "checkpoint" if checkpoints_newest_first(d / "checkpoints") else "none"
+
+
+def stop_message(stop) -> str:
+    """What to print when a run stopped early (a :class:`spikerec.train.trainer.TrainingStopped`):
+    why, the checkpoint written and the command that continues it."""
+    if stop.checkpoint:
+        return (f"stopped after {stop.step} steps ({stop.reason}); checkpoint written: {stop.checkpoint}\n"
+                f"continue with: spikerec train --resume {stop.run_dir}")
+    return (f"stopped after {stop.step} steps ({stop.reason}) before the first checkpoint (during LSC "
+            f"pre-training); nothing to resume from.\nstart it again with: spikerec train --resume {stop.run_dir} "
+            f"--from-scratch")

@@ -14,6 +14,13 @@ moments, the step, the position in the epoch, the running sums of the epoch, the
 weights and the RNG states; a resumed run replays the same arithmetic as an uninterrupted
 one. A non-finite loss stops the run at once: no checkpoint is written for that step and
 the error names the step and the last good checkpoint.
+
+Nothing is lost on a stop: ``--stop-after-steps N``, Ctrl-C (SIGINT) and SIGTERM finish the
+current step, write a checkpoint and end with :class:`TrainingStopped` (the command prints the
+resume command); a checkpoint is also written every ``checkpoint_minutes`` of wall time (for
+long epochs). A resume uses the newest *intact* checkpoint (an unreadable newer one is
+skipped and named) and cuts the metrics files back to it, so no record is duplicated. The
+summary's ``wall_time_s`` is the training time summed over all sessions of the run.
 """
 from __future__ import annotations
 
@@ -21,18 +28,22 @@ import contextlib
 import math
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from .. import optim
 from ..data import dataset_info, get_dataset, make_loader
 from ..hardware.online import OnlineLearner
 from ..optim import lr_factor
 from ..stability import lsc_pretrain
+from ..stability.progress import LSCProgressBar, lsc_warning
 from . import checkpoint as ckpt
 from . import distributed as ddp
 from .config import load_config, resolve_sizes
@@ -40,7 +51,7 @@ from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss
 from .plots import plot_curves, plot_raster
 from .runs import build_from_config, save_model, write_config
 
-__all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "build_from_config", "lr_factor", "param_groups",
+__all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "TrainingStopped", "build_from_config", "lr_factor", "param_groups",
            "select_device", "seed_everything", "forward_sequence", "evaluate"]
 
 
@@ -53,7 +64,19 @@ class NonFiniteLoss(RuntimeError):
 
 
 class StopRequested(Exception):
-    """``--stop-after-steps`` reached: the run stops as if it were killed (for resume tests)."""
+    """``--stop-after-steps`` reached (internal: :meth:`Trainer.fit` turns it into :class:`TrainingStopped`)."""
+
+
+class TrainingStopped(Exception):
+    """The run stopped early (``--stop-after-steps``, SIGINT, SIGTERM) after writing a checkpoint.
+
+    ``reason`` says why, ``step`` is the step of ``checkpoint`` (``None`` when the stop came
+    before the first step could be saved, e.g. during LSC pre-training)."""
+
+    def __init__(self, reason: str, step: int, checkpoint: str | None, run_dir, signum: int | None = None):
+        self.reason, self.step, self.checkpoint, self.run_dir, self.signum = reason, step, checkpoint, str(run_dir), signum
+        where = f"checkpoint written at step {step}: {checkpoint}" if checkpoint else "no checkpoint yet"
+        super().__init__(f"stopped by {reason} after {step} steps; {where}")
 
 
 # --- building blocks ---------------------------------------------------------------------------
@@ -166,12 +189,17 @@ class Trainer:
         run_dir: the run folder (created when missing).
         quiet: no progress bars (one line per epoch).
         resume: continue from the newest checkpoint in ``run_dir/checkpoints``.
-        stop_after_steps: stop (as if killed: no final checkpoint) after this many steps.
+        stop_after_steps: stop after this many steps with a checkpoint (raises :class:`TrainingStopped`).
         echo: where progress lines go (``print``-like callable).
+        checkpoint_minutes: also write a checkpoint when this many minutes passed since the last
+            one (``None`` or 0: only ``train.checkpoint_every`` and epoch ends).
+        handle_signals: turn SIGINT/SIGTERM into a checkpoint and :class:`TrainingStopped`
+            (single process, main thread only).
     """
 
     def __init__(self, cfg: dict | str, run_dir, *, quiet: bool = False, resume: bool = False,
-                 stop_after_steps: int | None = None, echo=None):
+                 stop_after_steps: int | None = None, echo=None, checkpoint_minutes: float | None = 10.0,
+                 handle_signals: bool = True):
         if not isinstance(cfg, dict):
             cfg = load_config(cfg)
         self.cfg = cfg
@@ -180,6 +208,9 @@ class Trainer:
         self.quiet = quiet
         self.resume = resume
         self.stop_after = stop_after_steps
+        self.checkpoint_minutes = checkpoint_minutes
+        self.handle_signals = handle_signals
+        self.signal_received: int | None = None
         self.echo = echo or (lambda s: print(s, flush=True))
         self.tc = cfg["train"]
         self.dc = cfg["data"]
@@ -238,7 +269,11 @@ class Trainer:
         self.bad_epochs = 0
         self.lsc_done = False
         self.last_ckpt: str | None = None
+        self.ckpt_step: int | None = None
         self.rng_pending = None
+        self.elapsed_before = 0.0  # training time of earlier sessions of this run (resume)
+        self.t_session = time.perf_counter()
+        self.t_last_ckpt = time.perf_counter()
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self) -> None:
@@ -257,16 +292,35 @@ class Trainer:
             "has_best": self.best is not None, "bad_epochs": self.bad_epochs, "lsc_done": self.lsc_done,
             "optimizer": ometa, "rng": rmeta, "metrics_offsets": self.metrics.offsets(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "elapsed_s": self._elapsed(),
         }
         path = ckpt.save_checkpoint(self.run_dir / "checkpoints", self.step, tensors, meta,
                                     keep=int(self.tc["keep_checkpoints"]))
         self.last_ckpt = str(path)
+        self.ckpt_step = self.step
+        self.t_last_ckpt = time.perf_counter()
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + (time.perf_counter() - self.t_session)
+
+    def _check_checkpoint(self, tensors: dict, meta: dict) -> None:
+        """Raise if a checkpoint does not fit this run (missing fields, other weights)."""
+        missing = [k for k in ("step", "epoch", "batch_in_epoch", "running", "running_rates", "best_loss", "has_best",
+                               "bad_epochs", "lsc_done", "optimizer", "rng", "metrics_offsets") if k not in meta]
+        if missing:
+            raise ckpt.CheckpointError(f"state.json lacks {', '.join(missing)}")
+        want = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+        got = {k[6:]: tuple(v.shape) for k, v in tensors.items() if k.startswith("model/")}
+        if want != got:
+            raise ckpt.CheckpointError("its model weights do not match config.json's model")
 
     def _restore(self) -> bool:
         root = self.run_dir / "checkpoints"
-        if ckpt.latest_checkpoint(root) is None:
+        if not ckpt.checkpoints_newest_first(root):
             return False
-        tensors, meta = ckpt.load_checkpoint(root)
+        tensors, meta, skipped = ckpt.load_newest_intact(root, self._check_checkpoint)
+        for d, why in skipped:
+            self.echo(f"note: checkpoint {d} cannot be used ({why}); falling back to an older one")
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
         if meta["has_best"]:
             self.best = {k[5:]: v.to(self.device) for k, v in tensors.items() if k.startswith("best/")}
@@ -283,6 +337,8 @@ class Trainer:
         self.metrics.truncate(meta["metrics_offsets"])
         self.rng_pending = ({k: v for k, v in tensors.items() if k.startswith("rng/")}, meta["rng"])
         self.last_ckpt = meta["path"]
+        self.ckpt_step = self.step
+        self.elapsed_before = float(meta.get("elapsed_s", 0.0))
         return True
 
     # ------------------------------------------------------------------ LSC phase
@@ -299,7 +355,17 @@ class Trainer:
             t0 = time.perf_counter()
             if not self.quiet:
                 self.echo(f"LSC pre-training (target radius {lc.get('target', 1.0)}) ...")
-            report = lsc_pretrain(self.model, data, lc)
+            bar = LSCProgressBar(int(lc.get("max_steps", 2000)), disable=self.quiet)
+
+            def progress(step, rec):
+                bar(step, rec)
+                if self.signal_received is not None:
+                    raise StopRequested()
+
+            try:
+                report = lsc_pretrain(self.model, data, lc, progress=progress)
+            finally:
+                bar.close()
             hist = report.history
             for i, s in enumerate(hist.get("step", [])):
                 rec = {"kind": "lsc", "step": s, "loss": hist["loss"][i], "deviation": hist["deviation"][i]}
@@ -313,6 +379,9 @@ class Trainer:
             radii = ", ".join(f"{k} {v:.3f}" for k, v in (report.best_radii or {}).items())
             self.echo(f"LSC: {report.stop_reason or 'done'} after {report.steps} steps "
                       f"({time.perf_counter() - t0:.1f} s); radii: {radii}")
+            warn = lsc_warning(report)
+            if warn:
+                self.echo(warn)
             self.lsc_report = report
         ddp.broadcast_parameters(self.model, self.dist)
         self.lsc_done = True
@@ -321,6 +390,10 @@ class Trainer:
     def _train_step(self, x, y) -> tuple[float, int, int, int, dict]:
         tc = self.tc
         B_global = x.shape[1]
+        if x.device.type == "cpu" and x.is_floating_point() and bool(torch.isnan(x).any()):
+            # checked here, on the host copy of the batch (no device sync); the layers skip it on the hot path
+            raise ValueError(f"training data: batch {self.batch_in_epoch + 1} of epoch {self.epoch + 1} "
+                             f"(step {self.step + 1}) contains NaN values; check the dataset")
         x, y = ddp.shard(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True), self.dist)
         scale = self.dist.world_size / B_global  # per-process sum -> global mean after DDP's average
         rates: dict[str, float] = {}
@@ -370,38 +443,80 @@ class Trainer:
 
     # ------------------------------------------------------------------ main loop
     def fit(self) -> dict:
-        """Run the whole job; returns the summary dict (also written to ``summary.json``)."""
+        """Run the whole job; returns the summary dict (also written to ``summary.json``).
+
+        Raises :class:`TrainingStopped` after ``--stop-after-steps`` or SIGINT/SIGTERM (a checkpoint
+        was written) and :class:`NonFiniteLoss` when the loss diverges."""
         threads = torch.get_num_threads()
+        old = self._install_signals()
         try:
             return self._fit()
         finally:
+            for sig, h in (old or {}).items():
+                signal.signal(sig, h)
             torch.set_num_threads(threads)  # train.threads applies to this run only
+
+    def _install_signals(self):
+        """SIGINT/SIGTERM set a flag checked after every step (a second one stops at once)."""
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread() \
+                or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return None
+
+        def handler(signum, frame):
+            if self.signal_received is not None:
+                raise KeyboardInterrupt
+            self.signal_received = signum
+
+        return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _maybe_stop(self) -> None:
+        if self.signal_received is not None or (self.stop_after is not None and self.step >= self.stop_after):
+            raise StopRequested()
+
+    def _checkpoint_due(self) -> bool:
+        tc = self.tc
+        if tc["checkpoint_every"] and self.step % int(tc["checkpoint_every"]) == 0:
+            return True
+        return bool(self.checkpoint_minutes) and time.perf_counter() - self.t_last_ckpt >= 60.0 * self.checkpoint_minutes
+
+    def _stop_reason(self) -> str:
+        if self.signal_received is not None:
+            return signal.Signals(self.signal_received).name
+        return f"--stop-after-steps {self.stop_after}"
 
     def _fit(self) -> dict:
         self._setup()
-        t_start = time.perf_counter()
+        self.t_session = self.t_last_ckpt = time.perf_counter()
         resumed = self.resume and self._restore()
         if self.main:
             write_config(self.run_dir, self.cfg)
             if resumed:
                 self.echo(f"resuming {self.run_dir} at step {self.step} (epoch {self.epoch + 1}, "
                           f"batch {self.batch_in_epoch}) from {self.last_ckpt}")
-        if self.cfg["lsc"]["enabled"] and not self.lsc_done:
-            self._lsc()
-            if self.stop_after is None or self.stop_after > 0:
-                self._checkpoint()
-        from tqdm.auto import tqdm
+            elif self.resume:  # started again from scratch in the same folder: drop the old records
+                self.metrics.truncate({})
 
         tc = self.tc
         epochs = int(tc["epochs"])
+        bar = None
         try:
+            if self.cfg["lsc"]["enabled"] and not self.lsc_done:
+                self._lsc()
+                self._checkpoint()
+            self._maybe_stop()
             while self.epoch < epochs:
                 self.train_loader.set_epoch(self.epoch)
-                it = iter(self.train_loader)
                 skip = self.batch_in_epoch
+                # Creating a DataLoader iterator draws a base seed from the global RNG. A checkpoint from
+                # an epoch's end was taken before that draw, one from inside an epoch after it: restore
+                # the RNG where the original run stood when it wrote the checkpoint.
+                if self.rng_pending is not None and skip == 0:
+                    ckpt.set_rng_state(*self.rng_pending)
+                    self.rng_pending = None
+                it = iter(self.train_loader)
                 for _ in range(skip):
                     next(it)
-                if self.rng_pending is not None:  # after the iterator exists, as in the original run
+                if self.rng_pending is not None:
                     ckpt.set_rng_state(*self.rng_pending)
                     self.rng_pending = None
                 if skip == 0:
@@ -410,9 +525,6 @@ class Trainer:
                            disable=self.quiet or not self.main, leave=False, dynamic_ncols=True, file=sys.stderr)
                 self.fwd.train()
                 for x, y in it:
-                    if self.stop_after is not None and self.step >= self.stop_after:
-                        bar.close()
-                        raise StopRequested()
                     lsum, n, c, k, rates = self._train_step(x, y)
                     self.step += 1
                     self.batch_in_epoch += 1
@@ -428,24 +540,28 @@ class Trainer:
                     if tc["log_every"] and self.step % int(tc["log_every"]) == 0:
                         self.metrics.log({"kind": "step", "step": self.step, "epoch": self.epoch + 1,
                                           "loss": lsum / max(n, 1), "lr": self.opt.param_groups[-1]["lr"]})
-                    if tc["checkpoint_every"] and self.step % int(tc["checkpoint_every"]) == 0 \
-                            and self.batch_in_epoch < self.steps_per_epoch:
+                    if self.batch_in_epoch < self.steps_per_epoch and self._checkpoint_due():
                         self._checkpoint()
+                    self._maybe_stop()
                 bar.close()
-                if self._end_epoch(time.perf_counter() - t_start):
+                if self._end_epoch(self._elapsed()):
                     break
+                self._maybe_stop()
         except StopRequested:
-            if self.main:
-                self.echo(f"stopped after {self.step} steps (--stop-after-steps), as if killed; "
-                          f"continue with: spikerec train --resume {self.run_dir}")
+            if bar is not None:
+                bar.close()
+            lsc_pending = self.cfg["lsc"]["enabled"] and not self.lsc_done
+            if not lsc_pending and self.ckpt_step != self.step:
+                self._checkpoint()
+            saved = self.last_ckpt if (self.ckpt_step == self.step and not lsc_pending) else None
             self.metrics.close()
             ddp.cleanup(self.dist)
-            return {"stopped_at_step": self.step, "run_dir": str(self.run_dir)}
+            raise TrainingStopped(self._stop_reason(), self.step, saved, self.run_dir, self.signal_received) from None
         except NonFiniteLoss:
             self.metrics.close()
             ddp.cleanup(self.dist)
             raise
-        summary = self._finish(time.perf_counter() - t_start)
+        summary = self._finish(self._elapsed())
         ddp.cleanup(self.dist)
         return summary
 
@@ -482,8 +598,7 @@ class Trainer:
         self.epoch += 1
         self.batch_in_epoch = 0
         self.running, self.run_rates = [0.0, 0.0, 0.0, 0.0], {}
-        if self.stop_after is None or self.step < self.stop_after:
-            self._checkpoint()
+        self._checkpoint()
         return stop
 
     def _finish(self, elapsed: float) -> dict:

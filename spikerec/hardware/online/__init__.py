@@ -10,7 +10,9 @@ accumulators across calls, chunked / parallel evaluation, compiled CPU (numba) a
     loss = learner.backward(x, target, classification_loss("mean", x.shape[0]))   # batch form
 """
 from .checkpoint import load_stream, save_stream
-from .learner import MODES, RULES, OnlineLearner, StepResult, bptt_loss, classification_loss, mse_loss, tracer_for
+from .learner import (MODES, RULES, OnlineLearner, StepResult, bptt_loss, classification_loss, cross_entropy_step_loss,
+                      mse_loss, mse_step_loss, tracer_for)
 
-__all__ = ["OnlineLearner", "StepResult", "RULES", "MODES", "classification_loss", "mse_loss", "bptt_loss",
+__all__ = ["OnlineLearner", "StepResult", "RULES", "MODES", "classification_loss", "mse_loss", "mse_step_loss",
+           "cross_entropy_step_loss", "bptt_loss",
            "tracer_for", "save_stream", "load_stream"]

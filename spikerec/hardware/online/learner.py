@@ -59,13 +59,14 @@ from ...layers.alif import ALIF
 from ...layers.lif import LIF
 from ...layers.lru import LRU
 from ...layers.readout import LeakyReadout
+from .fused_stack import FusedStack, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
 
-__all__ = ["OnlineLearner", "RULES", "MODES", "StepResult", "classification_loss", "mse_loss", "tracer_for",
-           "bptt_loss"]
+__all__ = ["OnlineLearner", "RULES", "MODES", "StepResult", "classification_loss", "mse_loss", "mse_step_loss",
+           "cross_entropy_step_loss", "tracer_for", "bptt_loss"]
 
 RULES = ("full", "spatial", "trunc1", "snap1", "bptt")
 MODES = ("stream", "chunked", "parallel")
@@ -133,15 +134,23 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
         def mean(y, target, t):
             return F.cross_entropy(y, target) / T
 
+        mean.value_and_grad = lambda y, target, t: _ce_value_and_grad(y, target, 1.0 / T)
+
         # all K steps of a block in one op: sum_k CE_mean(y_k) / T = K * CE_mean(all K*B rows) / T
         mean.block = lambda y, target, t0, t1: F.cross_entropy(
             y.flatten(0, 1), target.repeat(t1 - t0)) * ((t1 - t0) / T)
         return mean
     if readout_mode == "last":
-        return lambda y, target, t: F.cross_entropy(y, target) if t == T - 1 else None
+        def last(y, target, t):
+            return F.cross_entropy(y, target) if t == T - 1 else None
+
+        last.value_and_grad = lambda y, target, t: _ce_value_and_grad(y, target, 1.0) if t == T - 1 else None
+        return last
     if readout_mode == "per_step":
         def per_step(y, target, t):
             return F.cross_entropy(y, target[t]) / T
+
+        per_step.value_and_grad = lambda y, target, t: _ce_value_and_grad(y, target[t], 1.0 / T)
 
         per_step.block = lambda y, target, t0, t1: F.cross_entropy(
             y.flatten(0, 1), target[t0:t1].flatten(0, 1)) * ((t1 - t0) / T)
@@ -153,6 +162,47 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
 def mse_loss(y, target, t):
     """``l_t = 0.5 * sum over batch and features of (y_t - target[t])^2`` for ``target [T, B, K]``."""
     return 0.5 * ((y - target[t]) ** 2).sum()
+
+
+def _mse_value_and_grad(y, target_t):
+    """``(0.5 sum (y - target)^2, y - target)``: the loss and its gradient in closed form."""
+    d = y - (target_t if target_t.dtype == y.dtype else target_t.to(y.dtype))
+    return 0.5 * torch.dot(d.reshape(-1), d.reshape(-1)), d
+
+
+def _ce_value_and_grad(y, label, scale):
+    """``scale * CE_mean(y, label)`` and its gradient ``scale * (softmax(y) - onehot(label)) / B``."""
+    logp = torch.log_softmax(y, -1)
+    B = y.shape[0]
+    loss = -logp.gather(1, label.view(-1, 1)).sum() * (scale / B)
+    g = logp.exp_()
+    g[torch.arange(B), label] -= 1.0
+    return loss, g.mul_(scale / B)
+
+
+mse_loss.value_and_grad = lambda y, target, t: _mse_value_and_grad(y, target[t])
+
+
+def mse_step_loss(y_t, target_t):
+    """The per-step loss of :meth:`OnlineLearner.step`: ``0.5 * sum (y_t - target_t)^2`` over batch
+    and features (``target_t [B, K]``). Its gradient is known in closed form, so the stream's
+    compiled path needs no autograd call."""
+    return 0.5 * ((y_t - target_t) ** 2).sum()
+
+
+mse_step_loss.value_and_grad = _mse_value_and_grad
+
+
+def cross_entropy_step_loss(scale: float = 1.0) -> Callable:
+    """The per-step loss ``scale * CE(y_t, label_t)`` (mean over the batch; ``label_t [B]``) for
+    :meth:`OnlineLearner.step`, with its gradient in closed form (``scale (softmax(y) - onehot) / B``)."""
+    scale = float(scale)
+
+    def ce(y_t, label_t):
+        return F.cross_entropy(y_t, label_t) * scale
+
+    ce.value_and_grad = lambda y, label: _ce_value_and_grad(y, label, scale)
+    return ce
 
 
 # A per-step loss may carry ``block(y [K, B, ...], target, t0, t1)``: the sum of its steps t0..t1-1
@@ -217,12 +267,15 @@ class OnlineLearner:
             forms. ``False`` = the reference path (a per-step autograd backward, torch partials,
             step loops). ``True`` = like ``None``, but in ``stream`` mode an error says why the
             fast path cannot be used.
+        fused: ``None`` = on the fast stream path, the whole-stack compiled step of
+            :mod:`.fused_stack` (one compiled forward and one backward call per layer; LRU layers
+            under a linear readout, CPU, numba) where it applies; ``False`` = not used.
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None,
                  per_step_update: Callable | None = None, use_triton: bool | None = None, *,
                  loss: Callable | None = None, optimizer=None, update_every=None,
-                 use_numba: bool | None = None, fast: bool | None = None):
+                 use_numba: bool | None = None, fast: bool | None = None, fused: bool | None = None):
         if rule not in RULES:
             raise ValueError(f"OnlineLearner: rule must be one of {RULES}, got {rule!r}")
         if mode not in MODES:
@@ -254,6 +307,9 @@ class OnlineLearner:
         self._pending: list = []  # chunked step(): (x_t, loss closure) of the block being filled
         self._block_start = None  # chunked step(): layer states at the start of that block
         self._target_shape = None
+        self.fused = fused
+        self._fused_stack = None  # the whole-stack compiled stream step, when it applies
+        self._gen = 0  # bumped whenever states, traces or accumulators are replaced (re-binds the fused views)
 
     # --- what is exact ------------------------------------------------------------------------
     def exactness(self) -> list[tuple[int, str, str]]:
@@ -300,8 +356,12 @@ class OnlineLearner:
         if self.mode == "stream" or (drop is not None and drop.training):
             # active dropout: step by step, so the output returned and the gradient share one mask
             self._finish_block(carry=True)
-            if self._fast_kinds is not None and self.mode == "stream":
-                y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps))
+            vg = None if target_t is None else getattr(self.loss, "value_and_grad", None)
+            vg = None if vg is None else (lambda y, vg=vg: vg(y, target_t))
+            if self._fused_stack is not None:
+                y, l = self._fused_stack.step(x_t, self._closure(target_t, self.steps), vg)
+            elif self._fast_kinds is not None and self.mode == "stream":
+                y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps), vg)
             else:
                 y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
         else:
@@ -335,6 +395,7 @@ class OnlineLearner:
                            for s, si in zip(self.states, init)]
             self._zero_traces(mask)
         self._target_shape = None
+        self._gen += 1
         if self.update_every == "sequence":
             self.update()
 
@@ -352,6 +413,7 @@ class OnlineLearner:
                 ts.mat.clear()
         else:
             self._zero_traces(mask)
+        self._gen += 1
 
     def update(self) -> None:
         """Write the accumulated estimate into ``.grad`` (added) and, with an optimiser, step it
@@ -370,6 +432,7 @@ class OnlineLearner:
         self.spatial = {}
         for ts in self._traces:
             ts.G = {}
+        self._gen += 1
 
     # --- the batch convenience ------------------------------------------------------------------
     def backward(self, x: torch.Tensor, target, loss_fn: Callable) -> float:
@@ -397,8 +460,14 @@ class OnlineLearner:
             t1 = min(T, t0 + K)
             if self.mode == "stream":
                 self._check_step(x[t0], f"OnlineLearner input x (step {t0})", start=False)
-                if self._fast_kinds is not None:
-                    _, l = fast_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t))
+                if self._fused_stack is not None:
+                    vg = getattr(loss_fn, "value_and_grad", None)
+                    _, l = self._fused_stack.step(x[t0], lambda y, t=t0: loss_fn(y, target, t),
+                                                  None if vg is None else (lambda y, t=t0: vg(y, target, t)))
+                elif self._fast_kinds is not None:
+                    vg = getattr(loss_fn, "value_and_grad", None)
+                    _, l = fast_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t),
+                                            None if vg is None else (lambda y, t=t0: vg(y, target, t)))
                 else:
                     _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
             else:
@@ -502,6 +571,10 @@ class OnlineLearner:
         if self._pending:
             self._block_start = [type(s)(*(tensors[f"block_start/{l}/{f}"].clone() for f in type(s)._fields))
                                  for l, s in enumerate(self.states)]
+        self._fused_stack = None
+        if self._fast_kinds is not None and self.fused is not False and fused_supported(self, s0.dtype, s0.device):
+            self._fused_stack = FusedStack(self, s0.dtype)
+        self._gen += 1
 
     # --- internals ------------------------------------------------------------------------------
     @property
@@ -557,7 +630,7 @@ class OnlineLearner:
         if target_t.dim() == 0 or target_t.shape[0] != B:
             raise ValueError(f"{name}: expected a batch-first target with {B} samples, got shape "
                              f"{tuple(target_t.shape)}")
-        out = self.model.layers[-1].output_size
+        out = self.tracers[-1].cell.output_size
         if target_t.is_floating_point() and target_t.dim() == 2 and target_t.shape[1] != out:
             raise ValueError(f"{name}: expected shape [{B}, {out}] (the readout's size), got {tuple(target_t.shape)}")
         if self._target_shape is None:
@@ -573,6 +646,10 @@ class OnlineLearner:
         self._begin_traces(device)
         self.steps, self.since_update = 0, 0
         self._pending, self._block_start, self._target_shape = [], None, None
+        self._fused_stack = None
+        if self._fast_kinds is not None and self.fused is not False and fused_supported(self, dtype, device):
+            self._fused_stack = FusedStack(self, dtype)
+        self._gen += 1
 
     def _begin_traces(self, device):
         self.traces = [TraceState(tr) for tr in self.tracers]
@@ -610,6 +687,7 @@ class OnlineLearner:
                                    "(pip install 'spikerec[fast]')")
 
     def _prepare(self):
+        self._gen = getattr(self, "_gen", 0) + 1
         for tr in self.tracers:
             if not isinstance(tr, GenericTrace):
                 tr.prepare()
@@ -847,6 +925,7 @@ class OnlineLearner:
                 elif g is not None:
                     p.grad += g
             self.spatial = {}
+            self._gen += 1
 
 
 def _key(name: str) -> str:

@@ -13,6 +13,7 @@ fall back to the torch path.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba"]
@@ -34,6 +35,7 @@ if _HAVE_NUMBA:
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _mat_trace(eps, J, c, x, g1, g2, G1, G2, use_g, two):  # pragma: no cover - compiled
         N, B, k, H = eps.shape
+        zero = eps.dtype.type(0)  # constants of the arrays' dtype (a float64 literal would promote float32 math)
         for n in range(N):
             for h in range(H):
                 G1[n, h] = 0.0
@@ -43,8 +45,8 @@ if _HAVE_NUMBA:
                 if k == 1:
                     j00 = J[jb, n, 0, 0]
                     c0 = c[b, n, 0]
-                    q = g1[b, n, 0] if use_g else 0.0
-                    r = g2[b, n, 0] if two else 0.0
+                    q = g1[b, n, 0] if use_g else zero
+                    r = g2[b, n, 0] if two else zero
                     for h in range(H):
                         e = j00 * eps[n, b, 0, h] + c0 * x[b, h]
                         eps[n, b, 0, h] = e
@@ -53,10 +55,10 @@ if _HAVE_NUMBA:
                 else:
                     j00, j01, j10, j11 = J[jb, n, 0, 0], J[jb, n, 0, 1], J[jb, n, 1, 0], J[jb, n, 1, 1]
                     c0, c1 = c[b, n, 0], c[b, n, 1]
-                    q0 = g1[b, n, 0] if use_g else 0.0
-                    q1 = g1[b, n, 1] if use_g else 0.0
-                    r0 = g2[b, n, 0] if two else 0.0
-                    r1 = g2[b, n, 1] if two else 0.0
+                    q0 = g1[b, n, 0] if use_g else zero
+                    q1 = g1[b, n, 1] if use_g else zero
+                    r0 = g2[b, n, 0] if two else zero
+                    r1 = g2[b, n, 1] if two else zero
                     for h in range(H):
                         e0 = eps[n, b, 0, h]
                         e1 = eps[n, b, 1, h]
@@ -100,17 +102,41 @@ def mat_trace_step_numba(eps, J, c, x, gs):
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _lru_mat_trace(em, x, lr, li, gam, g, Gr, Gi, do_re, do_im):  # pragma: no cover - compiled
+        """The input-matrix trace ``s^B <- lam s^B + gamma x`` on (Re, Im) rows ``em [N, B, 2, H]``, then
+        ``G_re += Re(conj(g) s)``, ``G_im += Re(conj(g) i s)`` (``Gr``/``Gi [N, H]``): branch-free loops
+        over contiguous rows, one written array each, in a loop nest of its own (LLVM vectorises it)."""
+        N, B, _, H = em.shape
+        for n in range(N):
+            a, c, gm = lr[n], li[n], gam[n]
+            for b in range(B):
+                e0r, e1r, xr = em[n, b, 0], em[n, b, 1], x[b]
+                for h in range(H):
+                    e0, e1 = e0r[h], e1r[h]
+                    e0r[h] = a * e0 - c * e1 + gm * xr[h]
+                    e1r[h] = c * e0 + a * e1
+                if do_re:
+                    q0, q1, Gn = g[b, n, 0], g[b, n, 1], Gr[n]
+                    for h in range(H):
+                        Gn[h] += q0 * e0r[h] + q1 * e1r[h]
+                if do_im:
+                    q0, q1, Gn = g[b, n, 0], g[b, n, 1], Gi[n]
+                    for h in range(H):
+                        Gn[h] += q1 * e0r[h] - q0 * e1r[h]
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _lru_trace(hr, hi, nr, ni, x, g, use_g, lr, li, gam, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga,
                    G_bre, G_bim, has_bre, has_bim):  # pragma: no cover - compiled
         B, N = hr.shape
         H = x.shape[1]
         m = cols.shape[0]
+        zero = ev.dtype.type(0)  # of the arrays' dtype (a float64 literal would promote float32 math)
         for n in range(N):
             a, c = lr[n], li[n]
             for b in range(B):
                 p0, p1 = hr[b, n], hi[b, n]
-                q0 = g[b, n, 0] if use_g else 0.0
-                q1 = g[b, n, 1] if use_g else 0.0
+                q0 = g[b, n, 0] if use_g else zero
+                q1 = g[b, n, 1] if use_g else zero
                 for j in range(m):
                     kind = cols[j]
                     if kind == 0:
@@ -132,32 +158,8 @@ if _HAVE_NUMBA:
                             G_th[n] += val
                         else:
                             G_ga[n] += val
-                if has_mat:  # branch-free inner loops over contiguous rows (vectorised by LLVM)
-                    gm = gam[n]
-                    e0r, e1r, xr = em[n, b, 0], em[n, b, 1], x[b]
-                    if use_g and has_bre and has_bim:
-                        Gr, Gi = G_bre[n], G_bim[n]
-                        for h in range(H):
-                            e0, e1 = e0r[h], e1r[h]
-                            f0 = a * e0 - c * e1 + gm * xr[h]
-                            f1 = c * e0 + a * e1
-                            e0r[h] = f0
-                            e1r[h] = f1
-                            Gr[h] += q0 * f0 + q1 * f1
-                            Gi[h] += q1 * f0 - q0 * f1
-                    else:
-                        for h in range(H):
-                            e0, e1 = e0r[h], e1r[h]
-                            e0r[h] = a * e0 - c * e1 + gm * xr[h]
-                            e1r[h] = c * e0 + a * e1
-                        if use_g and has_bre:
-                            Gr = G_bre[n]
-                            for h in range(H):
-                                Gr[h] += q0 * e0r[h] + q1 * e1r[h]
-                        if use_g and has_bim:
-                            Gi = G_bim[n]
-                            for h in range(H):
-                                Gi[h] += q1 * e0r[h] - q0 * e1r[h]
+        if has_mat:
+            _lru_mat_trace(em, x, lr, li, gam, g, G_bre, G_bim, use_g and has_bre, use_g and has_bim)
 
 
 def lru_trace_step_numba(prev, new, x, g, lam, gam, wnu, wth, cols, ev, em, G_vec, G_bre, G_bim):
@@ -197,36 +199,46 @@ _EMPTY: dict = {}
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _mat_rows(e0r, e1r, pre, j00, j01, j10, j11, q0, q1, G, use_g):  # pragma: no cover - compiled
-        H = pre.shape[0]
-        for h in range(H):
-            e0, e1 = e0r[h], e1r[h]
-            e0r[h] = j00 * e0 + j01 * e1 + pre[h]
-            e1r[h] = j10 * e0 + j11 * e1
-        if use_g:
-            for h in range(H):
-                G[h] += q0 * e0r[h] + q1 * e1r[h]
+    def _mat_nest(em, pre, Jc, g, G, use_g):  # pragma: no cover - compiled
+        """A matrix trace ``eps[n, b] <- J[n, b] eps[n, b] + (pre[b], 0)`` (``em [N, B, 2, H]``,
+        ``Jc [N, B, 4]`` the 2x2 Jacobians) and ``G[n] += sum_b g[b, n] . eps[n, b]``: branch-free
+        loops over contiguous rows, one written array each, in a loop nest of its own (vectorised)."""
+        N, B, _, H = em.shape
+        for n in range(N):
+            for b in range(B):
+                j00, j01, j10, j11 = Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3]
+                e0r, e1r, xr = em[n, b, 0], em[n, b, 1], pre[b]
+                for h in range(H):
+                    e0, e1 = e0r[h], e1r[h]
+                    e0r[h] = j00 * e0 + j01 * e1 + xr[h]
+                    e1r[h] = j10 * e0 + j11 * e1
+                if use_g:
+                    q0, q1, Gn = g[b, n, 0], g[b, n, 1], G[n]
+                    for h in range(H):
+                        Gn[h] += q0 * e0r[h] + q1 * e1r[h]
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _alif_trace(v0, a0, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
                     detach_reset):  # pragma: no cover - compiled
         B, N = v0.shape
         m = cols.shape[0]
+        zero, one = ev.dtype.type(0), ev.dtype.type(1)  # of the arrays' dtype (no float64 promotion)
+        Jc = np.empty((N, B, 4), dtype=ev.dtype)  # the 2x2 Jacobians, for the matrix traces
         for n in range(N):
             alpha, dalpha, rho, drho, omr, bb, beta = cn[0, n], cn[1, n], cn[2, n], cn[3, n], cn[4, n], cn[5, n], cn[6, n]
-            rd = Rd[n] if has_rd else 0.0
+            rd = Rd[n] if has_rd else zero
             for b in range(B):
                 v, a, ps, z = v0[b, n], a0[b, n], psi[b, n], zp[b, n]
                 dz_a, dz_beta = -beta * ps, -a * ps
                 da_v, da_a, da_b, da_beta = omr * ps, omr * dz_a + rho, -(omr * ps), omr * dz_beta
                 da_rho = a - z
-                lta0 = 0.0
+                lta0 = zero
                 if detach_reset:
                     if has_rd:
                         dv_v = rd * ps + alpha
                         dv_a, dv_b, dv_beta = rd * dz_a, -(rd * ps), rd * dz_beta
                     else:
-                        dv_v, dv_a, dv_b, dv_beta = alpha, 0.0, 0.0, 0.0
+                        dv_v, dv_a, dv_b, dv_beta = alpha, zero, zero, zero
                 else:
                     a1 = rho * a + omr * z
                     theta = bb + beta * a1
@@ -240,12 +252,12 @@ if _HAVE_NUMBA:
                         dv_a, dv_b, dv_beta = rd * dz_a - dR_a, -(rd * ps) - dR_b, rd * dz_beta - dR_beta
                     else:
                         dv_v, dv_a, dv_b, dv_beta = alpha - dR_v, -dR_a, -dR_b, -dR_beta
-                q0 = g[b, n, 0] if use_g else 0.0
-                q1 = g[b, n, 1] if use_g else 0.0
+                q0 = g[b, n, 0] if use_g else zero
+                q1 = g[b, n, 1] if use_g else zero
                 for j in range(m):
                     kind = cols[j]
                     if kind == 0:  # log_tau_mem
-                        i0, i1 = v * dalpha, 0.0
+                        i0, i1 = v * dalpha, zero
                     elif kind == 1:  # log_tau_adapt
                         i0, i1 = lta0, da_rho * drho
                     elif kind == 2:  # b
@@ -253,7 +265,7 @@ if _HAVE_NUMBA:
                     elif kind == 3:  # beta
                         i0, i1 = dv_beta, da_beta
                     else:  # bias
-                        i0, i1 = 1.0, 0.0
+                        i0, i1 = one, zero
                     e0, e1 = ev[b, n, 0, j], ev[b, n, 1, j]
                     f0 = dv_v * e0 + dv_a * e1 + i0
                     f1 = da_v * e0 + da_a * e1 + i1
@@ -261,10 +273,11 @@ if _HAVE_NUMBA:
                     ev[b, n, 1, j] = f1
                     if use_g:
                         G_vec[kind, n] += q0 * f0 + q1 * f1
-                if has_w:
-                    _mat_rows(ew[n, b, 0], ew[n, b, 1], x[b], dv_v, dv_a, da_v, da_a, q0, q1, G_w[n], use_g)
-                if has_r:
-                    _mat_rows(er[n, b, 0], er[n, b, 1], zp[b], dv_v, dv_a, da_v, da_a, q0, q1, G_r[n], use_g)
+                Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3] = dv_v, dv_a, da_v, da_a
+        if has_w:
+            _mat_nest(ew, x, Jc, g, G_w, use_g)
+        if has_r:
+            _mat_nest(er, zp, Jc, g, G_r, use_g)
 
 
 def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_w, G_r, Rd, detach_reset):

@@ -15,7 +15,8 @@ written out here per cell instead of building and walking an autograd graph at e
   derivative ``psi``: ``g_v = gz psi``, ``g_a = -beta gz psi``, ``db -= sum_b gz psi``,
   ``dbeta -= sum_b gz psi a``, ``gx = g_v W``.
 
-The only autograd call left is ``d l_t / d y_t`` of the user's loss on a leaf ``y_t``.
+The only autograd call left is ``d l_t / d y_t`` of the user's loss on a leaf ``y_t``, and none when the
+loss carries its gradient in closed form (``value_and_grad``, as the package's losses do).
 The result equals the autograd spatial backward of :meth:`OnlineLearner._stream`
 (tests/test_online_fast.py, float64, fresh random inputs). Networks with other cells (LIF, GRU,
 ...) or with active dropout keep the autograd path.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
 from .traces_base import stream_step
 from .traces_lif import ALIFTrace, ReadoutTrace
@@ -39,7 +41,7 @@ def _kind(tr) -> str | None:
         return "alif"
     if isinstance(tr, ReadoutTrace):
         return "leaky_readout"
-    if getattr(tr, "stateless", False) and type(tr.cell).__name__ == "LeakyReadout":  # a linear readout
+    if getattr(tr, "stateless", False) and isinstance(tr.cell, LeakyReadout):  # a linear readout
         return "readout"
     return None
 
@@ -85,9 +87,10 @@ def _acc_mm(spatial: dict, p, a, b, alpha: float = 1.0) -> None:
         spatial[p] = torch.mm(a, b) if alpha == 1.0 else torch.mm(a, b).mul_(alpha)
 
 
-def fast_stream_step(learner, x_t, closure):
+def fast_stream_step(learner, x_t, closure, value_and_grad=None):
     """One stream step of ``learner`` with the hand-written spatial backward; returns
-    ``(y_t, loss_t)`` (both detached; ``loss_t`` is ``None`` without a loss)."""
+    ``(y_t, loss_t)`` (both detached; ``loss_t`` is ``None`` without a loss). With
+    ``value_and_grad(y) -> (loss, d loss / d y) | None`` the loss gradient needs no autograd."""
     tracers, states = learner.tracers, learner.states
     kinds = learner._fast_kinds
     recs = []
@@ -114,7 +117,11 @@ def fast_stream_step(learner, x_t, closure):
     y = h
     loss = None
     gy = None
-    if closure is not None:
+    if closure is not None and value_and_grad is not None:
+        lg = value_and_grad(y)
+        if lg is not None:
+            loss, gy = lg
+    elif closure is not None:
         yl = y.detach().requires_grad_()
         with torch.enable_grad():
             loss = closure(yl)

@@ -151,21 +151,27 @@ class LRUTrace(LayerTrace):
         return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
                 and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
 
-    def fused_stream_step(self, ts, x, prev, new, g) -> None:
-        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
-        (or ``None``) as one compiled pass (:func:`.numba_kernels.lru_trace_step_numba`); the same
-        result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
-        k = self.consts(x.dtype)
+    def fused_setup(self, dtype):
+        """The compiled trace step's per-sequence constants: ``(cols, names, wnu, wth, (Re lam,
+        Im lam), gam)`` (``cols``: the stacked per-neuron traces, 0 ``nu_log``, 1 ``theta_log``,
+        2 ``gamma_log``)."""
+        k = self.consts(dtype)
         f = k.get("fused")
         if f is None:
             kinds = [j for j, (name, key) in enumerate((("nu_log", "w_nu"), ("theta_log", "w_theta"), ("gamma_log", None)))
                      if (key in k if key else name in self.traced)]
             names = [("nu_log", "theta_log", "gamma_log")[j] for j in kinds]
-            wnu = torch.stack(k["w_nu"], -1).to(x.dtype).contiguous() if "w_nu" in k else None
-            wth = torch.stack(k["w_theta"], -1).to(x.dtype).contiguous() if "w_theta" in k else None
+            wnu = torch.stack(k["w_nu"], -1).to(dtype).contiguous() if "w_nu" in k else None
+            wth = torch.stack(k["w_theta"], -1).to(dtype).contiguous() if "w_theta" in k else None
             f = k["fused"] = (np.asarray(kinds, dtype=np.int64), names, wnu, wth,
                               (k["lr"].contiguous(), k["li"].contiguous()), k["gam"].contiguous())
-        cols, names, wnu, wth, lam, gam = f
+        return f
+
+    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
+        (or ``None``) as one compiled pass (:func:`.numba_kernels.lru_trace_step_numba`); the same
+        result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
+        cols, names, wnu, wth, lam, gam = self.fused_setup(x.dtype)
         B, N = prev.x_re.shape
         ev = ts.vec.get(_STACK)
         if ev is None and names:

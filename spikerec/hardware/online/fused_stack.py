@@ -1,0 +1,362 @@
+"""Whole-stack compiled stream step for LRU stacks with a linear readout (the stream mode's
+fastest path).
+
+Per time step, instead of ~40 small torch ops, this path makes one compiled (numba) call per
+layer for the forward pass and one per layer for the backward, on numpy views of the learner's
+own tensors (states, traces, accumulators), which are bound once and re-bound only when the
+learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors``, ...):
+
+* forward, LRU (Orvieto et al. 2023, Sec. 3): ``h_t = lam h_{t-1} + gamma B u_t`` (on (Re, Im)
+  pairs, ``gamma`` folded into ``B``), ``y_t = C_re Re h_t - C_im Im h_t + D u_t``; linear readout
+  ``y = W h + b``; the states are updated in place (the previous state is kept in a scratch
+  buffer for the traces);
+* the loss gradient ``d l_t / d y_t`` in closed form for the package's own losses (``mse`` and
+  ``cross_entropy`` forms, see :func:`.learner.mse_step_loss`); other losses use one autograd
+  call on a leaf ``y_t``;
+* backward: the hand-written spatial backward of :mod:`.spatial` (readout: ``dW += gy^T h``,
+  ``db += sum_b gy``, ``gh = gy W``; LRU: ``g_re = gy C_re``, ``g_im = -gy C_im``,
+  ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h``, ``dD += gy u``,
+  ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``) and, in the same compiled call, the
+  trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL recursions of
+  :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) with its contraction ``G += g . eps``.
+
+It equals the torch reference (``fast=False``) in float64 to rounding
+(tests/test_online_fused.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
+CPU float32/float64 tensors with numba installed; everything else keeps :mod:`.spatial`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .numba_kernels import numba_available
+from .traces_base import _STACK
+from .traces_lru import LRUTrace
+
+__all__ = ["fused_supported", "FusedStack"]
+
+try:
+    import numba as _nb
+except Exception:  # pragma: no cover - optional
+    _nb = None
+
+# Reassociation lets LLVM vectorise the dot products (rounding differs from torch's by ~1 ulp per
+# sum; the same for every run, so checkpoints still resume bit-identically). No 'nnan'/'ninf'.
+_FM = {"reassoc", "contract", "nsz"}
+
+if _nb is not None:
+    from .numba_kernels import _lru_trace
+
+    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
+    def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cr, Ci, D, dvec, y):  # pragma: no cover - compiled
+        B, H = u.shape
+        N = hr.shape[1]
+        K = y.shape[1]
+        w = np.empty(2 * N, dtype=hr.dtype)
+        for b in range(B):
+            for n in range(2 * N):
+                w[n] = 0.0
+            for h in range(H):
+                uh = u[b, h]
+                row = Bg[h]
+                for n in range(2 * N):
+                    w[n] += uh * row[n]
+            for n in range(N):
+                p0, p1 = hr[b, n], hi[b, n]
+                pr[b, n] = p0
+                pi[b, n] = p1
+                hr[b, n] = (lr[n] * p0 - li[n] * p1) + w[n]
+                hi[b, n] = (lr[n] * p1 + li[n] * p0) + w[N + n]
+            for k in range(K):
+                acc = y.dtype.type(0)  # of the arrays' dtype (a float64 literal would promote)
+                cr, ci = Cr[k], Ci[k]
+                for n in range(N):
+                    acc += cr[n] * hr[b, n] - ci[n] * hi[b, n]
+                if dvec:
+                    acc += D[k, 0] * u[b, k]
+                else:
+                    for h in range(H):
+                        acc += D[k, h] * u[b, h]
+                y[b, k] = acc
+
+    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
+    def _linear_fwd(h, W, bias, has_b, y):  # pragma: no cover - compiled
+        B, H = h.shape
+        K = y.shape[1]
+        for b in range(B):
+            for k in range(K):
+                acc = y.dtype.type(0)  # of the arrays' dtype (a float64 literal would promote)
+                wk = W[k]
+                for j in range(H):
+                    acc += wk[j] * h[b, j]
+                if has_b:
+                    acc += bias[k]
+                y[b, k] = acc
+
+    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
+    def _linear_bwd(gy, h, W, dW, db, has_w, has_b, gh):  # pragma: no cover - compiled
+        B, H = h.shape
+        K = gy.shape[1]
+        for k in range(K):
+            for b in range(B):
+                q = gy[b, k]
+                if has_w:
+                    row = dW[k]
+                    for j in range(H):
+                        row[j] += q * h[b, j]
+                if has_b:
+                    db[k] += q
+        for b in range(B):
+            for j in range(H):
+                gh[b, j] = 0.0
+            for k in range(K):
+                q = gy[b, k]
+                wk = W[k]
+                for j in range(H):
+                    gh[b, j] += q * wk[j]
+
+    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
+    def _lru_bwd(gy, use_g, u, hr, hi, pr, pi, Cr, Ci, D, dvec, Br, Bi, gam, lr, li, dCr, dCi, dD, has_cr, has_ci,
+                 has_d, g, gu, need_gu, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre,
+                 has_bim):  # pragma: no cover - compiled
+        B, H = u.shape
+        N = hr.shape[1]
+        K = Cr.shape[0]
+        if use_g:
+            tr = np.empty(N, dtype=hr.dtype)  # contiguous rows (g's fields are interleaved)
+            ti = np.empty(N, dtype=hr.dtype)
+            for b in range(B):
+                tr[:] = 0.0
+                ti[:] = 0.0
+                for k in range(K):
+                    q = gy[b, k]
+                    cr, ci = Cr[k], Ci[k]
+                    for n in range(N):
+                        tr[n] += q * cr[n]
+                    for n in range(N):
+                        ti[n] -= q * ci[n]
+                for n in range(N):
+                    g[b, n, 0] = tr[n]
+                    g[b, n, 1] = ti[n]
+            for k in range(K):
+                for b in range(B):
+                    q = gy[b, k]
+                    if has_cr:
+                        row = dCr[k]
+                        for n in range(N):
+                            row[n] += q * hr[b, n]
+                    if has_ci:
+                        row = dCi[k]
+                        for n in range(N):
+                            row[n] -= q * hi[b, n]
+                    if has_d:
+                        if dvec:
+                            dD[k, 0] += q * u[b, k]
+                        else:
+                            row = dD[k]
+                            for h in range(H):
+                                row[h] += q * u[b, h]
+            if need_gu:
+                for b in range(B):
+                    for h in range(H):
+                        gu[b, h] = 0.0
+                    for k in range(K):
+                        q = gy[b, k]
+                        if dvec:
+                            gu[b, k] += q * D[k, 0]
+                        else:
+                            dk = D[k]
+                            for h in range(H):
+                                gu[b, h] += q * dk[h]
+                    for n in range(N):
+                        a0 = gam[n] * g[b, n, 0]
+                        a1 = gam[n] * g[b, n, 1]
+                        br, bi = Br[n], Bi[n]
+                        for h in range(H):
+                            gu[b, h] += a0 * br[h] + a1 * bi[h]
+        _lru_trace(pr, pi, hr, hi, u, g, use_g, lr, li, gam, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga,
+                   G_bre, G_bim, has_bre, has_bim)
+
+
+def _is_linear_readout(tr) -> bool:
+    return getattr(tr, "stateless", False) and type(tr.cell).__name__ == "LeakyReadout"
+
+
+def fused_supported(learner, dtype, device) -> bool:
+    """Whether the whole-stack path applies: every layer but the last an LRU with the fused trace
+    kernel ready, the last a linear (non-leaky) readout, no active dropout, ``full``/``snap1``."""
+    if _nb is None or not numba_available() or learner.use_numba is False or learner.mode != "stream":
+        return False
+    if learner.rule not in ("full", "snap1") or torch.device(device).type != "cpu":
+        return False
+    if dtype not in (torch.float32, torch.float64):
+        return False
+    drop = getattr(learner.model, "dropout", None)
+    if drop is not None and drop.training:
+        return False
+    trs = learner.tracers
+    if len(trs) < 2 or not _is_linear_readout(trs[-1]):
+        return False
+    if trs[-1].cell.weight.dtype != dtype:
+        return False
+    return all(isinstance(tr, LRUTrace) and tr.traced and tr.fused_ready(dtype, device) for tr in trs[:-1])
+
+
+def _np(t):
+    return t.detach().numpy()
+
+
+class FusedStack:
+    """Bound numpy views of one learner's tensors and the per-step driver."""
+
+    def __init__(self, learner, dtype):
+        self.learner, self.dtype = learner, dtype
+        self.gen = None
+
+    # --- binding ------------------------------------------------------------------------------
+    def _acc(self, p):
+        """The spatial accumulator of ``p`` (created as zeros), or ``None`` if ``p`` is not trained."""
+        if not p.requires_grad:
+            return None
+        sp = self.learner.spatial
+        a = sp.get(p)
+        if a is None or not a.is_contiguous() or a.dtype != p.dtype:
+            a = sp[p] = (torch.zeros_like(p, memory_format=torch.contiguous_format) if a is None
+                         else a.contiguous().to(p.dtype))
+        return a
+
+    def bind(self):
+        lr_ = self.learner
+        dt = self.dtype
+        states = lr_.states
+        B = states[0][0].shape[0]
+        for l, s in enumerate(states):  # own contiguous tensors, updated in place
+            states[l] = type(s)(*(f.detach().to(dt).clone(memory_format=torch.contiguous_format) for f in s))
+        dummy2 = np.zeros((1, 1), dtype=np.float64 if dt == torch.float64 else np.float32)
+        dummy1 = dummy2[0]
+        self.layers = []
+        for l, tr in enumerate(lr_.tracers[:-1]):
+            c, ts = tr.cell, lr_.traces[l]
+            k = tr.consts(dt)
+            cols, names, wnu, wth, lam, gam = tr.fused_setup(dt)
+            N = k["N"]
+            H = c.B_re.shape[1]
+            ev = ts.vec.get(_STACK)
+            if ev is None:
+                ev = torch.zeros((B, N, 2, len(names)), dtype=dt)
+                if names:
+                    ts.vec[_STACK] = ev
+            mat = "B_re" in tr.traced or "B_im" in tr.traced
+            em = ts.mat.get("B_re") if mat else None
+            if mat and em is None:
+                em = ts.mat["B_re"] = torch.zeros((N, B, 2, H), dtype=dt)
+            G = {}
+            for name in names + [n for n in ("B_re", "B_im") if n in tr.traced]:
+                a = ts.G.get(name)
+                if a is None or not a.is_contiguous():
+                    a = ts.G[name] = (torch.zeros_like(tr.params[name], memory_format=torch.contiguous_format)
+                                      if a is None else a.contiguous())
+                G[name] = a
+            Bg = k.get("Bt_gamma")
+            if Bg is None:
+                Bg = k["Bt_gamma"] = (k["Bt"] * k["gam2"]).contiguous()
+            D = c.D.detach().to(dt)
+            dvec = D.dim() == 1
+            Dm = D.reshape(-1, 1) if dvec else D
+            accs = [self._acc(c.C_re), self._acc(c.C_im), self._acc(c.D)]
+            st = states[l]
+            pr, pi = torch.empty_like(st.x_re), torch.empty_like(st.x_im)
+            K = c.C_re.shape[0]
+            keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam)  # noqa: F841 (views below)
+            dD = accs[2]
+            fwd = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
+                   _np(c.C_re.detach().to(dt).contiguous()), _np(c.C_im.detach().to(dt).contiguous()),
+                   Dm.contiguous().numpy(), dvec)
+            gbuf = torch.zeros((B, N, 2), dtype=dt)
+            gu = torch.zeros((B, H), dtype=dt)
+            Gv = [G.get(n) for n in ("nu_log", "theta_log", "gamma_log")]
+            bwd = dict(
+                hr=fwd[0], hi=fwd[1], pr=fwd[2], pi=fwd[3], Cr=fwd[7], Ci=fwd[8], D=fwd[9], dvec=dvec,
+                Br=_np(c.B_re.detach().to(dt).contiguous()), Bi=_np(c.B_im.detach().to(dt).contiguous()),
+                gam=_np(gam), lr=_np(lam[0]), li=_np(lam[1]),
+                dCr=dummy2 if accs[0] is None else accs[0].numpy(), dCi=dummy2 if accs[1] is None else accs[1].numpy(),
+                dD=dummy2 if dD is None else dD.view(-1, 1).numpy() if dvec else dD.numpy(),
+                has_cr=accs[0] is not None, has_ci=accs[1] is not None, has_d=dD is not None,
+                g=gbuf.numpy(), gu=gu.numpy(), need_gu=l > 0,
+                wnu=dummy2 if wnu is None else wnu.numpy(), wth=dummy2 if wth is None else wth.numpy(), cols=cols,
+                ev=ev.numpy(), em=em.numpy() if mat else ev[:1, :1, :1, :1].numpy(), has_mat=mat,
+                G_nu=dummy1 if Gv[0] is None else Gv[0].numpy(), G_th=dummy1 if Gv[1] is None else Gv[1].numpy(),
+                G_ga=dummy1 if Gv[2] is None else Gv[2].numpy(),
+                G_bre=dummy2 if "B_re" not in G else G["B_re"].numpy(),
+                G_bim=dummy2 if "B_im" not in G else G["B_im"].numpy(),
+                has_bre="B_re" in G, has_bim="B_im" in G)
+            y = torch.empty((B, K), dtype=dt)
+            self.layers.append((fwd, bwd, y, gu, keep))
+        ro = lr_.tracers[-1].cell
+        W = ro.weight.detach().to(dt).contiguous()
+        has_b = ro.bias is not None
+        bias = ro.bias.detach().to(dt).contiguous() if has_b else torch.zeros(1, dtype=dt)
+        dW, db = self._acc(ro.weight), (self._acc(ro.bias) if has_b else None)
+        Hin = W.shape[1]
+        self.readout = (W, bias, dW, db, torch.empty((B, Hin), dtype=dt))
+        self.ro_args = (W.numpy(), bias.numpy(), has_b)
+        self.ro_bwd = (W.numpy(), dummy2 if dW is None else dW.numpy(), dummy1 if db is None else db.numpy(),
+                       dW is not None, db is not None)
+        self.ystate = states[-1]
+        self.fwd_args = [fwd + (y.numpy(),) for fwd, _, y, _, _ in self.layers]
+        self.bwd_args = []
+        for _, a, _, _, _ in self.layers:
+            self.bwd_args.append((a["hr"], a["hi"], a["pr"], a["pi"], a["Cr"], a["Ci"], a["D"], a["dvec"], a["Br"],
+                                  a["Bi"], a["gam"], a["lr"], a["li"], a["dCr"], a["dCi"], a["dD"], a["has_cr"],
+                                  a["has_ci"], a["has_d"], a["g"], a["gu"], a["need_gu"], a["wnu"], a["wth"],
+                                  a["cols"], a["ev"], a["em"], a["has_mat"], a["G_nu"], a["G_th"], a["G_ga"],
+                                  a["G_bre"], a["G_bim"], a["has_bre"], a["has_bim"]))
+        self.yout_np = self.ystate[0].numpy()
+        self.gh_np = self.readout[4].numpy()
+        self.gen = lr_._gen
+
+    # --- one step -------------------------------------------------------------------------------
+    def step(self, x_t, closure, value_and_grad=None):
+        """Forward, loss gradient, spatial backward and trace step of every layer; returns
+        ``(y_t, loss_t)`` (``loss_t`` ``None`` without a loss)."""
+        if self.gen != self.learner._gen:
+            self.bind()
+        x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
+        u = x.numpy()
+        ins = []
+        for fa in self.fwd_args:
+            ins.append(u)
+            _lru_fwd(u, *fa)
+            u = fa[-1]
+        _linear_fwd(u, *self.ro_args, self.yout_np)
+        y_t = self.ystate[0].clone()
+        loss = gy = None
+        if closure is not None:
+            if value_and_grad is not None:  # closed form: (loss, d loss / d y) or None (no loss here)
+                lg = value_and_grad(y_t)
+                if lg is not None:
+                    loss, gy = lg
+            else:
+                yl = y_t.clone().requires_grad_()
+                with torch.enable_grad():
+                    loss = closure(yl)
+                if loss is not None:
+                    if loss.dim() != 0:
+                        raise ValueError(f"loss must return a scalar at step {self.learner.steps}, "
+                                         f"got shape {tuple(loss.shape)}")
+                    if loss.requires_grad:
+                        (gy,) = torch.autograd.grad(loss, yl, allow_unused=True)
+                    loss = loss.detach()
+        use_g = gy is not None
+        if use_g:
+            if gy.dtype != self.dtype or not gy.is_contiguous():
+                gy = gy.to(self.dtype).contiguous()
+            _linear_bwd(gy.numpy(), u, *self.ro_bwd, self.gh_np)
+            gcur = self.gh_np
+        else:
+            gcur = self.ro_args[0][:0]  # unused
+        for l in range(len(self.layers) - 1, -1, -1):
+            ba = self.bwd_args[l]
+            _lru_bwd(gcur, use_g, ins[l], *ba)
+            gcur = ba[20]  # the error reaching the layer's input
+        return y_t, loss

@@ -1,0 +1,118 @@
+"""Fused time loop of the adaptive LIF (ALIF) neuron with a hand-written backward.
+
+The recurrence, in the form of the official code of the LSC paper (Herranz-Celotti &
+Rouat, 2024, Sec. 4 and App. H; the adaptive threshold of Bellec et al. 2018, eq. 2-3):
+
+    z_{t-1} = H(v_{t-1} - b - beta a_{t-1})
+    a_t     = rho a_{t-1} + (1 - rho) z_{t-1}
+    theta_t = b + beta a_t
+    v_t     = alpha v_{t-1} + I_t + W_rec z_{t-1} - theta_t z_{t-1}
+    z_t     = H(v_t - theta_t)
+
+with the reset term stop-gradient when ``detach_reset`` (as the official code). The input
+currents ``I`` come from one matmul outside.
+
+Saved for the backward: ``v_t``, ``a_t`` and the spikes as booleans (one byte); never
+the input currents. Each forward step is five torch calls (``a``, ``theta``, the recurrent
+``addmm``, the membrane, the comparison), each backward step four (the surrogate
+product, ``dL/dv``, ``dL/da``, and one ``addmm`` for the carry into ``z_{t-1}``); the
+surrogate derivatives and all parameter reductions are vectorised outside the loops.
+It equals autograd through :meth:`ALIF.step` (tests check values and gradients in float64).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["ALIFSequence", "alif_sequence"]
+
+
+class ALIFSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset):
+        T = I.shape[0]
+        V = torch.empty_like(I)
+        A = torch.empty_like(I)
+        Z = torch.empty_like(I)
+        z0 = torch.gt(v0, b + beta * a0)
+        z = z0.to(I.dtype)
+        v, a = v0, a0
+        one_m_rho = 1.0 - rho
+        w_t = w_rec.t() if w_rec is not None else None
+        for t in range(T):
+            a = torch.mul(a, rho, out=A[t]).addcmul_(one_m_rho, z)  # rho a + (1 - rho) z
+            theta = torch.addcmul(b, beta, a)
+            J = I[t] if w_t is None else torch.addmm(I[t], z, w_t)
+            v = torch.addcmul(J, alpha, v, out=V[t]).addcmul_(theta, z, value=-1.0)
+            z = torch.gt(v, theta, out=Z[t])
+        ctx.save_for_backward(v0, a0, alpha, rho, b, beta, w_rec, V, A, Z.to(torch.bool), z0)
+        ctx.surrogate, ctx.detach_reset = surrogate, detach_reset
+        return Z, v.clone(), a.clone()
+
+    @staticmethod
+    def backward(ctx, gZ, gvT, gaT):
+        v0, a0, alpha, rho, b, beta, w_rec, V, A, Zb, z0 = ctx.saved_tensors
+        sur, detach = ctx.surrogate, ctx.detach_reset
+        need = ctx.needs_input_grad
+        T = V.shape[0]
+        dtype = V.dtype
+        if gZ is None:
+            gZ = torch.zeros_like(V)
+        THETA = torch.addcmul(b, beta, A)
+        Zprev = torch.cat([z0.unsqueeze(0), Zb[:-1]], 0).to(dtype)
+        GU = sur.derivative(V - THETA)  # overwritten in place by dL/dz * sigma'
+        del THETA
+        G = torch.empty_like(V)  # dL/dv_t
+        GA = torch.empty_like(V)  # dL/da_t
+        one_m_rho = 1.0 - rho
+        w_b = w_rec.contiguous() if w_rec is not None else None
+        gv = gvT if gvT is not None else torch.zeros_like(v0)
+        ga = gaT if gaT is not None else torch.zeros_like(v0)
+        neg_beta = -beta
+        carry = None
+        for t in range(T - 1, -1, -1):
+            gu = GU[t]
+            if carry is None:
+                gu.mul_(gZ[t])
+            else:
+                gu.mul_(carry.add_(gZ[t]))
+            if t == T - 1:
+                gv = torch.add(gv, gu, out=G[t])
+                ga = torch.addcmul(ga, neg_beta, gu, out=GA[t])
+            else:
+                gv = torch.addcmul(gu, alpha, gv, out=G[t])  # alpha dL/dv_{t+1} + gu
+                ga = torch.mul(ga, rho, out=GA[t]).addcmul_(neg_beta, gu)
+            if not detach:
+                ga.addcmul_(gv, Zprev[t] * beta, value=-1.0)  # theta_t z_{t-1} depends on a_t
+            carry = one_m_rho * ga
+            if w_b is not None:
+                carry = torch.addmm(carry, gv, w_b)
+            if not detach:
+                carry.addcmul_(gv, b + beta * A[t], value=-1.0)
+        gv = alpha * gv
+        ga = rho * ga
+        # z_{-1} = H(v0 - b - beta a0)
+        gu0 = carry * sur.derivative(v0 - (b + beta * a0))
+        gv = gv + gu0
+        ga = ga - beta * gu0
+        # dL/dtheta_t = -gu_t (- dL/dv_t z_{t-1} without detach)
+        GTH = GU.neg_() if detach else torch.addcmul(GU, G, Zprev).neg_()
+        g_alpha = g_rho = g_b = g_beta = g_w = None
+        if need[3]:
+            Vprev = torch.cat([v0.unsqueeze(0), V[:-1]], 0)
+            g_alpha = (G * Vprev).sum((0, 1))
+        if need[4]:
+            Aprev = torch.cat([a0.unsqueeze(0), A[:-1]], 0)
+            g_rho = (GA * (Aprev - Zprev)).sum((0, 1))
+        if need[5]:
+            g_b = GTH.sum((0, 1)) - gu0.sum(0)
+        if need[6]:
+            g_beta = (GTH * A).sum((0, 1)) - (gu0 * a0).sum(0)
+        if w_rec is not None and need[7]:
+            N = V.shape[-1]
+            g_w = G.reshape(-1, N).t() @ Zprev.reshape(-1, N)
+        return (G, gv, ga, g_alpha, g_rho, g_b, g_beta, g_w, None, None)
+
+
+def alif_sequence(I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset):
+    """``(Z, v_T, a_T)`` of the ALIF recurrence over ``I[T, B, N]`` (module docstring)."""
+    return ALIFSequence.apply(I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset)

@@ -1,0 +1,112 @@
+"""Compiled CPU kernels (numba) of the feed-forward LIF time loop and its reverse pass.
+
+They run the same recurrence as :mod:`spikerec.kernels.lif_sequence` (whose docstring
+gives the equations) for layers without recurrent weights, where every neuron is an
+independent scalar recurrence: one pass over time per block of neurons, the state kept
+in registers; the backward recomputes the spikes from the saved membranes. The reverse pass accumulates the per-neuron parameter gradients inside the loop, so
+nothing of size ``T`` is written besides the input-current gradient.
+
+``numba`` is imported lazily (on the first call): ``import spikerec`` never pays for it.
+Compilation is cached on disk (``cache=True``).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..surrogate import ATan, FastSigmoid
+
+__all__ = ["available", "lif_forward", "lif_backward"]
+
+RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
+
+
+def _kernels():
+    import numba
+
+    from . import lif_sequence_numba_kernels as k
+
+    return numba, k.fwd, k.bwd
+
+
+@functools.lru_cache(maxsize=1)
+def available() -> bool:
+    """True when numba imports."""
+    try:
+        import numba  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _threads(numba) -> None:
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+def _np(t: torch.Tensor):
+    return t.detach().contiguous().numpy()
+
+
+def _flat(p: torch.Tensor, B: int, N: int) -> torch.Tensor:
+    """A per-neuron parameter ``[N]`` (or scalar) broadcast to the flattened ``[B*N]``."""
+    return p.detach().expand(B, N).reshape(-1).contiguous()
+
+
+def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
+    """Forward loop: returns ``(Z, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``)."""
+    numba, fwd, _ = _kernels()
+    _threads(numba)
+    T, B, N = I.shape
+    syn = i0 is not None
+    V = torch.empty_like(I)
+    Zf = torch.empty_like(I)
+    Iseq = torch.empty_like(I) if syn else torch.empty(1, 1, dtype=I.dtype)
+    vT = torch.empty_like(v0)
+    iT = torch.empty_like(v0)
+    zeros = torch.zeros(B * N, dtype=I.dtype)
+    fwd(_np(I.reshape(T, B * N)), _np(v0.reshape(-1)), _np(i0.reshape(-1)) if syn else zeros.numpy(),
+        _flat(alpha, B, N).numpy(), _flat(alpha_s, B, N).numpy() if syn else zeros.numpy(), _flat(thr, B, N).numpy(),
+        RESET_CODES[reset], syn, V.view(T, B * N).numpy(), Zf.view(T, B * N).numpy(),
+        Iseq.view(T, B * N).numpy() if syn else Iseq.numpy(), vT.view(-1).numpy(), iT.view(-1).numpy())
+    return Zf, V, (Iseq if syn else None), vT, (iT if syn else None)
+
+
+def surrogate_code(sur) -> tuple[int, float, float]:
+    """``(code, slope, scale)`` of a surrogate the compiled backward evaluates inline (fast sigmoid,
+    arc-tangent: the formulas of :mod:`spikerec.surrogate`, tested equal); ``(0, 0, 0)`` for the others,
+    whose derivatives are then computed by torch before the reverse loop."""
+    if type(sur) is FastSigmoid:
+        return 1, float(sur.slope), float(sur.scale)
+    if type(sur) is ATan:
+        return 2, float(sur.slope), float(sur.scale)
+    return 0, 0.0, 0.0
+
+
+def lif_backward(gZ, sur, V, v0, z0, i0, Iseq, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT):
+    """Reverse pass: returns ``(dL/dI, dL/dv0, dL/di0|None, per-element dL/dalpha, dL/dalpha_s, dL/dthr)``;
+    the last three are ``[B, N]`` (sum over the batch for per-neuron parameters)."""
+    numba, _, bwd = _kernels()
+    _threads(numba)
+    T, B, N = V.shape
+    M = B * N
+    syn = i0 is not None
+    dt = V.dtype
+    DJ = torch.empty_like(V)
+    out = [torch.empty(M, dtype=dt) for _ in range(5)]
+    zeros = torch.zeros(M, dtype=dt)
+    dummy = torch.empty(1, 1, dtype=dt)
+    code, p1, p2 = surrogate_code(sur)
+    SD = dummy if code else sur.derivative(V - thr)
+    sd0 = sur.derivative(v0 - thr)
+    bwd(_np(gZ.reshape(T, M)), _np(SD.reshape(-1, M) if code == 0 else SD), code, p1, p2, _np(sd0.reshape(-1)),
+        _np(V.reshape(T, M)),
+        _np(v0.reshape(-1)), _np(z0.reshape(-1).to(torch.uint8)), _np(i0.reshape(-1)) if syn else zeros.numpy(),
+        _np(Iseq.reshape(T, M)) if (syn and Iseq is not None) else dummy.numpy(),
+        _flat(alpha, B, N).numpy(), _flat(alpha_s, B, N).numpy() if syn else zeros.numpy(), _flat(thr, B, N).numpy(),
+        RESET_CODES[reset], syn, bool(detach),
+        _np(gvT.reshape(-1)) if gvT is not None else zeros.numpy(),
+        _np(giT.reshape(-1)) if (syn and giT is not None) else zeros.numpy(),
+        DJ.view(T, M).numpy(), *[o.numpy() for o in out])
+    gv0, gi0, ga, gas, gth = (o.view(B, N) for o in out)
+    return DJ, gv0, (gi0 if syn else None), ga, gas, gth

@@ -1,0 +1,60 @@
+"""The numba kernels behind :mod:`spikerec.kernels.scan_numba` (imported on first use).
+
+``x_t = a x_{t-1} + b_t`` with ``a`` constant in time, forward and reverse, over ``[T, M]``
+(``M`` = all channels flattened); one parallel region per call, each block of channels
+running its whole time loop with the state in a small buffer.
+"""
+import numpy as np
+from numba import njit, prange
+
+BLOCK = 512
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def fwd(a, b, x0, has_x0, out):  # pragma: no cover - compiled
+    T, M = b.shape
+    nblk = (M + BLOCK - 1) // BLOCK
+    for k in prange(nblk):
+        lo = k * BLOCK
+        hi = min(M, lo + BLOCK)
+        n = hi - lo
+        al = a[lo:hi]
+        s = x0[lo:hi].copy() if has_x0 else np.zeros(n, dtype=b.dtype)
+        for t in range(T):
+            bt = b[t, lo:hi]
+            ot = out[t, lo:hi]
+            for m in range(n):
+                v = al[m] * s[m] + bt[m]
+                s[m] = v
+                ot[m] = v
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def bwd(ac, g, x, x0, has_x0, need_ga, gam, ga):  # pragma: no cover - compiled
+    """``gam_t = g_t + ac gam_{t+1}`` (``ac = conj(a)``) and ``ga = sum_t gam_t conj(x_{t-1})``."""
+    T, M = g.shape
+    nblk = (M + BLOCK - 1) // BLOCK
+    for k in prange(nblk):
+        lo = k * BLOCK
+        hi = min(M, lo + BLOCK)
+        n = hi - lo
+        al = ac[lo:hi]
+        s = np.zeros(n, dtype=g.dtype)
+        acc = np.zeros(n, dtype=g.dtype)
+        for t in range(T - 1, -1, -1):
+            gt = g[t, lo:hi]
+            ot = gam[t, lo:hi]
+            for m in range(n):
+                v = gt[m] + al[m] * s[m]
+                s[m] = v
+                ot[m] = v
+            if need_ga:
+                if t > 0:
+                    xp = x[t - 1, lo:hi]
+                    for m in range(n):
+                        acc[m] += s[m] * np.conj(xp[m])
+                elif has_x0:
+                    xq = x0[lo:hi]
+                    for m in range(n):
+                        acc[m] += s[m] * np.conj(xq[m])
+        ga[lo:hi] = acc

@@ -1,0 +1,52 @@
+"""What LSC pre-training tells its user while and after it runs: a progress bar and, when it
+stopped at its step budget without converging, a warning with the radii it reached.
+
+Both are used by ``spikerec train`` (LSC phase) and ``spikerec lsc``; :func:`lsc_pretrain`
+itself stays silent (it takes any ``progress(step, record)`` callable).
+"""
+from __future__ import annotations
+
+import sys
+
+from tqdm.auto import tqdm
+
+__all__ = ["LSCProgressBar", "lsc_warning"]
+
+
+class LSCProgressBar:
+    """A ``progress(step, record)`` callable for :func:`~spikerec.stability.lsc_pretrain` that
+    drives a tqdm bar over ``max_steps`` updates, showing the worst deviation ``max_k |rho_k - rho_t|``."""
+
+    def __init__(self, max_steps: int, *, disable: bool = False, desc: str = "LSC"):
+        self.bar = tqdm(total=int(max_steps), desc=desc, disable=disable, leave=False, dynamic_ncols=True,
+                        file=sys.stderr, unit="step")
+
+    def __call__(self, step: int, record: dict) -> None:
+        self.bar.set_postfix({"max |rho - target|": f"{record.get('deviation', float('nan')):.3f}"}, refresh=False)
+        self.bar.update(step - self.bar.n)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> "LSCProgressBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def lsc_warning(report) -> str | None:
+    """A warning line when LSC stopped at a budget (``max_steps``, ``max_epochs``, ``max_time_s``)
+    without converging: the radii it reached (checked means, the kept weights) against their
+    targets, and what to try. ``None`` when it converged or diverged (that has its own message)."""
+    if report.converged or report.diverged or not report.stop_reason.startswith("max_"):
+        return None
+    radii = report.best_radii or {}
+    got = ", ".join(f"{k} {v:.3f} (target {report.targets.get(k, float('nan')):g})" for k, v in radii.items())
+    cfg = report.config or {}
+    tips = [f"more steps (--set lsc.max_steps={2 * int(cfg.get('max_steps', report.steps) or report.steps)})"]
+    if cfg.get("shuffle", False):
+        tips.append("no shuffling (--set lsc.shuffle=false), which adds a fluctuation of order 1/sqrt(width)")
+    tips.append("more LSC data (--set lsc.batches=N) or a looser tolerance (--set lsc.eps=0.05)")
+    return (f"warning: LSC did not converge: {report.stop_reason} after {report.steps} steps; kept weights have "
+            f"{got or 'no checked radii'} (max deviation {report.best_deviation:.3f}). Try " + "; or ".join(tips) + ".")

@@ -1,0 +1,126 @@
+"""LIF/ALIF sequence kernels: the compiled CPU kernel (numba) and the torch loop equal each other and the
+step loop (values and gradients, float64), the compiled surrogate formulas equal :mod:`spikerec.surrogate`,
+and the backward keeps only one byte per spike."""
+import itertools
+
+import pytest
+import torch
+
+from spikerec.kernels import lif_sequence_numba as nb
+from spikerec.kernels.alif_sequence import ALIFSequence
+from spikerec.kernels.lif_sequence import LIFSequence
+from spikerec.layers import ALIF, LIF
+from spikerec.surrogate import get_surrogate
+
+needs_numba = pytest.mark.skipif(not nb.available(), reason="numba not installed")
+F64 = torch.float64
+
+
+def _grads(impl, I, v0, i0, alpha, alpha_s, thr, sur, reset, detach, gz, gv, gi):
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in (I, v0, i0, alpha, alpha_s, thr)]
+    Z, vT, iT = LIFSequence.apply(*leaves, None, sur, reset, detach, impl)
+    loss = (Z * gz).sum() + (vT * gv).sum() + ((iT * gi).sum() if iT is not None else 0.0)
+    loss.backward()
+    return [Z.detach(), vT.detach()] + [t.grad for t in leaves if t is not None]
+
+
+@needs_numba
+@pytest.mark.parametrize("reset,syn,detach,sur", list(itertools.product(
+    ["subtract", "zero", "none"], [False, True], [True, False], ["fast_sigmoid", "atan", "gaussian"])))
+def test_numba_kernel_equals_torch_loop(reset, syn, detach, sur):
+    T, B, N = 23, 3, 600  # N * B > one block of the compiled kernel
+    g = torch.Generator().manual_seed(11)
+    r = lambda *s: torch.randn(*s, dtype=F64, generator=g)  # noqa: E731
+    I = r(T, B, N) * 0.8 + 0.3
+    v0, i0 = r(B, N) * 0.5, (r(B, N) * 0.3 if syn else None)
+    alpha = torch.rand(N, dtype=F64, generator=g) * 0.5 + 0.45
+    alpha_s = torch.rand(N, dtype=F64, generator=g) * 0.5 + 0.3 if syn else None
+    thr = torch.rand(N, dtype=F64, generator=g) + 0.5
+    gz, gv, gi = r(T, B, N), r(B, N), r(B, N)
+    s = get_surrogate(sur)
+    a = _grads("numba", I, v0, i0, alpha, alpha_s, thr, s, reset, detach, gz, gv, gi)
+    b = _grads("torch", I, v0, i0, alpha, alpha_s, thr, s, reset, detach, gz, gv, gi)
+    assert torch.equal(a[0], b[0]) and 0 < a[0].mean() < 1
+    for u, v in zip(a[1:], b[1:]):
+        torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
+
+
+@needs_numba
+def test_numba_kernel_float32_close_to_float64():
+    T, B, N = 40, 4, 64
+    I = torch.randn(T, B, N, dtype=F64) * 0.5 + 0.2
+    alpha, thr = torch.full((N,), 0.9, dtype=F64), torch.ones(N, dtype=F64)
+    s = get_surrogate("fast_sigmoid")
+    z32, v32, _ = LIFSequence.apply(I.float(), torch.zeros(B, N), None, alpha.float(), None, thr.float(), None, s,
+                                    "subtract", True, "numba")
+    z64, v64, _ = LIFSequence.apply(I, torch.zeros(B, N, dtype=F64), None, alpha, None, thr, None, s,
+                                    "subtract", True, "torch")
+    assert z32.dtype == torch.float32
+    assert (z32.double() != z64).float().mean() < 1e-3
+    torch.testing.assert_close(v32.double(), v64, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["fast_sigmoid", "atan"])
+def test_compiled_surrogate_formulas_match(name):
+    """The compiled backward evaluates these two surrogates inline: same values as the Python definition."""
+    code, p1, p2 = nb.surrogate_code(get_surrogate(name, slope=3.0, scale=0.7))
+    assert code in (1, 2) and (p1, p2) == (3.0, 0.7)
+    if not nb.available():
+        pytest.skip("numba not installed")
+    from spikerec.kernels.lif_sequence_numba_kernels import sd_fn
+
+    x = torch.randn(1000, dtype=F64) * 2
+    ref = get_surrogate(name, slope=3.0, scale=0.7).derivative(x)
+    got = torch.tensor([sd_fn(float(v), code, p1, p2) for v in x], dtype=F64)
+    torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-15)
+    assert nb.surrogate_code(get_surrogate("triangle"))[0] == 0
+
+
+def _saved_bytes(fn):
+    total = [0]
+
+    def pack(t):
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]
+
+
+@pytest.mark.parametrize("impl", ["torch"] + (["numba"] if nb.available() else []))
+def test_lif_kernel_saves_no_input_currents_and_byte_spikes(impl):
+    T, B, N = 50, 4, 32
+    I = torch.randn(T, B, N, requires_grad=True)
+    alpha = torch.full((N,), 0.9, requires_grad=True)
+    s = get_surrogate("fast_sigmoid")
+    nbytes = _saved_bytes(lambda: LIFSequence.apply(I, torch.zeros(B, N), None, alpha, None, torch.ones(N), None, s,
+                                                    "subtract", True, impl))
+    per = T * B * N
+    assert nbytes <= per * 4 + 4 * 4 * B * N  # membranes only (4 B; spikes are recomputed) + O(B N)
+
+
+def test_alif_kernel_saves_no_input_currents_and_byte_spikes():
+    T, B, N = 50, 4, 32
+    cell = ALIF(N, N)
+    I = torch.randn(T, B, N, requires_grad=True)
+    alpha, rho = cell.decays()
+    st = cell.initial_state(B)
+    nbytes = _saved_bytes(lambda: ALIFSequence.apply(I, st.v, st.a, alpha, rho, cell.b, cell.beta,
+                                                     cell.effective_recurrent_weight(), cell.surrogate, True))
+    assert nbytes <= T * B * N * 9 + 8 * 4 * (B * N + N * N)  # v, a (4 B each) + spikes (1 B) + O(B N + N^2)
+
+
+@needs_numba
+def test_lif_layer_uses_the_compiled_kernel_on_cpu_and_matches_the_torch_loop(monkeypatch):
+    cell = LIF(6, 9, tau_mem=torch.rand(9) * 10 + 2, learn_threshold=True).double()
+    x = torch.randn(30, 4, 6, dtype=F64) * 2
+    outs = []
+    for env in ("1", "0"):
+        monkeypatch.setenv("SPIKEREC_NUMBA", env)
+        cell.zero_grad()
+        z, (v,) = cell(x)
+        (z.sum() + v.sum()).backward()
+        outs.append([z.detach(), v.detach()] + [p.grad.clone() for p in cell.parameters() if p.grad is not None])
+    for u, w in zip(*outs):
+        torch.testing.assert_close(u, w, rtol=1e-10, atol=1e-12)

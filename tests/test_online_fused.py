@@ -1,0 +1,233 @@
+"""The whole-stack compiled stream step (``fused_stack``: LRU layers under a linear readout) against
+the reference path (``fast=False``: per-step autograd backward, torch trace updates), and the
+closed-form loss gradients against autograd. float64, fresh random networks and inputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spikerec.hardware.online import OnlineLearner, classification_loss, load_stream, mse_loss, save_stream
+from spikerec.hardware.online.learner import cross_entropy_step_loss, mse_step_loss
+from spikerec.layers import LeakyReadout
+from spikerec.layers.lru import LRU
+from spikerec.models import RecurrentStack
+
+from online_helpers import _fp64_one_thread, named  # noqa: F401
+
+pytest.importorskip("numba")
+
+
+def user_loss(y, tgt):  # no closed form: the fused path takes one autograd call on the output
+    return 0.5 * ((y - tgt) ** 2).sum() + (y.tanh() * tgt).sum()
+
+
+def build(variant, H=5, N=6, K=3):
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    if variant == "matD":  # LRU output size != input size: a matrix skip D
+        cells = [LRU(H, N), LRU(H, N, output_size=4)]
+        width = 4
+    elif variant == "one":
+        cells = [LRU(H, N)]
+        width = H
+    else:  # three layers, vector D everywhere
+        cells = [LRU(H, N), LRU(H, N), LRU(H, N)]
+        width = H
+    return RecurrentStack(cells, LeakyReadout(width, K))
+
+
+def run(model, x, tgt, fused, loss, resets=(), opt_lr=None, **kw):
+    model.zero_grad()
+    opt = torch.optim.SGD(model.parameters(), lr=opt_lr) if opt_lr else None
+    lr = OnlineLearner(model, loss=loss, fused=fused, optimizer=opt, **kw)
+    ys, ls = [], []
+    rs = dict(resets)
+    for t in range(x.shape[0]):
+        if t in rs:
+            lr.reset(rs[t])
+        y, l = lr.step(x[t], None if t % 4 == 3 else tgt[t])  # some steps without a loss
+        ys.append(y)
+        ls.append(torch.zeros(()) if l is None else l)
+    assert (lr._fused_stack is not None) == (fused is not False)
+    traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+    lr.update()
+    grads = {n: p.grad.clone() for n, p in named(model) if p.grad is not None}  # an optimiser zeroes them
+    model.zero_grad()
+    return torch.stack(ys), torch.stack(ls), traces, grads
+
+
+def check_same(a, b, tol=1e-10, grads=True):
+    y0, l0, tr0, g0 = a
+    y1, l1, tr1, g1 = b
+    assert torch.allclose(y0, y1, rtol=0, atol=1e-12)
+    assert torch.allclose(l0, l1, rtol=1e-12, atol=1e-12)
+    assert tr0.keys() == tr1.keys()
+    for n in tr0:
+        assert torch.allclose(tr0[n], tr1[n], rtol=tol, atol=1e-12), n
+    assert g0.keys() == g1.keys()
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], rtol=tol, atol=1e-11), (n, (g0[n] - g1[n]).abs().max())
+    assert not grads or any(g.abs().sum() > 0 for g in g1.values())
+
+
+@pytest.mark.parametrize("variant", ["matD", "one", "three"])
+@pytest.mark.parametrize("loss", [user_loss, mse_step_loss])
+def test_fused_equals_reference_with_resets(variant, loss):
+    model = build(variant)
+    T, B = int(torch.randint(10, 16, ())), 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    resets = [(4, torch.tensor([True, False, True])), (8, None)]
+    ref = run(model, x, tgt, False, loss, resets=resets, fast=False)
+    new = run(model, x, tgt, None, loss, resets=resets)
+    check_same(ref, new)
+
+
+def test_fused_equals_reference_with_updates_every_k_steps():
+    """Parameters change every 3 steps (SGD): the fused path re-binds its views and constants."""
+    model = build("matD")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    T, B = 14, 2
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    ref = run(model, x, tgt, False, mse_step_loss, opt_lr=0.002, update_every=3, fast=False)
+    p_ref = {n: p.detach().clone() for n, p in named(model)}
+    model.load_state_dict(state)
+    new = run(model, x, tgt, None, mse_step_loss, opt_lr=0.002, update_every=3)
+    check_same(ref, new, grads=False)
+    for n, p in named(model):
+        assert not torch.equal(p.detach(), state[n])  # the optimiser did move it
+        assert torch.allclose(p.detach(), p_ref[n], rtol=1e-10, atol=1e-12), n
+
+
+def test_fused_truncate_and_discard():
+    model = build("matD")
+    T, B = 12, 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    out = []
+    for fused in (False, None):
+        model.zero_grad()
+        lr = OnlineLearner(model, loss=mse_step_loss, fused=fused, fast=None if fused is None else False)
+        for t in range(T):
+            if t == 3:
+                lr.truncate(torch.tensor([False, True, False]))
+            if t == 6:
+                lr.discard()
+            if t == 8:
+                lr.truncate()
+            lr.step(x[t], tgt[t])
+        lr.update()
+        out.append({n: p.grad.clone() for n, p in named(model)})
+    for n in out[0]:
+        assert torch.allclose(out[0][n], out[1][n], rtol=1e-10, atol=1e-12), n
+
+
+@pytest.mark.parametrize("mode", ["mse", "mean", "last", "per_step"])
+def test_fused_backward_equals_reference(mode):
+    model = build("three")
+    T, B = 9, 4
+    x = torch.randn(T, B, 5)
+    if mode == "mse":
+        tgt, fn = torch.randn(T, B, 3), mse_loss
+    else:
+        tgt = torch.randint(0, 3, (T, B) if mode == "per_step" else (B,))
+        fn = classification_loss(mode, T)
+    res = []
+    for fused in (False, None):
+        model.zero_grad()
+        lr = OnlineLearner(model, fused=fused)
+        loss = lr.backward(x, tgt, fn)
+        assert (lr._fused_stack is not None) == (fused is None)
+        res.append((loss, {n: p.grad.clone() for n, p in named(model)}))
+    assert abs(res[0][0] - res[1][0]) <= 1e-12 * max(1.0, abs(res[0][0]))
+    for n in res[0][1]:
+        assert torch.allclose(res[0][1][n], res[1][1][n], rtol=1e-10, atol=1e-12), n
+
+
+def test_fused_float32_close_to_float64_reference():
+    model = build("matD")
+    T, B = 12, 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    ref = run(model, x, tgt, False, mse_step_loss, fast=False)
+    m32 = model.float()
+    new = run(m32, x.float(), tgt.float(), None, mse_step_loss)
+    for n in ref[3]:
+        assert torch.allclose(ref[3][n], new[3][n].double(), rtol=1e-3, atol=1e-4), n
+
+
+def test_fused_checkpoint_resume_bit_identical(tmp_path):
+    model = build("matD")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    T, B = 16, 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+
+    def make():
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        return OnlineLearner(model, loss=mse_step_loss, optimizer=opt, update_every=5)
+
+    model.load_state_dict(state)
+    lr = make()
+    ys = [lr.step(x[t], tgt[t]).output for t in range(T)]
+    lr.update()
+    end = {n: p.detach().clone() for n, p in named(model)}
+
+    model.load_state_dict(state)
+    lr = make()
+    ys2 = [lr.step(x[t], tgt[t]).output for t in range(7)]
+    save_stream(tmp_path / "s.safetensors", lr)
+    model.load_state_dict({k: torch.randn_like(v) for k, v in state.items()})  # overwritten by the load
+    lr = make()
+    load_stream(tmp_path / "s.safetensors", lr)
+    assert lr._fused_stack is not None
+    ys2 += [lr.step(x[t], tgt[t]).output for t in range(7, T)]
+    lr.update()
+    for a, b in zip(ys, ys2):
+        assert torch.equal(a, b)
+    for n, p in named(model):
+        assert torch.equal(p.detach(), end[n]), n
+
+
+def test_closed_form_loss_gradients_equal_autograd():
+    B, K, T = 5, 4, 7
+    y = torch.randn(B, K, requires_grad=True)
+    tgt = torch.randn(B, K)
+    lab = torch.randint(0, K, (B,))
+    labs = torch.randint(0, K, (T, B))
+    cases = [
+        (mse_step_loss, (tgt,), mse_step_loss.value_and_grad),
+        (cross_entropy_step_loss(0.3), (lab,), cross_entropy_step_loss(0.3).value_and_grad),
+        (mse_loss, (torch.randn(T, B, K), 2), mse_loss.value_and_grad),
+    ]
+    for mode, target in (("mean", lab), ("per_step", labs), ("last", lab)):
+        fn = classification_loss(mode, T)
+        cases.append((fn, (target, T - 1), fn.value_and_grad))
+    for fn, args, vg in cases:
+        ref = fn(y, *args)
+        (g_ref,) = torch.autograd.grad(ref, y)
+        val, g = vg(y.detach(), *args)
+        assert torch.allclose(val, ref.detach(), rtol=1e-13, atol=1e-14)
+        assert torch.allclose(g, g_ref, rtol=1e-12, atol=1e-14)
+    assert classification_loss("last", T).value_and_grad(y.detach(), lab, 0) is None
+    assert torch.allclose(F.cross_entropy(y, lab), cross_entropy_step_loss()(y, lab))
+
+
+@pytest.mark.parametrize("kind", ["alif", "lru_leaky"])
+def test_per_layer_fast_path_with_closed_form_loss_equals_reference(kind):
+    """Stacks the whole-stack step does not cover (ALIF, a leaky readout) take the per-layer fast
+    path; with the package's loss its gradient comes in closed form, and still equals the reference."""
+    from spikerec.layers import ALIF
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    if kind == "alif":
+        surr = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
+        cells = [ALIF(5, 6, surrogate=surr, tau_mem=5.0, b=0.3, beta=0.5),
+                 ALIF(6, 6, surrogate=surr, tau_mem=5.0, b=0.3, beta=0.5)]
+        for c in cells:
+            with torch.no_grad():
+                c.weight.mul_(3.0)
+        model = RecurrentStack(cells, LeakyReadout(6, 3))
+        x = (torch.rand(13, 3, 5) < 0.5).double()
+    else:
+        model = RecurrentStack([LRU(5, 6), LRU(5, 6)], LeakyReadout(5, 3, tau=4.0))
+        x = torch.randn(13, 3, 5)
+    tgt = torch.randn(13, 3, 3)
+    resets = [(6, torch.tensor([False, True, True]))]
+    ref = run(model, x, tgt, False, mse_step_loss, resets=resets, fast=False)
+    new = run(model, x, tgt, False, mse_step_loss, resets=resets)
+    check_same(ref, new)

@@ -1,0 +1,176 @@
+"""Run folders are never destroyed or shared (each case in a child process, asserting the
+message and that the folder's previous contents are byte-identical afterwards)."""
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+
+from cli_fork import fork_cli, run_cli, snapshot, wait_cli
+from spikerec.train.runs import RunLock, remove_debris
+
+TINY = ["quickstart", "--quiet", "--set", "train.epochs=2", "--set", "model.layers.0.size=16",
+        "--set", "data.batch_size=64", "--set", "train.checkpoint_every=3", "--set", "lsc.max_steps=3",
+        "--set", "lsc.batch_size=4", "--set", "train.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A finished run and one stopped at step 5 (checkpoint written), made once."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("runs")
+    code, out, err = run_cli(["train", *TINY, "--out", str(root / "done")])
+    assert code == 0, err
+    code, out, err = run_cli(["train", *TINY, "--out", str(root / "half"), "--stop-after-steps", "5"])
+    assert code == 0, err
+    assert "stopped after 5 steps" in out and f"continue with: spikerec train --resume {root / 'half'}" in out
+    assert json.loads((root / "half" / "checkpoints" / "latest.json").read_text())["step"] == 5
+    return root
+
+
+def _copy(runs, name, tmp_path):
+    dst = tmp_path / name
+    shutil.copytree(runs / name, dst)
+    return dst
+
+
+def test_out_onto_a_finished_run_is_refused(runs, tmp_path):
+    run = _copy(runs, "done", tmp_path)
+    before = snapshot(run)
+    code, out, err = run_cli(["train", *TINY, "--out", str(run)])
+    assert code == 2
+    assert f"run folder '{run}' already exists and holds a finished run" in err
+    assert "never overwritten" in err and "--sibling" in err and "Traceback" not in err
+    assert snapshot(run) == before
+
+
+def test_sibling_starts_a_fresh_numbered_folder(runs, tmp_path):
+    run = _copy(runs, "done", tmp_path)
+    before = snapshot(run)
+    code, out, err = run_cli(["train", *TINY, "--out", str(run), "--sibling", "--stop-after-steps", "1"])
+    assert code == 0, err
+    assert f"--resume {run}-2" in out
+    assert (tmp_path / "done-2" / "checkpoints").is_dir()
+    assert snapshot(run) == before
+
+
+def test_a_locked_run_is_refused_with_the_holders_pid(runs, tmp_path):
+    run = _copy(runs, "half", tmp_path)
+    with RunLock(run, "test holder"):
+        assert (run / ".lock").read_text() == f"{os.getpid()} test holder\n"
+        before = snapshot(run)
+        code, out, err = run_cli(["train", "--resume", str(run)])
+        assert code == 2
+        assert f"run '{run}' is in use by PID {os.getpid()} (test holder)" in err
+        code, out, err = run_cli(["export", str(run), "--target", "generic"])
+        assert code == 2 and f"run '{run}' is in use by PID {os.getpid()}" in err
+        assert snapshot(run) == before
+    assert not (run / ".lock").exists()  # released: the file is removed
+
+
+def test_resume_of_a_finished_run_changes_nothing(runs, tmp_path):
+    run = _copy(runs, "done", tmp_path)
+    before = snapshot(run)
+    code, out, err = run_cli(["train", "--resume", str(run)])
+    assert code == 0, err
+    assert "is a finished run" in out and "nothing to resume" in out
+    assert snapshot(run) == before  # summary.json (wall time) untouched
+
+
+def test_resume_with_nothing_to_resume_asks_for_confirmation(runs, tmp_path):
+    run = _copy(runs, "half", tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    before = snapshot(run)
+    code, out, err = run_cli(["train", "--resume", str(run)])
+    assert code == 2
+    assert "has no checkpoint to resume from" in err and "--from-scratch" in err
+    assert snapshot(run) == before
+
+
+def test_debris_is_removed_and_the_resume_ends_like_the_uninterrupted_run(runs, tmp_path):
+    run = _copy(runs, "half", tmp_path)
+    (run / "checkpoints" / ".tmp-step-abc123").mkdir()
+    (run / "checkpoints" / ".tmp-step-abc123" / "state.safetensors").write_bytes(b"x" * 100)
+    (run / ".model.safetensors.xyz.part").write_bytes(b"partial")
+    (run / "export" / "loihi2").mkdir(parents=True)
+    code, out, err = run_cli(["train", "--resume", str(run), "--quiet"])
+    assert code == 0, err
+    assert "removed 4 leftover(s) of an interrupted write" in out
+    assert not (run / "checkpoints" / ".tmp-step-abc123").exists() and not (run / "export").exists()
+    assert not list(run.rglob("*.part"))
+    done = json.loads((runs / "done" / "summary.json").read_text())
+    again = json.loads((run / "summary.json").read_text())
+    assert again["test_loss"] == done["test_loss"] and again["steps"] == done["steps"]
+    assert remove_debris(run) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_write_a_checkpoint_and_print_the_resume_command(runs, tmp_path, sig):
+    run = tmp_path / "run"
+    pid, so, se = fork_cli(["train", *TINY, "--out", str(run), "--set", "train.epochs=200"], str(tmp_path))
+    latest = run / "checkpoints" / "latest.json"
+    deadline = time.time() + 300
+    while not latest.is_file() or json.loads(latest.read_text())["step"] < 3:  # training is under way
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.kill(pid, sig)
+    code, out, err = wait_cli(pid, so, se)
+    assert code == 130, (out, err)
+    assert f"({signal.Signals(sig).name}); checkpoint written" in out
+    assert f"continue with: spikerec train --resume {run}" in out
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    step = json.loads(latest.read_text())["step"]
+    assert f"stopped after {step} steps" in out
+
+
+def test_evaluate_names_its_weights_and_never_switches(runs, tmp_path):
+    run = _copy(runs, "done", tmp_path)
+    code, out, err = run_cli(["evaluate", str(run), "--no-metrics"])
+    assert code == 0, err
+    assert f"{run} (model.safetensors): test split" in out
+    (run / "model.safetensors").unlink()
+    before = snapshot(run)
+    code, out, err = run_cli(["evaluate", str(run), "--no-metrics"])
+    assert code == 5 and "model.safetensors' is missing" in err and "--checkpoint" in err
+    code, out, err = run_cli(["evaluate", str(run), "--checkpoint", "--no-metrics"])
+    assert code == 0, err
+    assert f"{run} (checkpoint checkpoints/step-00000034): test split" in out
+    assert snapshot(run) == before
+
+
+def test_a_truncated_model_file_is_named(runs, tmp_path):
+    run = _copy(runs, "done", tmp_path)
+    w = run / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:50])
+    code, out, err = run_cli(["evaluate", str(run), "--no-metrics"])
+    assert code == 5 and f"'{w}' is not a readable safetensors file" in err and "Traceback" not in err
+
+
+def test_time_based_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    code, out, err = run_cli(["train", *TINY, "--out", str(run), "--set", "train.checkpoint_every=0",
+                              "--set", "train.keep_checkpoints=10", "--checkpoint-minutes", "1e-6",
+                              "--stop-after-steps", "4"])
+    assert code == 0, err
+    steps = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
+    # after LSC (step 0), then after every step: each one is due by the clock
+    assert steps == [f"step-{i:08d}" for i in range(5)], steps
+
+
+def test_a_folder_holding_only_a_lock_and_write_debris_is_a_fresh_run(tmp_path):
+    """kill -9 while config.json was being written leaves '.lock' and a '.tmp*' file: starting the same
+    --out again uses the folder (it holds no run) and removes the debris; a real file still refuses."""
+    from spikerec.train.runs import RunFolderError, prepare_out
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("123 spikerec train\n")
+    (out / ".tmpconfig.json").write_text("{")
+    assert prepare_out(out) == out
+    assert not (out / ".tmpconfig.json").exists()
+    (out / "config.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="never overwritten"):
+        prepare_out(out)
