@@ -11,8 +11,10 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
   trace kernel per layer);
 * ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
   the earlier implementation, kept as the reference), for a before/after comparison in one run;
-* ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``
-  (``chunked_ref``: with ``fast=False``, the step-loop block scans);
+* ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``,
+  each block with no autograd call where the stack and the loss allow it (:mod:`.block`);
+  ``chunked_autograd``: the same with one autograd backward per block (the earlier fast block,
+  ``closed_form_block = False``); ``chunked_ref``: with ``fast=False``, the step-loop block scans;
 * ``bptt``: autograd through the model's fast sequence path with the loss computed in one
   vectorised op, ``0.5 * ((y - target) ** 2).sum()``.
 
@@ -179,8 +181,9 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
                     peak.sample()
             lr.update()
         else:
-            OnlineLearner(model, mode="chunked", chunk=chunk, fast=None if m == "chunked" else False).backward(
-                x, tgt, mse_loss)
+            lr = OnlineLearner(model, mode="chunked", chunk=chunk, fast=False if m == "chunked_ref" else None)
+            lr.closed_form_block = m == "chunked"
+            lr.backward(x, tgt, mse_loss)
 
     for m in methods:  # warm-up: first-call allocations, kernel compilation
         run(m, None)
@@ -242,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("stream", "stream_layer", "stream_ref", "chunked", "chunked_ref", "bptt"):
+        if m not in ("stream", "stream_layer", "stream_ref", "chunked", "chunked_autograd", "chunked_ref", "bptt"):
             print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_layer, stream_ref, chunked, "
-                  f"chunked_ref or bptt", file=sys.stderr)
+                  f"chunked_autograd, chunked_ref or bptt", file=sys.stderr)
             return 2
     print(f"machine: {_machine()}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
