@@ -89,7 +89,9 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool):
             if kind == "readout" or not tr.traced:
                 continue
             h_in, prev, new, _ = recs[l]
-            P = stack_partials(tr.partials(h_in, prev, new), K, B)
             G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
-            chunk_contract(learner.traces[l], P, G, carry)
+            if kind == "lru" and learner.block_closed_traces:
+                tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
+            else:
+                chunk_contract(learner.traces[l], stack_partials(tr.partials(h_in, prev, new), K, B), G, carry)
     return None if total is None else total.detach()

@@ -314,6 +314,7 @@ class OnlineLearner:
         # chunked / parallel with fast != False: a block with no autograd call (:mod:`.block`) where every
         # layer and the loss (``value_and_grad``) allow it; False selects the autograd block (for comparison)
         self.closed_form_block = True
+        self.block_closed_traces = True  # on that path, the LRU's per-neuron traces in closed form (LRUTrace.block_contract)
 
     # --- what is exact ------------------------------------------------------------------------
     def exactness(self) -> list[tuple[int, str, str]]:

@@ -24,7 +24,7 @@ import torch
 
 from ...scan import linear_scan
 from .numba_kernels import lru_trace_step_numba, numba_available
-from .traces_base import _STACK, LayerTrace, Partials
+from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LRUTrace"]
 
@@ -128,6 +128,69 @@ class LRUTrace(LayerTrace):
         g = torch.complex(G[..., 0], G[..., 1]).flip(0)
         gh = linear_scan(torch.complex(k["lr"], -k["li"]), g).flip(0)
         return torch.stack([gh.real, gh.imag], -1)
+
+    def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
+        """The chunked block's contraction (the same sums as :func:`.traces_base.chunk_contract`
+        on :meth:`partials`) with the per-neuron traces in closed form. With ``gh`` the reverse-
+        filtered error, ``hp`` the previous states and ``u = gamma B x = h - lam hp`` (complex,
+        ``[K, B, N]``), every per-neuron immediate partial is ``w hp`` (``w = d lam / d p``) or ``u``:
+
+            dL/dp += Re[w sum_{k,b} conj(gh_k) hp_k]  (nu_log, theta_log);  Re[sum_{k,b} conj(gh_k) u_k]  (gamma_log)
+            boundary with the carried trace e:         Re[lam sum_b conj(gh_0) e]
+            carried trace:  e <- w sum_k lam^(K-1-k) hp_k + lam^K e   (u_k in place of w hp_k for gamma_log)
+
+        so no ``[K, B, N, 2, m]`` products are formed. ``x``, ``prev``, ``new`` hold ``[K*B]``
+        rows; ``G [K, B, N, 2]`` or ``None``. The input-matrix traces go through ``chunk_contract``."""
+        k = self.consts(x.dtype)
+        use_J = self.use_J()
+        names = [n for n in ("nu_log", "theta_log", "gamma_log") if n in self.traced]
+        GH = None
+        if G is not None:
+            GH = self.reverse_filter(G) if use_J else G
+        if "B_re" in self.traced or "B_im" in self.traced:
+            Pm = stack_partials(self.partials(x, prev, new), K, B)
+            Pm.vec = {}
+            chunk_contract(ts, Pm, G, carry, GH=GH)
+        if not names:
+            return
+        N = k["N"]
+        lam = torch.complex(k["lr"], k["li"])
+        hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
+        u = torch.complex(new.x_re, new.x_im) - lam * hp
+        w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
+        if GH is not None:
+            ghc = torch.complex(GH[..., 0], GH[..., 1])  # [K, B, N]
+            ghf = ghc.reshape(K * B, N).conj()
+            if w:
+                S_h = (ghf * hp).sum(0)
+                for n, wn in w.items():
+                    ts.add(n, (wn * S_h).real)
+            if "gamma_log" in names:
+                ts.add("gamma_log", (ghf * u).sum(0).real)
+            if use_J:
+                b0 = lam * ghc[0].conj()  # [B, N]
+                for n in names:
+                    e = ts.vec.get(n)
+                    if e is not None:
+                        ts.add(n, (b0 * torch.complex(e[..., 0], e[..., 1])).sum(0).real)
+        if not (carry and use_J):
+            return
+        pw = k.get(("lam_powers", K))
+        if pw is None:  # lam^(K-1-k), k = 0..K-1, and lam^K
+            p = torch.ones_like(lam)
+            rows = []
+            for _ in range(K):
+                rows.append(p)
+                p = p * lam
+            pw = k[("lam_powers", K)] = (torch.stack(rows[::-1]), p)
+        PK, lamK = pw
+        Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if w else None  # [B, N]
+        for n in names:
+            q = w[n] * Q_h if n in w else (PK[:, None] * u.reshape(K, B, N)).sum(0)
+            e = ts.vec.get(n)
+            if e is not None:
+                q = q + lamK * torch.complex(e[..., 0], e[..., 1])
+            ts.vec[n] = torch.stack([q.real, q.imag], -1)
 
     def partials(self, x, prev, new):
         k = self.consts(x.dtype)
