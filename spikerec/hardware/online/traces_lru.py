@@ -24,7 +24,7 @@ import torch
 
 from ...scan import linear_scan
 from .numba_kernels import lru_trace_step_numba, numba_available
-from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
+from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
 
@@ -147,14 +147,20 @@ class LRUTrace(LayerTrace):
         GH = None
         if G is not None:
             GH = self.reverse_filter(G) if use_J else G
-        if "B_re" in self.traced or "B_im" in self.traced:
-            Pm = stack_partials(self.partials(x, prev, new), K, B)
-            Pm.vec = {}
-            chunk_contract(ts, Pm, G, carry, GH=GH)
-        if not names:
-            return
         N = k["N"]
         lam = torch.complex(k["lr"], k["li"])
+        pw = k.get(("lam_powers", K))
+        if pw is None:  # lam^(K-1-k), k = 0..K-1, and lam^K
+            p = torch.ones_like(lam)
+            rows = []
+            for _ in range(K):
+                rows.append(p)
+                p = p * lam
+            pw = k[("lam_powers", K)] = (torch.stack(rows[::-1]), p)
+        PK, lamK = pw
+        self._block_matrix(ts, k, x, GH, carry and use_J, use_J, PK, lamK, lam, K, B, N)
+        if not names:
+            return
         hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
         u = torch.complex(new.x_re, new.x_im) - lam * hp
         w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
@@ -175,15 +181,6 @@ class LRUTrace(LayerTrace):
                         ts.add(n, (b0 * torch.complex(e[..., 0], e[..., 1])).sum(0).real)
         if not (carry and use_J):
             return
-        pw = k.get(("lam_powers", K))
-        if pw is None:  # lam^(K-1-k), k = 0..K-1, and lam^K
-            p = torch.ones_like(lam)
-            rows = []
-            for _ in range(K):
-                rows.append(p)
-                p = p * lam
-            pw = k[("lam_powers", K)] = (torch.stack(rows[::-1]), p)
-        PK, lamK = pw
         Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if w else None  # [B, N]
         for n in names:
             q = w[n] * Q_h if n in w else (PK[:, None] * u.reshape(K, B, N)).sum(0)
@@ -191,6 +188,44 @@ class LRUTrace(LayerTrace):
             if e is not None:
                 q = q + lamK * torch.complex(e[..., 0], e[..., 1])
             ts.vec[n] = torch.stack([q.real, q.imag], -1)
+
+    def _block_matrix(self, ts, k, x, GH, carry, use_J, PK, lamK, lam, K, B, N) -> None:
+        """The input-matrix part of :meth:`block_contract`. The immediate partial of ``B_re[j, i]``
+        is ``gamma_j x_i`` (of ``B_im``: ``i gamma_j x_i``), so with the carried complex trace
+        ``e [N, B, H]`` (stored as ``[N, B, 2, H]``):
+
+            dB_re += gamma * (Re gh)^T X,   dB_im += gamma * (Im gh)^T X     (X: the block's inputs [K*B, H])
+            boundary, z = lam conj(gh_0):   dB_re += sum_b Re(z e),  dB_im -= sum_b Im(z e)
+            carried trace:                  e <- gamma sum_k lam^(K-1-k) x_k + lam^K e   (two GEMMs)"""
+        names = [n for n in ("B_re", "B_im") if n in self.traced]
+        if not names:
+            return
+        gam = k["gam"]
+        H = x.shape[-1]
+        e = ts.mat.get("B_re")
+        if GH is not None:
+            for n, f in (("B_re", 0), ("B_im", 1)):
+                if n in names:
+                    ts.add(n, (GH[..., f].reshape(K * B, N).t() @ x).mul_(gam[:, None]))
+            if use_J and e is not None:
+                gh0 = GH[0]  # [B, N, 2]
+                zr = (k["lr"] * gh0[..., 0] + k["li"] * gh0[..., 1]).t()  # Re(lam conj(gh0)) [N, B]
+                zi = (k["li"] * gh0[..., 0] - k["lr"] * gh0[..., 1]).t()  # Im(lam conj(gh0))
+                er, ei = e[:, :, 0], e[:, :, 1]  # [N, B, H]
+                if "B_re" in names:
+                    ts.add("B_re", torch.bmm(zr[:, None], er).squeeze(1) - torch.bmm(zi[:, None], ei).squeeze(1))
+                if "B_im" in names:
+                    ts.add("B_im", -(torch.bmm(zr[:, None], ei).squeeze(1) + torch.bmm(zi[:, None], er).squeeze(1)))
+        if not carry:
+            return
+        X = x.reshape(K, B * H)
+        qr = (PK.real.t() @ X).mul_(gam[:, None]).reshape(N, B, H)
+        qi = (PK.imag.t() @ X).mul_(gam[:, None]).reshape(N, B, H)
+        if e is not None:
+            er, ei = e[:, :, 0], e[:, :, 1]
+            Lr, Li = lamK.real[:, None, None], lamK.imag[:, None, None]
+            qr, qi = qr + Lr * er - Li * ei, qi + Lr * ei + Li * er
+        ts.mat["B_re"] = torch.stack([qr, qi], 2)
 
     def partials(self, x, prev, new):
         k = self.consts(x.dtype)
