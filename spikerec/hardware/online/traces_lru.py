@@ -166,7 +166,7 @@ class LRUTrace(LayerTrace):
         w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
         if GH is not None:
             ghc = torch.complex(GH[..., 0], GH[..., 1])  # [K, B, N]
-            ghf = ghc.reshape(K * B, N).conj()
+            ghf = ghc.reshape(K * B, N).conj_physical()
             if w:
                 S_h = (ghf * hp).sum(0)
                 for n, wn in w.items():
@@ -174,7 +174,7 @@ class LRUTrace(LayerTrace):
             if "gamma_log" in names:
                 ts.add("gamma_log", (ghf * u).sum(0).real)
             if use_J:
-                b0 = lam * ghc[0].conj()  # [B, N]
+                b0 = lam * ghc[0].conj_physical()  # [B, N]
                 for n in names:
                     e = ts.vec.get(n)
                     if e is not None:
@@ -212,10 +212,11 @@ class LRUTrace(LayerTrace):
                 zr = (k["lr"] * gh0[..., 0] + k["li"] * gh0[..., 1]).t()  # Re(lam conj(gh0)) [N, B]
                 zi = (k["li"] * gh0[..., 0] - k["lr"] * gh0[..., 1]).t()  # Im(lam conj(gh0))
                 er, ei = e[:, :, 0], e[:, :, 1]  # [N, B, H]
+                zr, zi = zr[..., None], zi[..., None]
                 if "B_re" in names:
-                    ts.add("B_re", torch.bmm(zr[:, None], er).squeeze(1) - torch.bmm(zi[:, None], ei).squeeze(1))
+                    ts.add("B_re", (zr * er - zi * ei).sum(1))
                 if "B_im" in names:
-                    ts.add("B_im", -(torch.bmm(zr[:, None], ei).squeeze(1) + torch.bmm(zi[:, None], er).squeeze(1)))
+                    ts.add("B_im", -(zr * ei + zi * er).sum(1))
         if not carry:
             return
         X = x.reshape(K, B * H)
