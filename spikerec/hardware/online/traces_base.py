@@ -295,13 +295,12 @@ def stack_partials(P: Partials, K: int, B: int) -> Partials:
     return Partials(J, vec, mat)
 
 
-def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: bool, GH=None) -> None:
+def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: bool) -> None:
     """Add ``sum_t g_t . eps_t`` over a block of K steps with the reverse filter, then (``carry``)
     advance the stored traces to the block's last step.
 
     ``P``: stacked partials (``J [K, B or 1, N, k, k]`` or ``[1, ...]``, ``vec [K, B, N, k]``,
-    ``mat (c [K, B, N, k], pre [K, B, H])``); ``G [K, B, N, k]`` (``None``: no loss in the block);
-    ``GH``: the reverse-filtered ``G`` when the caller has it already.
+    ``mat (c [K, B, N, k], pre [K, B, H])``); ``G [K, B, N, k]`` (``None``: no loss in the block).
     """
     tr = ts.tr
     use_J = tr.use_J()
@@ -312,13 +311,12 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     K = (next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]).shape[0]
     J = P.J
     Jk = (lambda k: J[k] if J.shape[0] == K else J[0]) if J is not None else None
-    if G is not None and GH is None:
+    if G is not None:
         if use_J:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
             rf = getattr(tr, "reverse_filter", None) if getattr(tr, "fast", False) else None
             GH = _reverse_filter(J, G) if rf is None else rf(G)
         else:
             GH = G
-    if G is not None:
         if vnames:  # all per-neuron parameters at once: columns of one [K, B, N, k, m] tensor
             V = torch.stack([P.vec[n] for n in vnames], -1)
             Gv = (GH.unsqueeze(-1) * V).sum(dim=(0, 1, 3))  # [N, m]

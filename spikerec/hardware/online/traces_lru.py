@@ -140,7 +140,7 @@ class LRUTrace(LayerTrace):
             carried trace:  e <- w sum_k lam^(K-1-k) hp_k + lam^K e   (u_k in place of w hp_k for gamma_log)
 
         so no ``[K, B, N, 2, m]`` products are formed. ``x``, ``prev``, ``new`` hold ``[K*B]``
-        rows; ``G [K, B, N, 2]`` or ``None``. The input-matrix traces go through ``chunk_contract``."""
+        rows; ``G [K, B, N, 2]`` or ``None``. The input-matrix traces: :meth:`_block_matrix`."""
         k = self.consts(x.dtype)
         use_J = self.use_J()
         names = [n for n in ("nu_log", "theta_log", "gamma_log") if n in self.traced]
