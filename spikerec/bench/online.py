@@ -11,8 +11,10 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
   trace kernel per layer);
 * ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
   the earlier implementation, kept as the reference), for a before/after comparison in one run;
-* ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``
-  (``chunked_ref``: with ``fast=False``, the step-loop block scans);
+* ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``,
+  each block with no autograd call where the stack and the loss allow it (:mod:`.block`);
+  ``chunked_autograd``: the same with one autograd backward per block (the earlier fast block,
+  ``closed_form_block = False``); ``chunked_ref``: with ``fast=False``, the step-loop block scans;
 * ``bptt``: autograd through the model's fast sequence path with the loss computed in one
   vectorised op, ``0.5 * ((y - target) ** 2).sum()``.
 
@@ -179,8 +181,9 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
                     peak.sample()
             lr.update()
         else:
-            OnlineLearner(model, mode="chunked", chunk=chunk, fast=None if m == "chunked" else False).backward(
-                x, tgt, mse_loss)
+            lr = OnlineLearner(model, mode="chunked", chunk=chunk, fast=False if m == "chunked_ref" else None)
+            lr.closed_form_block = m == "chunked"
+            lr.backward(x, tgt, mse_loss)
 
     for m in methods:  # warm-up: first-call allocations, kernel compilation
         run(m, None)
@@ -242,28 +245,33 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("stream", "stream_layer", "stream_ref", "chunked", "chunked_ref", "bptt"):
+        if m not in ("stream", "stream_layer", "stream_ref", "chunked", "chunked_autograd", "chunked_ref", "bptt"):
             print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_layer, stream_ref, chunked, "
-                  f"chunked_ref or bptt", file=sys.stderr)
+                  f"chunked_autograd, chunked_ref or bptt", file=sys.stderr)
             return 2
-    print(f"machine: {_machine()}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}")
+    print(f"machine: {_machine()}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}; "
+          f"numba threads: {os.environ.get('NUMBA_NUM_THREADS', os.environ.get('SPIKEREC_BENCH_THREADS', '1'))}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
     rows = []
-    header = f"{'net':<5} {'T':>5} {'method':<11} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
+    header = f"{'net':<5} {'T':>5} {'method':<16} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
     print(header)
     for net in nets:
         for T in Ts:
             spec = dict(net=net, methods=methods, T=T, B=size["B"], H=size["H"], N=size["N"], chunk=args.chunk,
                         repeat=args.repeat)
+            # numba's parallel kernels (the LRU scan) get the same thread count as torch: an idle
+            # pool of one worker per core competes with the measured thread on a loaded machine
+            env = dict(os.environ)
+            env.setdefault("NUMBA_NUM_THREADS", os.environ.get("SPIKEREC_BENCH_THREADS", "1"))
             res = subprocess.run([sys.executable, "-m", "spikerec.bench.online", "--child", json.dumps(spec)],
-                                 capture_output=True, text=True)
+                                 capture_output=True, text=True, env=env)
             if res.returncode != 0:
                 print(f"{net:<5} {T:>5} failed: {res.stderr.strip().splitlines()[-1:]}")
                 continue
             for row in json.loads(res.stdout.strip().splitlines()[-1]):
                 rows.append(row)
                 ratio = f"{row['x_bptt']:>7.2f}" if row["x_bptt"] is not None else f"{'-':>7}"
-                print(f"{net:<5} {T:>5} {row['method']:<11} {row['peak_mib']:>9.2f} "
+                print(f"{net:<5} {T:>5} {row['method']:<16} {row['peak_mib']:>9.2f} "
                       f"{row['seq_s']:>8.3f} {row['step_ms']:>8.3f} {ratio}", flush=True)
     if rows:
         print(f"peak memory: growth during the call, measured on the {rows[0]['memory']}; "

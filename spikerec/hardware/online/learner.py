@@ -59,6 +59,7 @@ from ...layers.alif import ALIF
 from ...layers.lif import LIF
 from ...layers.lru import LRU
 from ...layers.readout import LeakyReadout
+from .block import block_supported, closed_form_block
 from .fused_stack import FusedStack, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
@@ -310,6 +311,10 @@ class OnlineLearner:
         self.fused = fused
         self._fused_stack = None  # the whole-stack compiled stream step, when it applies
         self._gen = 0  # bumped whenever states, traces or accumulators are replaced (re-binds the fused views)
+        # chunked / parallel with fast != False: a block with no autograd call (:mod:`.block`) where every
+        # layer and the loss (``value_and_grad``) allow it; False selects the autograd block (for comparison)
+        self.closed_form_block = True
+        self.block_closed_traces = True  # on that path, the LRU's per-neuron traces in closed form (LRUTrace.block_contract)
 
     # --- what is exact ------------------------------------------------------------------------
     def exactness(self) -> list[tuple[int, str, str]]:
@@ -474,10 +479,13 @@ class OnlineLearner:
                 for t in range(t0, t1):
                     self._check_nan(x[t], f"OnlineLearner input x (step {t})")
                 block = getattr(loss_fn, "block", None) if self.fast is not False else None
+                vg = getattr(loss_fn, "value_and_grad", None) if self._closed_block_ok() else None
                 l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
                                         block_loss=None if block is None else
                                         (lambda h, t0=t0, t1=t1: block(h, target, t0, t1)),
-                                        carry=t1 < T)
+                                        carry=t1 < T,
+                                        vgs=None if vg is None else
+                                        [lambda y, t=t: vg(y, target, t) for t in range(t0, t1)])
             if l is not None:
                 total += float(l)
             self.steps += t1 - t0
@@ -811,15 +819,26 @@ class OnlineLearner:
             return
         pend, self._pending = self._pending, []
         end_states, self.states = self.states, self._block_start
-        self._block_batched(torch.stack([p[0] for p in pend]), [self._closure(p[1], p[2]) for p in pend], carry)
+        vg = getattr(self.loss, "value_and_grad", None) if self._closed_block_ok() else None
+        vgs = None if vg is None else [None if p[1] is None else (lambda y, tt=p[1]: vg(y, tt)) for p in pend]
+        self._block_batched(torch.stack([p[0] for p in pend]), [self._closure(p[1], p[2]) for p in pend], carry,
+                            vgs=vgs)
         self.states = end_states
 
-    def _block_batched(self, x, losses, carry, block_loss=None):
+    def _closed_block_ok(self) -> bool:
+        """Whether a block may take the no-autograd path of :mod:`.block` (the loss aside)."""
+        return self.closed_form_block and self.fast is not False and block_supported(self)
+
+    def _block_batched(self, x, losses, carry, block_loss=None, vgs=None):
         """A block of K steps with whole-block tensor ops (chunked / parallel modes). Within the
         block every step starts from the *detached* previous state, so once the states are known
         (one cheap pass without autograd) the steps of a layer are independent rows: each layer is
         advanced for all K steps in one ``[K*B, ...]`` call with the spatial graph, and one
-        backward gives ``g_t`` for every step. Same estimator as the step-by-step form."""
+        backward gives ``g_t`` for every step. Same estimator as the step-by-step form. With
+        ``vgs`` (per step ``y -> (loss, d loss / d y) | None``) the block runs with no autograd
+        call (:func:`.block.closed_form_block`)."""
+        if vgs is not None:
+            return closed_form_block(self, x, vgs, carry)
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)

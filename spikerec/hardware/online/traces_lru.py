@@ -129,6 +129,105 @@ class LRUTrace(LayerTrace):
         gh = linear_scan(torch.complex(k["lr"], -k["li"]), g).flip(0)
         return torch.stack([gh.real, gh.imag], -1)
 
+    def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
+        """The chunked block's contraction (the same sums as :func:`.traces_base.chunk_contract`
+        on :meth:`partials`) with the per-neuron traces in closed form. With ``gh`` the reverse-
+        filtered error, ``hp`` the previous states and ``u = gamma B x = h - lam hp`` (complex,
+        ``[K, B, N]``), every per-neuron immediate partial is ``w hp`` (``w = d lam / d p``) or ``u``:
+
+            dL/dp += Re[w sum_{k,b} conj(gh_k) hp_k]  (nu_log, theta_log);  Re[sum_{k,b} conj(gh_k) u_k]  (gamma_log)
+            boundary with the carried trace e:         Re[lam sum_b conj(gh_0) e]
+            carried trace:  e <- w sum_k lam^(K-1-k) hp_k + lam^K e   (u_k in place of w hp_k for gamma_log)
+
+        so no ``[K, B, N, 2, m]`` products are formed. ``x``, ``prev``, ``new`` hold ``[K*B]``
+        rows; ``G [K, B, N, 2]`` or ``None``. The input-matrix traces: :meth:`_block_matrix`."""
+        k = self.consts(x.dtype)
+        use_J = self.use_J()
+        names = [n for n in ("nu_log", "theta_log", "gamma_log") if n in self.traced]
+        GH = None
+        if G is not None:
+            GH = self.reverse_filter(G) if use_J else G
+        N = k["N"]
+        lam = torch.complex(k["lr"], k["li"])
+        pw = k.get(("lam_powers", K))
+        if pw is None:  # lam^(K-1-k), k = 0..K-1, and lam^K
+            p = torch.ones_like(lam)
+            rows = []
+            for _ in range(K):
+                rows.append(p)
+                p = p * lam
+            pw = k[("lam_powers", K)] = (torch.stack(rows[::-1]), p)
+        PK, lamK = pw
+        self._block_matrix(ts, k, x, GH, carry and use_J, use_J, PK, lamK, lam, K, B, N)
+        if not names:
+            return
+        hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
+        u = torch.complex(new.x_re, new.x_im) - lam * hp
+        w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
+        if GH is not None:
+            ghc = torch.complex(GH[..., 0], GH[..., 1])  # [K, B, N]
+            ghf = ghc.reshape(K * B, N).conj_physical()
+            if w:
+                S_h = (ghf * hp).sum(0)
+                for n, wn in w.items():
+                    ts.add(n, (wn * S_h).real)
+            if "gamma_log" in names:
+                ts.add("gamma_log", (ghf * u).sum(0).real)
+            if use_J:
+                b0 = lam * ghc[0].conj_physical()  # [B, N]
+                for n in names:
+                    e = ts.vec.get(n)
+                    if e is not None:
+                        ts.add(n, (b0 * torch.complex(e[..., 0], e[..., 1])).sum(0).real)
+        if not (carry and use_J):
+            return
+        Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if w else None  # [B, N]
+        for n in names:
+            q = w[n] * Q_h if n in w else (PK[:, None] * u.reshape(K, B, N)).sum(0)
+            e = ts.vec.get(n)
+            if e is not None:
+                q = q + lamK * torch.complex(e[..., 0], e[..., 1])
+            ts.vec[n] = torch.stack([q.real, q.imag], -1)
+
+    def _block_matrix(self, ts, k, x, GH, carry, use_J, PK, lamK, lam, K, B, N) -> None:
+        """The input-matrix part of :meth:`block_contract`. The immediate partial of ``B_re[j, i]``
+        is ``gamma_j x_i`` (of ``B_im``: ``i gamma_j x_i``), so with the carried complex trace
+        ``e [N, B, H]`` (stored as ``[N, B, 2, H]``):
+
+            dB_re += gamma * (Re gh)^T X,   dB_im += gamma * (Im gh)^T X     (X: the block's inputs [K*B, H])
+            boundary, z = lam conj(gh_0):   dB_re += sum_b Re(z e),  dB_im -= sum_b Im(z e)
+            carried trace:                  e <- gamma sum_k lam^(K-1-k) x_k + lam^K e   (two GEMMs)"""
+        names = [n for n in ("B_re", "B_im") if n in self.traced]
+        if not names:
+            return
+        gam = k["gam"]
+        H = x.shape[-1]
+        e = ts.mat.get("B_re")
+        if GH is not None:
+            for n, f in (("B_re", 0), ("B_im", 1)):
+                if n in names:
+                    ts.add(n, (GH[..., f].reshape(K * B, N).t() @ x).mul_(gam[:, None]))
+            if use_J and e is not None:
+                gh0 = GH[0]  # [B, N, 2]
+                zr = (k["lr"] * gh0[..., 0] + k["li"] * gh0[..., 1]).t()  # Re(lam conj(gh0)) [N, B]
+                zi = (k["li"] * gh0[..., 0] - k["lr"] * gh0[..., 1]).t()  # Im(lam conj(gh0))
+                er, ei = e[:, :, 0], e[:, :, 1]  # [N, B, H]
+                zr, zi = zr[..., None], zi[..., None]
+                if "B_re" in names:
+                    ts.add("B_re", (zr * er - zi * ei).sum(1))
+                if "B_im" in names:
+                    ts.add("B_im", -(zr * ei + zi * er).sum(1))
+        if not carry:
+            return
+        X = x.reshape(K, B * H)
+        qr = (PK.real.t() @ X).mul_(gam[:, None]).reshape(N, B, H)
+        qi = (PK.imag.t() @ X).mul_(gam[:, None]).reshape(N, B, H)
+        if e is not None:
+            er, ei = e[:, :, 0], e[:, :, 1]
+            Lr, Li = lamK.real[:, None, None], lamK.imag[:, None, None]
+            qr, qi = qr + Lr * er - Li * ei, qi + Lr * ei + Li * er
+        ts.mat["B_re"] = torch.stack([qr, qi], 2)
+
     def partials(self, x, prev, new):
         k = self.consts(x.dtype)
         lr, li = k["lr"], k["li"]

@@ -1,0 +1,97 @@
+"""A chunked block of K steps with no autograd call (the chunked mode's fast path).
+
+Within a block the online rule needs, for every traced layer and step ``t``, the spatial error
+``g_t = d l_t / d s_t`` and the direct gradients of the output-map parameters (Zucchet et al.
+2023, Sec. 3; thesis Zucchet 2025, Sec. 4.3.2), then the layer-local reverse filter
+``gh_k = g_k + J_{k+1}^T gh_{k+1}`` and its contraction with the immediate partials (the adjoint
+form of the trace recursion). With the recurrent edges cut, the steps of a block are
+independent rows once the states are known, so:
+
+* forward: the states before each step by the layer's block scan (the LRU's parallel scan of
+  ``h_t = lam h_{t-1} + gamma B u_t``, Orvieto et al. 2023, Sec. 3), then every step's output
+  map on ``[K*B]`` rows at once;
+* loss: the loss's closed-form ``value_and_grad`` per step (no autograd);
+* spatial backward: the hand-written per-cell chain of :mod:`.spatial` on ``[K*B]`` rows, so
+  each output-map gradient (``dC += gy^T h``, ``dW += gy^T u``, ...) is one matrix product over
+  the whole block;
+* reverse filter and contractions: :func:`.traces_base.chunk_contract` (a reverse linear scan
+  for the LRU; the input-matrix contraction as one GEMM).
+
+It applies when every layer has a hand-written spatial backward (LRU, ALIF, leaky or linear
+readout; no active dropout) and the loss carries ``value_and_grad``; the result equals the
+autograd block of :meth:`OnlineLearner._block_batched` (tests/test_online_block.py, float64).
+"""
+from __future__ import annotations
+
+import torch
+
+from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, supported
+from .traces_base import chunk_contract, stack_partials
+
+__all__ = ["block_supported", "closed_form_block"]
+
+
+def block_supported(learner) -> bool:
+    """Whether :func:`closed_form_block` applies to ``learner``'s stack (the losses aside)."""
+    return supported(learner)
+
+
+def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool):
+    """The gradient work of one block ``x [K, B, C]`` (states start at ``learner.states``, which
+    are advanced to the block's end). ``vgs[k](y_k) -> (loss, d loss / d y_k) | None`` per step
+    (``None`` entry: no loss at that step). Returns the block's summed loss (detached) or
+    ``None``."""
+    K, B = x.shape[0], x.shape[1]
+    tracers = learner.tracers
+    kinds = fast_kinds(learner)
+    recs = []
+    with torch.no_grad():
+        h = x.reshape(K * B, *x.shape[2:])
+        for l, (tr, kind) in enumerate(zip(tracers, kinds)):
+            s = learner.states[l]
+            if kind == "readout":
+                c = tr.cell
+                y = h @ c.weight.detach().t()
+                if c.bias is not None:
+                    y = y + c.bias.detach()
+                prev = None
+                new = (y,)
+                learner.states[l] = type(s)(y[(K - 1) * B:])
+                out = y
+            else:
+                hk = h.reshape(K, B, *h.shape[1:])
+                if hasattr(tr, "scan_block"):
+                    prev, last = tr.scan_block(hk, s)
+                else:
+                    prevs, last = tr.scan_states(hk, s)
+                    prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
+                learner.states[l] = last
+                new = tr.step(h, prev)
+                out = _lru_out(tr.cell, h, new) if kind == "lru" else _output(tr, kind, new)
+            recs.append((h, prev, new, out))
+            h = out
+        y = h.reshape(K, B, *h.shape[1:])
+        total = None
+        gy = None
+        for k in range(K):
+            lg = vgs[k](y[k]) if vgs[k] is not None else None
+            if lg is None:
+                continue
+            loss, g = lg
+            if loss.dim() != 0:
+                raise ValueError(f"loss must return a scalar at step {learner.steps + k}, got shape {tuple(loss.shape)}")
+            total = loss if total is None else total + loss
+            if gy is None:
+                gy = torch.zeros((K, B, *g.shape[1:]), dtype=y.dtype, device=y.device)
+            gy[k] = g
+        gs = _spatial_backward(learner, kinds, recs, None if gy is None else gy.reshape(K * B, *gy.shape[2:]))
+        for l, (tr, kind) in enumerate(zip(tracers, kinds)):
+            if kind == "readout" or not tr.traced:
+                continue
+            h_in, prev, new, _ = recs[l]
+            G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
+            if kind == "lru" and learner.block_closed_traces:
+                tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
+            else:
+                chunk_contract(learner.traces[l], stack_partials(tr.partials(h_in, prev, new), K, B), G, carry)
+    return None if total is None else total.detach()

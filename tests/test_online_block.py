@@ -1,0 +1,164 @@
+"""The chunked mode's no-autograd block (:mod:`spikerec.hardware.online.block`) against the
+autograd block and the reference stream path, in float64 on fresh random networks and inputs:
+outputs, losses, traces and gradients; resets mid-block, update policies with an optimiser,
+checkpoint mid-block."""
+import pytest
+import torch
+
+from spikerec.hardware.online import OnlineLearner, load_stream, save_stream
+from spikerec.hardware.online.learner import classification_loss, mse_loss, mse_step_loss
+from spikerec.layers import ALIF, LeakyReadout
+from spikerec.layers.lru import LRU
+from spikerec.models import RecurrentStack
+
+from online_helpers import _fp64_one_thread, named  # noqa: F401
+
+SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
+
+
+def build(kind, leaky, H=5, N=6, K=3):
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    if kind == "lru":
+        cells = [LRU(H, N), LRU(H, N, output_size=4)]
+        width = 4
+    elif kind == "lru_alif":
+        lru = LRU(H, N)
+        cells = [lru, ALIF(lru.output_size, N, surrogate=SURR, tau_mem=5.0, b=0.3, beta=0.5, recurrent=False)]
+        with torch.no_grad():
+            cells[1].weight.mul_(3.0)
+        width = N
+    else:
+        cells = [ALIF(H, N, surrogate=SURR, tau_mem=5.0, b=0.3, beta=0.5, recurrent=False),
+                 ALIF(N, N, surrogate=SURR, tau_mem=5.0, b=0.3, beta=0.5, recurrent=False)]
+        for c in cells:
+            with torch.no_grad():
+                c.weight.mul_(3.0)
+        width = N
+    return RecurrentStack(cells, LeakyReadout(width, K, tau=(4.0 if leaky else None)))
+
+
+def traces_of(lr):
+    return {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+
+
+def run_steps(model, x, tgt, closed, resets=(), mode="chunked", chunk=4, **kw):
+    model.zero_grad()
+    lr = OnlineLearner(model, loss=mse_step_loss, mode=mode, chunk=chunk if mode == "chunked" else None, **kw)
+    lr.closed_form_block = closed
+    ys, ls = [], []
+    rs = dict(resets)
+    for t in range(x.shape[0]):
+        if t in rs:
+            lr.reset(rs[t])
+        y, l = lr.step(x[t], None if t % 5 == 3 else tgt[t])  # some steps without a loss
+        ys.append(y)
+        ls.append(torch.zeros(()) if l is None else l)
+    lr.update()
+    tr = traces_of(lr)
+    grads = {n: p.grad.clone() for n, p in named(model)}
+    model.zero_grad()
+    return torch.stack(ys), torch.stack(ls), tr, grads
+
+
+def close(a, b):
+    assert a.keys() == b.keys()
+    for n in a:
+        assert torch.allclose(a[n], b[n], rtol=1e-10, atol=1e-12), (n, (a[n] - b[n]).abs().max())
+
+
+@pytest.mark.parametrize("kind", ["lru", "lru_alif", "alif"])
+@pytest.mark.parametrize("leaky", [False, True])
+@pytest.mark.parametrize("rule", ["full", "trunc1", "spatial"])
+def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
+    """step() in chunked mode (blocks of 4, a per-sample reset mid-block, steps without a loss):
+    the no-autograd block equals the autograd block and the reference stream path."""
+    model = build(kind, leaky)
+    T, B = int(torch.randint(11, 18, ())), 3
+    x = torch.randn(T, B, 5)
+    tgt = torch.randn(T, B, 3)
+    resets = [(6, torch.tensor([True, False, True]))]
+    y0, l0, tr0, g0 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule)
+    y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule)
+    y2, l2, tr2, g2 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream", fast=False)
+    assert torch.allclose(y0, y1, rtol=0, atol=1e-12) and torch.allclose(y1, y2, rtol=0, atol=1e-12)
+    assert torch.allclose(l0, l1, rtol=0, atol=1e-12) and torch.allclose(l1, l2, rtol=0, atol=1e-10)
+    close(tr0, tr1)
+    close(g0, g1)
+    close(g2, g1)
+    assert any(g.abs().sum() > 0 for g in g1.values())
+
+
+def test_closed_form_block_is_taken_and_autograd_is_not_called(monkeypatch):
+    model = build("lru", False)
+    x, tgt = torch.randn(8, 2, 5), torch.randn(8, 2, 3)
+    lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=4)
+    assert lr._closed_block_ok()
+
+    def boom(*a, **k):
+        raise AssertionError("autograd called")
+
+    monkeypatch.setattr(torch.autograd, "grad", boom)
+    monkeypatch.setattr(torch.Tensor, "backward", boom)
+    for t in range(8):
+        lr.step(x[t], tgt[t])
+    lr.update()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("kind", ["lru", "lru_alif"])
+@pytest.mark.parametrize("loss", ["mse", "ce_mean", "ce_last"])
+def test_backward_chunked_closed_form_equals_autograd(kind, loss):
+    """backward() over a whole sequence (chunk not dividing T) with the package's losses."""
+    model = build(kind, False)
+    T, B = 13, 3
+    x = torch.randn(T, B, 5)
+    if loss == "mse":
+        fn, tgt = mse_loss, torch.randn(T, B, 3)
+    else:
+        fn, tgt = classification_loss(loss[3:], T), torch.randint(0, 3, (B,))
+    out = []
+    for closed in (False, True):
+        model.zero_grad()
+        lr = OnlineLearner(model, mode="chunked", chunk=5)
+        lr.closed_form_block = closed
+        L = lr.backward(x, tgt, fn)
+        out.append((L, {n: p.grad.clone() for n, p in named(model)}))
+    assert abs(out[0][0] - out[1][0]) < 1e-10 * max(1.0, abs(out[0][0]))
+    close(out[0][1], out[1][1])
+
+
+def test_update_policy_and_checkpoint_mid_block(tmp_path):
+    """Adam every 6 steps (not a multiple of the block of 4), a checkpoint mid-block restored
+    into a new learner: the same weights as the autograd block's uninterrupted run."""
+    kind = "lru_alif"
+    model = build(kind, True)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    x, tgt = torch.randn(15, 2, 5), torch.randn(15, 2, 3)
+
+    def make(closed):
+        model.load_state_dict(init)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=4, optimizer=opt, update_every=6)
+        lr.closed_form_block = closed
+        return lr, opt
+
+    lr, _ = make(False)
+    for t in range(15):
+        lr.step(x[t], tgt[t])
+    ref = {k: v.clone() for k, v in model.state_dict().items()}
+    lr, opt = make(True)
+    for t in range(9):
+        lr.step(x[t], tgt[t])
+    ck = tmp_path / "ck.safetensors"
+    save_stream(ck, lr)
+    w = {k: v.clone() for k, v in model.state_dict().items()}
+    ost = opt.state_dict()
+    lr, opt = make(True)
+    model.load_state_dict(w)
+    opt.load_state_dict(ost)
+    load_stream(ck, lr)
+    for t in range(9, 15):
+        lr.step(x[t], tgt[t])
+    for k in ref:
+        assert torch.allclose(ref[k], model.state_dict()[k], rtol=1e-9, atol=1e-11), k
+    assert max(float((ref[k] - init[k]).abs().max()) for k in ref) > 1e-4
