@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from cli_fork import run_cli
 from spikerec.cli import main
 
 TINY = ["quickstart", "--quiet", "--set", "train.epochs=2", "--set", "model.layers.0.size=16",
@@ -86,7 +87,9 @@ def test_kill_9_anywhere_then_resume_is_bit_identical(reference, tmp_path):
         killed = os.WIFSIGNALED(status)
         if not (run / "config.json").is_file():  # killed before the run folder was set up: start it again
             kinds.add("before config")
-            assert _run(["train", *TINY, "--out", str(run)]) == 0, i
+            left = sorted(p.name for p in run.iterdir()) if run.exists() else None
+            code, _, err = run_cli(["train", *TINY, "--out", str(run)])
+            assert code == 0, (i, left, err[-1000:])
         elif (run / "summary.json").is_file():
             kinds.add("finished")
         else:
