@@ -13,7 +13,25 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["triton_available"]
+__all__ = ["triton_available", "forksafe_numba"]
+
+
+def forksafe_numba():
+    """``numba`` with a fork-safe threading layer for its parallel (``prange``) kernels.
+
+    With GNU OpenMP (numba's default ``omp`` layer on Linux) a process that forks after a
+    parallel kernel ran kills the child on its first parallel kernel ("fork() called from a
+    process already using GNU OpenMP"): DataLoader workers, ``os.fork`` test harnesses and
+    forked servers would die. Unless the user chose a layer (``NUMBA_THREADING_LAYER``), numba
+    is asked for its ``forksafe`` class (TBB when installed, else its own work queue). Call it
+    before the first parallel kernel runs; returns the ``numba`` module."""
+    import os
+
+    import numba
+
+    if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
+        numba.config.THREADING_LAYER = "forksafe"
+    return numba
 
 
 @functools.lru_cache(maxsize=1)

@@ -23,11 +23,9 @@ RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
 
 
 def _kernels():
-    import numba
+    from . import forksafe_numba, lif_sequence_numba_kernels as k
 
-    from . import lif_sequence_numba_kernels as k
-
-    return numba, k.fwd, k.bwd
+    return forksafe_numba(), k.fwd, k.bwd
 
 
 @functools.lru_cache(maxsize=1)

@@ -36,9 +36,9 @@ def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _kernels():
-    import numba
+    from . import forksafe_numba, scan_numba_kernels as k
 
-    from . import scan_numba_kernels as k
+    numba = forksafe_numba()
 
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     return k
