@@ -36,8 +36,9 @@ def test_parallel_kernels_run_in_a_forked_child():
     assert numba.threading_layer() != "omp" or "NUMBA_THREADING_LAYER" in os.environ
 
     def child():
-        got = linear_scan(a, b)
-        assert torch.equal(got, want)
+        got = linear_scan(a, b)  # the torch path here (see the next test): same values up to rounding
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
     assert _in_child(child) == 0
     assert lif_sequence_numba.available()
+

@@ -13,7 +13,17 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["triton_available", "forksafe_numba"]
+__all__ = ["triton_available", "forksafe_numba", "numba_usable_here"]
+
+_NUMBA_PID: int | None = None  # the process that started numba's parallel thread pool
+
+
+def numba_usable_here() -> bool:
+    """False in a process forked after its parent ran a parallel numba kernel: numba's thread pools
+    do not survive a fork (the child dies or hangs), so such a child takes the torch path."""
+    import os
+
+    return _NUMBA_PID is None or _NUMBA_PID == os.getpid()
 
 
 def forksafe_numba():
@@ -29,8 +39,11 @@ def forksafe_numba():
 
     import numba
 
+    global _NUMBA_PID
     if "NUMBA_THREADING_LAYER" not in os.environ and numba.config.THREADING_LAYER == "default":
         numba.config.THREADING_LAYER = "forksafe"
+    if _NUMBA_PID is None:
+        _NUMBA_PID = os.getpid()
     return numba
 
 

@@ -30,12 +30,14 @@ def _kernels():
 
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """True when numba imports."""
+    """True when numba imports (and this process is not a fork of one that ran its thread pool)."""
+    from . import numba_usable_here
+
     try:
         import numba  # noqa: F401
     except Exception:
         return False
-    return True
+    return numba_usable_here()
 
 
 def _threads(numba) -> None:

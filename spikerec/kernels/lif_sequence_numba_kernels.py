@@ -11,7 +11,7 @@ from numba import njit, prange
 BLOCK = 512  # neurons per parallel work item (contiguous in memory)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=False, cache=True, nogil=True)  # no thread pool: it would not survive a fork
 def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT):  # pragma: no cover - compiled
     T, M = I.shape
     nblk = (M + BLOCK - 1) // BLOCK
@@ -76,7 +76,7 @@ def sd_fn(x, code, p1, p2):  # pragma: no cover - compiled
     return p2 * (p1 / 2.0) / (1.0 + u * u)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=False, cache=True, nogil=True)  # no thread pool: it would not survive a fork
 def bwd(gZ, SD, sur_code, p1, p2, sd0, V, v0, z0, i0, Iseq, alpha, alpha_s, thr, mode, syn, detach, gvT, giT,
         DJ, gv0, gi0, g_alpha, g_alpha_s, g_thr):  # pragma: no cover - compiled
     T, M = V.shape

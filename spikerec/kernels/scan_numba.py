@@ -21,12 +21,14 @@ DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """True when numba imports."""
+    """True when numba imports (and this process is not a fork of one that ran its thread pool)."""
+    from . import numba_usable_here
+
     try:
         import numba  # noqa: F401
     except Exception:
         return False
-    return True
+    return numba_usable_here()
 
 
 def supported(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -10,7 +10,7 @@ from numba import njit, prange
 BLOCK = 512
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=False, cache=True, nogil=True)  # no thread pool: it would not survive a fork
 def fwd(a, b, x0, has_x0, out):  # pragma: no cover - compiled
     T, M = b.shape
     nblk = (M + BLOCK - 1) // BLOCK
@@ -29,7 +29,7 @@ def fwd(a, b, x0, has_x0, out):  # pragma: no cover - compiled
                 ot[m] = v
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=False, cache=True, nogil=True)  # no thread pool: it would not survive a fork
 def bwd(ac, g, x, x0, has_x0, need_ga, gam, ga):  # pragma: no cover - compiled
     """``gam_t = g_t + ac gam_{t+1}`` (``ac = conj(a)``) and ``ga = sum_t gam_t conj(x_{t-1})``."""
     T, M = g.shape
