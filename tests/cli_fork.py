@@ -1,11 +1,47 @@
 """Run ``spikerec`` commands in forked child processes (torch is imported once, in the test
-process), with their exit code, stdout and stderr; and byte snapshots of run folders."""
+process), with their exit code, stdout and stderr; and byte snapshots of run folders.
+
+A forked child runs torch on one intra-op thread, as torch's own DataLoader workers do: GNU
+OpenMP (torch's CPU thread pool on Linux) is not fork-safe, and a child that starts a parallel
+region on the pool its parent created waits forever for threads that were not forked. The
+child's later ``torch.set_num_threads`` calls (``train.threads``) are ignored for that reason.
+Every wait has a deadline: a child still running after it is killed and the test fails with
+what the child printed, instead of hanging the suite.
+"""
 import os
+import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import torch
+
 from spikerec.cli import main
+
+DEADLINE_S = float(os.environ.get("SPIKEREC_TEST_CHILD_DEADLINE_S", "900"))
+
+
+def single_threaded_child() -> None:
+    """Call first thing in a forked child: one torch thread for the rest of its life."""
+    torch.set_num_threads(1)
+    torch.set_num_threads = lambda n: None  # the child's own settings cannot leave this state
+
+
+def wait_child(pid: int, deadline_s: float = DEADLINE_S, what: str = "") -> int:
+    """Exit code of child ``pid``; kills it and raises ``AssertionError`` after ``deadline_s``."""
+    t_end = time.monotonic() + deadline_s
+    delay = 0.01
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > t_end:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"forked child {what or pid} still ran after {deadline_s:.0f} s; killed")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 def fork_cli(argv: list[str], out_dir: str | None = None) -> tuple[int, Path, Path]:
@@ -16,6 +52,7 @@ def fork_cli(argv: list[str], out_dir: str | None = None) -> tuple[int, Path, Pa
     if pid == 0:  # child: run the command and leave without returning into pytest
         code = 1
         try:
+            single_threaded_child()
             fo, fe = open(so, "w"), open(se, "w")
             os.dup2(fo.fileno(), 1)
             os.dup2(fe.fileno(), 2)
@@ -36,8 +73,12 @@ def fork_cli(argv: list[str], out_dir: str | None = None) -> tuple[int, Path, Pa
 
 
 def wait_cli(pid: int, so: Path, se: Path) -> tuple[int, str, str]:
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), so.read_text(), se.read_text()
+    try:
+        code = wait_child(pid, what=str(so.parent))
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n--- stdout ---\n{so.read_text()[-3000:]}\n--- stderr ---\n"
+                             f"{se.read_text()[-3000:]}") from None
+    return code, so.read_text(), se.read_text()
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:

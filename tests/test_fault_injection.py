@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cli_fork import run_cli
+from cli_fork import run_cli, single_threaded_child, wait_child
 from spikerec.cli import main
 
 TINY = ["quickstart", "--quiet", "--set", "train.epochs=2", "--set", "model.layers.0.size=16",
@@ -34,6 +34,7 @@ def _fork(argv) -> int:
     if pid == 0:  # child: run the command, never return into pytest
         code = 1
         try:
+            single_threaded_child()
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
@@ -45,8 +46,7 @@ def _fork(argv) -> int:
 
 
 def _run(argv) -> int:
-    _, status = os.waitpid(_fork(argv), 0)
-    return os.waitstatus_to_exitcode(status)
+    return wait_child(_fork(argv), what=" ".join(argv))
 
 
 def _records(run: Path):

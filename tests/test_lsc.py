@@ -62,6 +62,7 @@ def test_lsc_drives_every_mean_radius_to_target(kind, target, extra):
     report = lsc_pretrain(model, x, cfg)
     assert not report.diverged
     assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())  # nothing leaks into training's first step
     # the condition holds in expectation on fresh data of the same kind
     after = mean_radii(model, _spikes(2), cfg)
     assert set(after) == set(report.targets)

@@ -1,6 +1,7 @@
 """--resume after a kill mid-epoch gives bit-identical final weights and metrics."""
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -51,9 +52,11 @@ def test_resume_after_kill_is_bit_identical(tmp_path, capsys):
     assert (b / "metrics.csv").read_text().count("\n") == 3
 
 
-def test_resume_from_an_epoch_end_checkpoint_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("step,epoch", [(9, 1), (0, 0)])
+def test_resume_from_an_epoch_end_checkpoint_is_bit_identical(tmp_path, step, epoch):
     """A checkpoint written at an epoch's end precedes the next epoch's DataLoader iterator, whose
-    creation draws from the global RNG; the resume must restore the RNG before that draw."""
+    creation draws from the global RNG; the resume must restore the RNG before that draw. Step 0 is
+    the checkpoint written right after LSC: the first training step must not see LSC's gradients."""
     import shutil
 
     a = tmp_path / "a"
@@ -61,13 +64,14 @@ def test_resume_from_an_epoch_end_checkpoint_is_bit_identical(tmp_path):
     c = tmp_path / "c"
     shutil.copytree(a, c)
     # 9 steps per epoch: step-00000009 is the checkpoint of epoch 1's end (batch_in_epoch 0)
-    state = json.loads((c / "checkpoints" / "step-00000009" / "state.json").read_text())
-    assert state["epoch"] == 1 and state["batch_in_epoch"] == 0
+    name = f"step-{step:08d}"
+    state = json.loads((c / "checkpoints" / name / "state.json").read_text())
+    assert state["epoch"] == epoch and state["batch_in_epoch"] == 0 and state["lsc_done"]
     for p in (c / "checkpoints").glob("step-*"):
-        if p.name > "step-00000009":
+        if p.name > name:
             shutil.rmtree(p)
-    for name in ("model.safetensors", "model.json", "summary.json", "checkpoints/latest.json"):
-        (c / name).unlink(missing_ok=True)
+    for f in ("model.safetensors", "model.json", "summary.json", "checkpoints/latest.json"):
+        (c / f).unlink(missing_ok=True)
     assert main(["train", "--resume", str(c), "--quiet"]) == 0
     wa, wc = load_file(str(a / "model.safetensors")), load_file(str(c / "model.safetensors"))
     for k in wa:

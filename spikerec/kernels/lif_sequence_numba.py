@@ -23,25 +23,19 @@ RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
 
 
 def _kernels():
-    from . import forksafe_numba, lif_sequence_numba_kernels as k
+    from . import lif_sequence_numba_kernels as k
 
-    return forksafe_numba(), k.fwd, k.bwd
+    return k.fwd, k.bwd
 
 
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """True when numba imports (and this process is not a fork of one that ran its thread pool)."""
-    from . import numba_usable_here
-
+    """True when numba imports."""
     try:
         import numba  # noqa: F401
     except Exception:
         return False
-    return numba_usable_here()
-
-
-def _threads(numba) -> None:
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    return True
 
 
 def _np(t: torch.Tensor):
@@ -55,8 +49,7 @@ def _flat(p: torch.Tensor, B: int, N: int) -> torch.Tensor:
 
 def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
     """Forward loop: returns ``(Z, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``)."""
-    numba, fwd, _ = _kernels()
-    _threads(numba)
+    fwd, _ = _kernels()
     T, B, N = I.shape
     syn = i0 is not None
     V = torch.empty_like(I)
@@ -86,8 +79,7 @@ def surrogate_code(sur) -> tuple[int, float, float]:
 def lif_backward(gZ, sur, V, v0, z0, i0, Iseq, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT):
     """Reverse pass: returns ``(dL/dI, dL/dv0, dL/di0|None, per-element dL/dalpha, dL/dalpha_s, dL/dthr)``;
     the last three are ``[B, N]`` (sum over the batch for per-neuron parameters)."""
-    numba, _, bwd = _kernels()
-    _threads(numba)
+    _, bwd = _kernels()
     T, B, N = V.shape
     M = B * N
     syn = i0 is not None

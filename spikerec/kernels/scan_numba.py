@@ -3,8 +3,9 @@
 ``x_t = a * x_{t-1} + b_t`` forward, and the reverse pass of :func:`spikerec.scan.linear_scan`'s
 backward, ``Gam_t = G_t + conj(a) Gam_{t+1}``, with ``dL/da = sum_t Gam_t conj(x_{t-1})``
 accumulated inside the same loop (nothing of size ``T`` written besides ``Gam``). Work-efficient
-(``O(T M)``) with one parallel region per call: the per-step torch calls of the sequential
-torch pass pay one thread barrier per step, which dominates on a loaded machine.
+(``O(T M)``) in one compiled call, serial (no thread pool, so it survives a fork): the per-step
+torch calls of the sequential torch pass pay one thread barrier per step, which dominates on a
+loaded machine.
 
 ``numba`` is imported on the first call; compilation is cached on disk.
 """
@@ -21,14 +22,12 @@ DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 @functools.lru_cache(maxsize=1)
 def available() -> bool:
-    """True when numba imports (and this process is not a fork of one that ran its thread pool)."""
-    from . import numba_usable_here
-
+    """True when numba imports."""
     try:
         import numba  # noqa: F401
     except Exception:
         return False
-    return numba_usable_here()
+    return True
 
 
 def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -38,11 +37,8 @@ def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _kernels():
-    from . import forksafe_numba, scan_numba_kernels as k
+    from . import scan_numba_kernels as k
 
-    numba = forksafe_numba()
-
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     return k
 
 

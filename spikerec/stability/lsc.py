@@ -624,6 +624,8 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
             stop = f"max_epochs ({cfg.max_epochs}) reached"
     finally:
         model.train(was_training)
+        for p in model.parameters():  # the last LSC step's gradients must not leak into training's first step
+            p.grad = None
         if cfg.num_threads:
             torch.set_num_threads(old_threads)
 
