@@ -71,7 +71,7 @@ def test_every_readme_command_works_as_written(tmp_path, monkeypatch):
         code, out, err = run_cli(_shortened(argv)[1:])
         if argv[1] == "train" and "run folder:" in out:
             made[argv[2]] = re.search(r"run folder: +(\S+)", out).group(1)
-        assert code == 0, (argv, out[-2000:], err[-2000:])
+        assert code == 0, (argv, out[-3000:], err[-8000:])
         assert "Traceback" not in err, (argv, err[-2000:])
     shd = README.read_text().split("Then run\n`", 1)[1].split("`", 1)[0]  # the SHD paragraph's command
     code, out, err = run_cli(_shortened(shlex.split(shd))[1:])
