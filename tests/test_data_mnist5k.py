@@ -58,3 +58,40 @@ def test_preset_runs_shortened(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["data"] == "mnist5k" and 0.0 <= s["test_accuracy"] <= 1.0
     assert (out / "lsc.json").is_file() and (out / "curves.png").is_file()
+
+
+def test_shift_augmentation_by_hand_per_seed_and_epoch():
+    """Training images are translated by per-(seed, epoch) offsets: pixel (r, c) of the shifted image
+    is pixel (r - dy, c - dx) of the original, counted here pixel by pixel; valid/test never shift."""
+    from spikerec.data import make_loader
+
+    plain = get_dataset("mnist5k", "train", limit=40, preset="spytorch", steps=30, tau_eff=0.01)
+    ds = get_dataset("mnist5k", "train", limit=40, preset="spytorch", steps=30, tau_eff=0.01, shift=2)
+    assert type(get_dataset("mnist5k", "test", limit=5, shift=2)).__name__ == "LatencyDataset"
+    loader = make_loader(ds, 8, True, seed=3)
+    seen = {}
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        off = ds.offsets.clone()
+        assert off.abs().max() <= 2 and len({tuple(o) for o in off.tolist()}) > 5
+        seen[epoch] = off
+        order = loader.sampler.order(epoch)
+        x0 = batches[0][0][:, 0]  # the first sample of the pass, [T, 784]
+        i = int(order[0])
+        dy, dx = (int(v) for v in off[i])
+        src = plain[i][0].reshape(-1, 28, 28)
+        ref = torch.zeros_like(src)
+        for r in range(28):
+            for c in range(28):
+                if 0 <= r - dy < 28 and 0 <= c - dx < 28:
+                    ref[:, r, c] = src[:, r - dy, c - dx]
+        assert torch.equal(x0.reshape(-1, 28, 28), ref)
+    assert not torch.equal(seen[0], seen[1])
+    # the same (seed, epoch) gives the same shifts, whatever ran before (a resumed run)
+    again = make_loader(ds, 8, True, seed=3)
+    again.set_epoch(1)
+    next(iter(again))
+    assert torch.equal(ds.offsets, seen[1])
+    with pytest.raises(ValueError, match="shift"):
+        get_dataset("mnist5k", "train", shift=-1)

@@ -6,6 +6,8 @@ import h5py
 import numpy as np
 import pytest
 import torch
+
+from hand_count import hand_count
 from safetensors.torch import save_file
 
 from spikerec.cli import export as export_command
@@ -99,7 +101,20 @@ def test_export_command_writes_files_and_cross_checks(tmp_path, capsys, target):
     if target == "xylo" and xylosim_available():
         assert sims["xylosim"]["bit_identical_to_intsim"] is True
         assert sims["xylosim"]["accuracy"] == sims["intsim"]["accuracy"] if "accuracy" in sims["intsim"] else True
-    assert "snntorch" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "snntorch" in printed and "synaptic operations per sample" in printed
+    # NeuroBench deployment metrics of the exported model on the cross-check input, by hand
+    metrics = rep["deployment_metrics"]
+    if "skipped" in metrics:
+        pytest.importorskip("neurobench")
+        raise AssertionError(metrics["skipped"])
+    g = torch.Generator().manual_seed(0)  # the --random-input batch of spikerec export
+    x = (torch.rand(50, 64, m.input_size, generator=g) < 0.1).float()
+    ref = hand_count(m.eval(), x)
+    assert metrics["synaptic_operations"]["effective_acs"] == pytest.approx(ref["ac"], rel=1e-9)
+    assert metrics["synaptic_operations"]["dense"] == pytest.approx(ref["dense"], rel=1e-9)
+    assert metrics["activation_sparsity"] == pytest.approx(ref["act"], rel=1e-9)
+    assert metrics["samples"] == 64 and target in metrics["footprint_bytes"]
 
 
 def test_export_command_errors(tmp_path, capsys):

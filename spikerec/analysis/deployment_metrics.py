@@ -143,14 +143,18 @@ def NeuroBenchAdapter(model):  # noqa: N802 - a class built on first use (neurob
 
 
 class _BatchFirst:
-    """A spikerec loader (``x[T, B, C]``) as NeuroBench expects it (``x[B, T, C]``)."""
+    """Time-first batches ``(x[T, B, C], y)`` (a spikerec loader, or a list of batches) as NeuroBench
+    expects them (``x[B, T, C]``); missing labels (``None``) become zeros (no metric here reads them)."""
 
     def __init__(self, loader, max_batches: int | None):
         self.loader, self.max_batches = loader, max_batches
         n = len(loader)
         self.n = n if max_batches is None else min(n, int(max_batches))
-        total = len(loader.dataset)
-        self.samples = total if self.n == n else min(total, self.n * int(loader.batch_size))
+        if hasattr(loader, "dataset"):
+            total = len(loader.dataset)
+            self.samples = total if self.n == n else min(total, self.n * int(loader.batch_size))
+        else:
+            self.samples = sum(int(x.shape[1]) for x, _ in list(loader)[: self.n])
         self.dataset = _Sized(self.samples)  # NeuroBench weighs per-batch results by len(dataset)
 
     def __len__(self):
@@ -160,6 +164,8 @@ class _BatchFirst:
         for i, (x, y) in enumerate(self.loader):
             if i >= self.n:
                 break
+            if y is None:
+                y = torch.zeros(x.shape[1], dtype=torch.long)
             yield x.transpose(0, 1), y
 
 
@@ -191,7 +197,8 @@ def profile_footprint(model, profile) -> int:
 
 
 def deployment_metrics(model, loader, *, profiles: Mapping | None = None, max_batches: int | None = None) -> dict:
-    """Run NeuroBench's metrics on ``model`` over ``loader`` (spikerec's time-first batches).
+    """Run NeuroBench's metrics on ``model`` over ``loader`` (spikerec's time-first batches: a loader
+    or a list of ``(x[T, B, C], labels or None)``).
 
     Returns ``dict(synaptic_operations={effective_acs, effective_macs, dense} (per sample),
     activation_sparsity, activation_sparsity_by_layer={layer0: ...}, connection_sparsity,

@@ -12,6 +12,7 @@ from contextlib import nullcontext
 
 import torch
 
+from ..analysis.deployment_metrics import deployment_metrics, format_metrics
 from ..hardware.export import export_model, load_test_batches, summary
 from ..hardware.profiles import PROFILES
 from ..train.runs import RunFolderError, RunLock, load_model
@@ -21,7 +22,7 @@ __all__ = ["main", "build_parser", "export_run"]
 
 def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples: int = 512, dt: float = 1e-4,
                finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3, random_input: bool = False,
-               nir_extensions: bool = False) -> dict:
+               nir_extensions: bool = False, no_metrics: bool = False) -> dict:
     """Export one run folder (``config.json`` + ``model.safetensors``); returns the report."""
     for name in ("config.json", "model.safetensors"):
         if not os.path.exists(os.path.join(run_dir, name)):
@@ -35,7 +36,18 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
     train = load_test_batches(run_dir, "train", 10**9) if finetune_epochs > 0 else None
     return export_model(model, target, out_dir or os.path.join(run_dir, "export", target), batches,
                         train_batches=train, run_label=str(run_dir), dt=dt, finetune_epochs=finetune_epochs,
-                        adapt_reset=adapt_reset, lr=lr, nir_extensions=nir_extensions)
+                        adapt_reset=adapt_reset, lr=lr, nir_extensions=nir_extensions,
+                        metrics=None if no_metrics else _metrics_for(target))
+
+
+def _metrics_for(target: str):
+    """NeuroBench deployment metrics of the exported float model on the cross-check samples, with
+    the footprint at the float width, the target's profile and the others (as ``spikerec evaluate``)."""
+    def run(model, batches):
+        m = deployment_metrics(model, batches, profiles=PROFILES)
+        m["split"] = "test (cross-check samples)"
+        return m
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nir-extensions", action="store_true",
                     help="write what NIR cannot express (reset subtract/none, ALIF) as spikerec extension metadata "
                          "(only spikerec reads it); without it such models get no model.nir")
+    ap.add_argument("--no-metrics", action="store_true",
+                    help="skip the deployment metrics (NeuroBench: synaptic operations, sparsity, footprint per "
+                         "profile) of the exported model, otherwise printed and written to report.json")
     return ap
 
 
@@ -61,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         with RunLock(args.run, "spikerec export") if os.path.isdir(args.run) else nullcontext():
             rep = export_run(args.run, args.target, args.out, samples=args.samples, dt=args.dt,
                              finetune_epochs=args.finetune_epochs, adapt_reset=args.adapt_reset, lr=args.lr,
-                             random_input=args.random_input, nir_extensions=args.nir_extensions)
+                             random_input=args.random_input, nir_extensions=args.nir_extensions,
+                             no_metrics=args.no_metrics)
     except (FileNotFoundError, ValueError, RunFolderError) as e:  # QuantizationError, XyloLimitError: ValueErrors
         print(f"spikerec export: {e}", file=sys.stderr)
         return 2
     print(summary(rep))
+    m = rep.get("deployment_metrics")
+    if m and "skipped" not in m:
+        print("\n".join(f"  {line}" for line in format_metrics(m)))
     return 0

@@ -235,10 +235,17 @@ class EpochSampler(Sampler):
 
 
 class Loader(DataLoader):
-    """A ``DataLoader`` whose order depends only on ``(seed, epoch)``; see :class:`EpochSampler`."""
+    """A ``DataLoader`` whose order depends only on ``(seed, epoch)``; see :class:`EpochSampler`.
+    A dataset with a ``set_epoch(epoch, seed)`` method (random augmentation) is told the pass it
+    serves before every pass, so its randomness too depends only on ``(seed, epoch)``."""
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.sampler.epoch, seed=self.sampler.seed)
+        return super().__iter__()
 
     @property
     def epoch(self) -> int:

@@ -14,6 +14,10 @@ tau_eff = 50 ms, theta = 0.2, 1 ms steps, 100 steps; Zenke & Vogels 2021), ``spy
 (tau_eff = 20 ms) and ``lsc`` (the LSC code's convention, 100 steps x ``time_repeat`` 2;
 Herranz-Celotti & Rouat 2024).
 
+Augmentation: option ``shift = k`` translates every *training* image by a random whole number of
+pixels in ``-k..k`` (rows and columns), new offsets every epoch, reproducible per training seed
+and epoch (:mod:`spikerec.data.shift`); ``valid`` and ``test`` are never shifted.
+
 The images are a subset of MNIST's *training* set (LeCun et al. 1998); published sl-MNIST figures
 use 60,000 training images and the official 10,000-image test set, so accuracies on this subset are
 not comparable with them one to one (see ``docs/data.md``).
@@ -27,6 +31,7 @@ import numpy as np
 import torch
 
 from .core import LatencyDataset
+from .shift import ShiftedLatencyDataset
 from .home import DataError
 from .latency import LATENCY_PRESETS, LatencyCode, latency_steps
 from .splits import stratified_split
@@ -39,7 +44,7 @@ MNIST5K_SHA256 = "809ec085d551285cf9efad12c42a6aead98c62f96eb9936cc5b778870773e5
 MNIST5K_FRACTIONS = (0.7, 0.1, 0.2)
 MNIST5K_SIZES = dict(train=3500, valid=500, test=1000)
 MNIST5K_OPTIONS = dict(preset="stork", tau_eff=None, theta=None, dt=None, steps=None, first_step=None,
-                       rounding=None, time_repeat=None, split_seed=0, limit=None)
+                       rounding=None, time_repeat=None, split_seed=0, limit=None, shift=0)
 
 
 def _missing() -> str:
@@ -82,6 +87,8 @@ def _options(options: dict) -> dict:
     o = {**MNIST5K_OPTIONS, **options}
     if o["preset"] not in LATENCY_PRESETS:
         raise ValueError(f"dataset 'mnist5k': unknown preset {o['preset']!r}; valid: {sorted(LATENCY_PRESETS)}")
+    if not isinstance(o["shift"], int) or isinstance(o["shift"], bool) or not 0 <= o["shift"] < 28:
+        raise ValueError(f"dataset 'mnist5k': option shift must be a whole number of pixels 0..27, got {o['shift']!r}")
     return o
 
 
@@ -106,5 +113,8 @@ def mnist5k_dataset(split: str, **options) -> LatencyDataset:
         images, labels = images[: int(o["limit"])], labels[: int(o["limit"])]
     x = torch.from_numpy(images.astype(np.float32) / 255.0)
     times = latency_steps(x, code).to(torch.int16)
+    if split == "train" and o["shift"] > 0:  # random translations of the training images only
+        return ShiftedLatencyDataset(times, torch.from_numpy(labels), code.steps, image_shape=(28, 28),
+                                     max_shift=o["shift"], time_repeat=code.time_repeat, info=mnist5k_info(**options))
     return LatencyDataset(times, torch.from_numpy(labels), code.steps, time_repeat=code.time_repeat,
                           info=mnist5k_info(**options))

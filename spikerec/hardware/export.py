@@ -63,10 +63,12 @@ def _accuracy(model, batches) -> float | None:
 
 def export_model(model, target: str, out_dir: str, batches, *, train_batches=None, run_label: str = "", dt: float = 1e-4,
                  finetune_epochs: int = 0, adapt_reset: bool = False, lr: float = 1e-3,
-                 nir_extensions: bool = False) -> dict:
+                 nir_extensions: bool = False, metrics=None) -> dict:
     """Do the whole export of ``model`` to ``out_dir``; returns the report (also written as
     ``report.json``). ``batches``: ``[(x[T, B, C], labels or None)]`` for the cross-check (the first one
-    calibrates); ``train_batches``: for fine-tuning. Nothing is written if quantisation fails."""
+    calibrates); ``train_batches``: for fine-tuning; ``metrics``: ``fn(model, batches) -> dict`` run on
+    the exported float model (after fine-tuning), its result stored as ``deployment_metrics`` (or the
+    reason it was skipped). Nothing is written if quantisation fails."""
     model = model.float().eval()
     trained_accuracy = None
     if finetune_epochs > 0:
@@ -124,6 +126,11 @@ def export_model(model, target: str, out_dir: str, batches, *, train_batches=Non
     report = {"run": run_label, "target": target, "dt": dt, "samples": n_total, "files": files,
               "quantization": qrep.to_dict(), "warnings": [str(w.message) for w in caught] + notes,
               "simulators": pooled}
+    if metrics is not None:
+        try:
+            report["deployment_metrics"] = metrics(model, batches)
+        except (ImportError, ValueError) as e:  # neurobench missing, or a model its adapter does not cover
+            report["deployment_metrics"] = {"skipped": str(e)}
     path = os.path.join(out_dir, "report.json")
     atomic_write_text(path, json.dumps(report, indent=1, default=str))
     return report
@@ -147,6 +154,9 @@ def summary(rep: dict) -> str:
         for key in ("peer_bug", "label"):
             if key in e:
                 lines.append(f"            ({e[key]})")
+    m = rep.get("deployment_metrics")
+    if m and "skipped" in m:
+        lines.append(f"  deployment metrics skipped: {m['skipped']}")
     for w in rep["warnings"]:
         lines.append(f"  warning: {w}")
     paths = []
