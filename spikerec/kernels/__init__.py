@@ -7,15 +7,42 @@
   (compiled CPU) for :func:`spikerec.scan.linear_scan`.
 
 Each has a plain-torch twin (the fallback when numba, Triton or CUDA is missing) and tests that
-compare them on fresh random inputs. numba and Triton are imported on first use only. The numba
-kernels are serial (no thread pool): a process that ran them can fork (DataLoader workers,
-forked servers) and the child runs them again.
+compare them on fresh random inputs. numba and Triton are imported on first use only.
+
+The numba kernels are parallel (``prange``) on numba's thread pool, which does not survive a fork:
+a child forked from a process that started the pool (DataLoader workers, forked servers and test
+harnesses) would be killed (GNU OpenMP) or hang on its first parallel kernel. Such a child takes
+the torch twins instead (:func:`numba_usable_here`); every other process is unaffected.
 """
 from __future__ import annotations
 
 import functools
 
-__all__ = ["triton_available"]
+__all__ = ["triton_available", "numba_usable_here", "numba_for_kernels"]
+
+_POOL_PID: int | None = None  # the process that started numba's thread pool
+
+
+def numba_usable_here() -> bool:
+    """False in a process forked after its parent started numba's thread pool (see above)."""
+    import os
+
+    return _POOL_PID is None or _POOL_PID == os.getpid()
+
+
+def numba_for_kernels():
+    """``numba``, with its thread count set to torch's (at most numba's own limit); records this
+    process as the one whose thread pool the kernels use. Call right before a parallel kernel."""
+    import os
+
+    import numba
+    import torch
+
+    global _POOL_PID
+    if _POOL_PID is None:
+        _POOL_PID = os.getpid()
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    return numba
 
 @functools.lru_cache(maxsize=1)
 def triton_available() -> bool:

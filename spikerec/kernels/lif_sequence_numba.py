@@ -23,19 +23,27 @@ RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
 
 
 def _kernels():
-    from . import lif_sequence_numba_kernels as k
+    from . import lif_sequence_numba_kernels as k, numba_for_kernels
 
+    numba_for_kernels()
     return k.fwd, k.bwd
 
 
 @functools.lru_cache(maxsize=1)
-def available() -> bool:
-    """True when numba imports."""
+def _numba_imports() -> bool:
     try:
         import numba  # noqa: F401
     except Exception:
         return False
     return True
+
+
+def available() -> bool:
+    """True when numba imports and this process may use its thread pool
+    (:func:`spikerec.kernels.numba_usable_here`)."""
+    from . import numba_usable_here
+
+    return _numba_imports() and numba_usable_here()
 
 
 def _np(t: torch.Tensor):

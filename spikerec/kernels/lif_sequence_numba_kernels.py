@@ -6,16 +6,16 @@ Forward and reverse loops of the feed-forward LIF recurrence; the equations are 
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-BLOCK = 512  # neurons per pass over time (contiguous in memory)
+BLOCK = 512  # neurons per parallel work item (contiguous in memory)
 
 
-@njit(cache=True, nogil=True)  # serial: no thread pool, so a process that ran it can fork
+@njit(parallel=True, cache=True, nogil=True)
 def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT):  # pragma: no cover - compiled
     T, M = I.shape
     nblk = (M + BLOCK - 1) // BLOCK
-    for k in range(nblk):
+    for k in prange(nblk):
         lo = k * BLOCK
         hi = min(M, lo + BLOCK)
         n = hi - lo
@@ -76,12 +76,12 @@ def sd_fn(x, code, p1, p2):  # pragma: no cover - compiled
     return p2 * (p1 / 2.0) / (1.0 + u * u)
 
 
-@njit(cache=True, nogil=True)  # serial: no thread pool, so a process that ran it can fork
+@njit(parallel=True, cache=True, nogil=True)
 def bwd(gZ, SD, sur_code, p1, p2, sd0, V, v0, z0, i0, Iseq, alpha, alpha_s, thr, mode, syn, detach, gvT, giT,
         DJ, gv0, gi0, g_alpha, g_alpha_s, g_thr):  # pragma: no cover - compiled
     T, M = V.shape
     nblk = (M + BLOCK - 1) // BLOCK
-    for k in range(nblk):
+    for k in prange(nblk):
         lo = k * BLOCK
         hi = min(M, lo + BLOCK)
         n = hi - lo

@@ -3,9 +3,8 @@
 ``x_t = a * x_{t-1} + b_t`` forward, and the reverse pass of :func:`spikerec.scan.linear_scan`'s
 backward, ``Gam_t = G_t + conj(a) Gam_{t+1}``, with ``dL/da = sum_t Gam_t conj(x_{t-1})``
 accumulated inside the same loop (nothing of size ``T`` written besides ``Gam``). Work-efficient
-(``O(T M)``) in one compiled call, serial (no thread pool, so it survives a fork): the per-step
-torch calls of the sequential torch pass pay one thread barrier per step, which dominates on a
-loaded machine.
+(``O(T M)``) with one parallel region per call: the per-step torch calls of the sequential torch
+pass pay one thread barrier per step, which dominates on a loaded machine.
 
 ``numba`` is imported on the first call; compilation is cached on disk.
 """
@@ -21,13 +20,20 @@ DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 
 @functools.lru_cache(maxsize=1)
-def available() -> bool:
-    """True when numba imports."""
+def _numba_imports() -> bool:
     try:
         import numba  # noqa: F401
     except Exception:
         return False
     return True
+
+
+def available() -> bool:
+    """True when numba imports and this process may use its thread pool
+    (:func:`spikerec.kernels.numba_usable_here`)."""
+    from . import numba_usable_here
+
+    return _numba_imports() and numba_usable_here()
 
 
 def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -37,8 +43,9 @@ def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _kernels():
-    from . import scan_numba_kernels as k
+    from . import numba_for_kernels, scan_numba_kernels as k
 
+    numba_for_kernels()
     return k
 
 

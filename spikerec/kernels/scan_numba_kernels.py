@@ -1,20 +1,20 @@
 """The numba kernels behind :mod:`spikerec.kernels.scan_numba` (imported on first use).
 
 ``x_t = a x_{t-1} + b_t`` with ``a`` constant in time, forward and reverse, over ``[T, M]``
-(``M`` = all channels flattened); one compiled call, each block of channels
+(``M`` = all channels flattened); one parallel region per call, each block of channels
 running its whole time loop with the state in a small buffer.
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 BLOCK = 512
 
 
-@njit(cache=True, nogil=True)  # serial: no thread pool, so a process that ran it can fork
+@njit(parallel=True, cache=True, nogil=True)
 def fwd(a, b, x0, has_x0, out):  # pragma: no cover - compiled
     T, M = b.shape
     nblk = (M + BLOCK - 1) // BLOCK
-    for k in range(nblk):
+    for k in prange(nblk):
         lo = k * BLOCK
         hi = min(M, lo + BLOCK)
         n = hi - lo
@@ -29,12 +29,12 @@ def fwd(a, b, x0, has_x0, out):  # pragma: no cover - compiled
                 ot[m] = v
 
 
-@njit(cache=True, nogil=True)  # serial: no thread pool, so a process that ran it can fork
+@njit(parallel=True, cache=True, nogil=True)
 def bwd(ac, g, x, x0, has_x0, need_ga, gam, ga):  # pragma: no cover - compiled
     """``gam_t = g_t + ac gam_{t+1}`` (``ac = conj(a)``) and ``ga = sum_t gam_t conj(x_{t-1})``."""
     T, M = g.shape
     nblk = (M + BLOCK - 1) // BLOCK
-    for k in range(nblk):
+    for k in prange(nblk):
         lo = k * BLOCK
         hi = min(M, lo + BLOCK)
         n = hi - lo
