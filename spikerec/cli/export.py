@@ -37,17 +37,15 @@ def export_run(run_dir: str, target: str, out_dir: str | None = None, *, samples
     return export_model(model, target, out_dir or os.path.join(run_dir, "export", target), batches,
                         train_batches=train, run_label=str(run_dir), dt=dt, finetune_epochs=finetune_epochs,
                         adapt_reset=adapt_reset, lr=lr, nir_extensions=nir_extensions,
-                        metrics=None if no_metrics else _metrics_for(target))
+                        metrics=None if no_metrics else _export_metrics)
 
 
-def _metrics_for(target: str):
+def _export_metrics(model, batches) -> dict:
     """NeuroBench deployment metrics of the exported float model on the cross-check samples, with
-    the footprint at the float width, the target's profile and the others (as ``spikerec evaluate``)."""
-    def run(model, batches):
-        m = deployment_metrics(model, batches, profiles=PROFILES)
-        m["split"] = "test (cross-check samples)"
-        return m
-    return run
+    the footprint at the float width and at every export profile's (as ``spikerec evaluate``)."""
+    m = deployment_metrics(model, batches, profiles=PROFILES)
+    m["split"] = "test (cross-check samples)"
+    return m
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = [
     "ArrayDataset", "LatencyDataset", "SparseSpikeDataset", "collate_time_first",
-    "make_loader", "EpochSampler", "Loader",
+    "make_loader", "EpochSampler", "Loader", "keyed_generator",
 ]
 
 
@@ -207,6 +207,14 @@ def collate_time_first(batch):
     return X, torch.as_tensor([int(y) for y in ys], dtype=torch.long)
 
 
+def keyed_generator(key: str) -> torch.Generator:
+    """A CPU generator seeded by ``key``: the first 8 bytes of ``sha256(key)`` read little-endian,
+    top bit cleared. Randomness that depends only on what the key names (seed, epoch), so a resumed
+    run draws exactly what an uninterrupted one drew."""
+    first8 = bytes.fromhex(hashlib.sha256(key.encode()).hexdigest()[:16])
+    return torch.Generator().manual_seed(int.from_bytes(first8, "little") & ((1 << 63) - 1))
+
+
 class EpochSampler(Sampler):
     """Index order for epoch ``e``: a permutation drawn from a generator seeded by
     ``sha256(seed, e)`` (or ``0..N-1`` without shuffling). Each complete pass advances the
@@ -221,9 +229,7 @@ class EpochSampler(Sampler):
     def order(self, epoch: int) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(self.n)
-        h = hashlib.sha256(f"spikerec-loader:{self.seed}:{epoch}".encode()).digest()
-        g = torch.Generator().manual_seed(int.from_bytes(h[:8], "little") & ((1 << 63) - 1))
-        return torch.randperm(self.n, generator=g)
+        return torch.randperm(self.n, generator=keyed_generator(f"spikerec-loader:{self.seed}:{epoch}"))
 
     def __iter__(self):
         order = self.order(self.epoch)

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from .core import LatencyDataset
-from .shift import ShiftedLatencyDataset
 from .home import DataError
 from .latency import LATENCY_PRESETS, LatencyCode, latency_steps
+from .shift import ShiftedLatencyDataset
 from .splits import stratified_split
 
 __all__ = ["MNIST5K_OPTIONS", "MNIST5K_SHA256", "MNIST5K_FRACTIONS", "mnist5k_dataset", "mnist5k_info",

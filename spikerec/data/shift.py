@@ -12,11 +12,9 @@ calls :meth:`set_epoch` with the training seed and the epoch at the start of eve
 """
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
-from .core import LatencyDataset
+from .core import LatencyDataset, keyed_generator
 
 __all__ = ["ShiftedLatencyDataset", "shift_times"]
 
@@ -49,9 +47,8 @@ class ShiftedLatencyDataset(LatencyDataset):
 
     def set_epoch(self, epoch: int, seed: int = 0) -> None:
         """Draw the offsets ``[N, 2]`` of pass ``epoch`` of a run with ``seed``."""
-        h = hashlib.sha256(f"spikerec-shift:{int(seed)}:{int(epoch)}".encode()).digest()
-        g = torch.Generator().manual_seed(int.from_bytes(h[:8], "little") & ((1 << 63) - 1))
         m = self.max_shift
+        g = keyed_generator(f"spikerec-shift:{int(seed)}:{int(epoch)}")
         self.offsets = torch.randint(-m, m + 1, (len(self.times), 2), generator=g)
 
     def __getitem__(self, i):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["triton_available", "numba_usable_here", "numba_for_kernels"]
+__all__ = ["triton_available", "numba_available", "numba_usable_here", "numba_for_kernels"]
 
 _POOL_PID: int | None = None  # the process that started numba's thread pool
 
@@ -28,6 +28,20 @@ def numba_usable_here() -> bool:
     import os
 
     return _POOL_PID is None or _POOL_PID == os.getpid()
+
+
+@functools.lru_cache(maxsize=1)
+def _numba_imports() -> bool:
+    try:
+        import numba  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def numba_available() -> bool:
+    """True when numba imports and this process may use its thread pool (:func:`numba_usable_here`)."""
+    return _numba_imports() and numba_usable_here()
 
 
 def numba_for_kernels():

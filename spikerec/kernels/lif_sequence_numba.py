@@ -11,11 +11,10 @@ Compilation is cached on disk (``cache=True``).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..surrogate import ATan, FastSigmoid
+from . import numba_available
 
 __all__ = ["available", "lif_forward", "lif_backward"]
 
@@ -29,21 +28,10 @@ def _kernels():
     return k.fwd, k.bwd
 
 
-@functools.lru_cache(maxsize=1)
-def _numba_imports() -> bool:
-    try:
-        import numba  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def available() -> bool:
     """True when numba imports and this process may use its thread pool
-    (:func:`spikerec.kernels.numba_usable_here`)."""
-    from . import numba_usable_here
-
-    return _numba_imports() and numba_usable_here()
+    (:func:`spikerec.kernels.numba_available`)."""
+    return numba_available()
 
 
 def _np(t: torch.Tensor):

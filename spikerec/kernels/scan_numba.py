@@ -10,30 +10,19 @@ pass pay one thread barrier per step, which dominates on a loaded machine.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from . import numba_available
 
 __all__ = ["available", "supported", "scan_forward", "scan_backward"]
 
 DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)
 
 
-@functools.lru_cache(maxsize=1)
-def _numba_imports() -> bool:
-    try:
-        import numba  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def available() -> bool:
     """True when numba imports and this process may use its thread pool
-    (:func:`spikerec.kernels.numba_usable_here`)."""
-    from . import numba_usable_here
-
-    return _numba_imports() and numba_usable_here()
+    (:func:`spikerec.kernels.numba_available`)."""
+    return numba_available()
 
 
 def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -43,7 +32,7 @@ def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _kernels():
-    from . import numba_for_kernels, scan_numba_kernels as k
+    from . import numba_for_kernels, scan_numba_kernels as k  # numba on first use only
 
     numba_for_kernels()
     return k

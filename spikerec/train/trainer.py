@@ -503,7 +503,6 @@ class Trainer:
             if self.cfg["lsc"]["enabled"] and not self.lsc_done:
                 self._lsc()
                 self._checkpoint()
-            self.opt.zero_grad(set_to_none=True)  # a resumed run starts without gradients: so does this one
             self._maybe_stop()
             while self.epoch < epochs:
                 self.train_loader.set_epoch(self.epoch)
