@@ -97,6 +97,25 @@ def _max_modulus(S: torch.Tensor) -> torch.Tensor:
     return torch.linalg.eigvals(wide).abs().amax(-1).to(S.dtype)
 
 
+# The batched products below are written as row vectors times matrices: ``bmm`` of a
+# ``[B, n, n]`` matrix with a column ``[B, n, 1]`` takes a slow path in the CPU BLAS (about
+# 10x slower at B = 16, n = 256, forward and backward), while ``[B, 1, n] @ [B, n, n]``
+# (also with a transposed view) takes the fast one. Same products, same gradients.
+def batched_matvec(S: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``S_b v_b`` for ``S [B, n, m]``, ``v [B, m]`` (as ``v^T S^T``)."""
+    return torch.bmm(v.unsqueeze(1), S.mT).squeeze(1)
+
+
+def _coefficients(Q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``h_bj = sum_n Q_bjn w_bn`` (projections of ``w`` on the basis rows)."""
+    return (Q * w.unsqueeze(1)).sum(-1)
+
+
+def _combination(Q: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``sum_j h_bj Q_bjn`` (the basis combination with coefficients ``h``)."""
+    return torch.bmm(h.unsqueeze(1), Q).squeeze(1)
+
+
 def _start(B: int, n: int, dtype, device, generator) -> torch.Tensor:
     v = torch.randn(B, n, generator=generator, dtype=dtype if dtype.is_floating_point else torch.float64)
     return v.to(device=device, dtype=dtype)
@@ -124,10 +143,10 @@ def arnoldi_radius(matvec, B: int, n: int, m: int = 64, *, dtype=torch.float32, 
         if j > 0:
             w = matvec(Q[-1])
         Qm = torch.stack(Q, dim=1)  # [B, j+1, n]
-        h = torch.einsum("bjn,bn->bj", Qm, w)
-        w = w - torch.einsum("bjn,bj->bn", Qm, h)
-        h2 = torch.einsum("bjn,bn->bj", Qm, w)  # re-orthogonalise
-        w = w - torch.einsum("bjn,bj->bn", Qm, h2)
+        h = _coefficients(Qm, w)
+        w = w - _combination(Qm, h)
+        h2 = _coefficients(Qm, w)  # re-orthogonalise
+        w = w - _combination(Qm, h2)
         h = h + h2
         hn = w.norm(dim=-1)
         scale = h.abs().amax(-1).clamp_min(1.0)
@@ -152,10 +171,10 @@ def _arnoldi_no_graph(matvec, q, w, m: int, tol: float) -> torch.Tensor:
         if j > 0:
             w = matvec(Q[:, j])
         Qj = Q[:, : j + 1]
-        h = torch.einsum("bjn,bn->bj", Qj, w)
-        w = w - torch.einsum("bjn,bj->bn", Qj, h)
-        h2 = torch.einsum("bjn,bn->bj", Qj, w)  # re-orthogonalise
-        w = w - torch.einsum("bjn,bj->bn", Qj, h2)
+        h = _coefficients(Qj, w)
+        w = w - _combination(Qj, h)
+        h2 = _coefficients(Qj, w)  # re-orthogonalise
+        w = w - _combination(Qj, h2)
         h = h + h2
         hn = w.norm(dim=-1)
         ok = hn > tol * h.abs().amax(-1).clamp_min(1.0)
@@ -216,10 +235,7 @@ def spectral_radius(M: Matrix, method: str = "exact", *, square_mode: str = "sub
         if method == "exact":
             r = _max_modulus(S)
         else:
-            if S.requires_grad and torch.is_grad_enabled():
-                mv = lambda v: torch.einsum("bij,bj->bi", S, v)  # noqa: E731
-            else:
-                mv = lambda v: torch.bmm(S, v.unsqueeze(-1)).squeeze(-1)  # noqa: E731
+            mv = lambda v: batched_matvec(S, v)  # noqa: E731
             fn = arnoldi_radius if method in ("arnoldi", "iterative") else gelfand_radius
             r = fn(mv, S.shape[0], S.shape[-1], n_iter, dtype=S.dtype, device=S.device, generator=generator)
     return r[0] if single else r.reshape(M.shape[:-2])
