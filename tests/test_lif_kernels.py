@@ -100,6 +100,37 @@ def test_lif_kernel_saves_no_input_currents_and_byte_spikes(impl):
     assert nbytes <= per * 4 + 4 * 4 * B * N  # membranes only (4 B; spikes are recomputed) + O(B N)
 
 
+@pytest.mark.parametrize("impl", ["torch"] + (["numba"] if nb.available() else []))
+@pytest.mark.parametrize("spiking_start", [False, True])
+def test_lif_kernel_saves_membranes_only_when_nothing_else_is_read(impl, spiking_start):
+    # alpha and thr fixed, detached subtract reset, feed-forward: the backward reads the membranes,
+    # the constants and the initial spikes (bool, only if there are any), never v0 itself
+    T, B, N = 50, 4, 32
+    g = torch.Generator().manual_seed(5)
+    I = torch.randn(T, B, N, generator=g, dtype=F64) * 0.8 + 0.3
+    v0 = (torch.rand(B, N, generator=g, dtype=F64) * 2.0) if spiking_start else torch.zeros(B, N, dtype=F64)
+    alpha = torch.full((N,), 0.9, dtype=F64)
+    thr = torch.ones(N, dtype=F64)
+    s = get_surrogate("fast_sigmoid")
+    Il = I.clone().requires_grad_()
+    nbytes = _saved_bytes(lambda: LIFSequence.apply(Il, v0, None, alpha, None, thr, None, s, "subtract", True, impl))
+    expected = T * B * N * 8 + 2 * N * 8 + (B * N if spiking_start else 0)  # V, alpha, thr (+ z0 as bool)
+    assert nbytes == expected
+    gz, gv = torch.randn(T, B, N, generator=g, dtype=F64), torch.randn(B, N, generator=g, dtype=F64)
+    lean = _grads_fixed(impl, I, v0, alpha, thr, s, gz, gv)
+    full = _grads(impl, I, v0, None, alpha, None, thr, s, "subtract", True, gz, gv, None)  # alpha learnt: v0 kept
+    assert bool((v0 > thr).any()) == spiking_start
+    for u, v in zip(lean, full[:4]):
+        torch.testing.assert_close(u, v, rtol=1e-13, atol=1e-15)
+
+
+def _grads_fixed(impl, I, v0, alpha, thr, sur, gz, gv):
+    Il, vl = I.clone().requires_grad_(), v0.clone().requires_grad_()
+    Z, vT, _ = LIFSequence.apply(Il, vl, None, alpha, None, thr, None, sur, "subtract", True, impl)
+    ((Z * gz).sum() + (vT * gv).sum()).backward()
+    return [Z.detach(), vT.detach(), Il.grad, vl.grad]
+
+
 def test_alif_kernel_saves_no_input_currents_and_byte_spikes():
     T, B, N = 50, 4, 32
     cell = ALIF(N, N)

@@ -4,7 +4,9 @@ Every contender runs in its fastest documented form, in one process, interleaved
 (round-robin over contenders, ``--reps`` rounds after a warm-up round); the minimum
 per contender is reported, with its spike rate (so that no one wins by spiking less)
 and the bytes its forward saves for the backward (counted with
-``torch.autograd.graph.saved_tensors_hooks``, each storage once).
+``torch.autograd.graph.saved_tensors_hooks``, each storage once; the parameters and
+constants a contender holds before and after the call, such as its decay and threshold
+vectors or weights, are not counted: they cost no memory per call).
 
 Part 1, the neuron alone (input currents ``I[T, B, N]`` given, requiring grad; one
 backward with a fixed random output gradient):
@@ -44,12 +46,35 @@ import torch
 from ..atomic import atomic_write_text
 
 
-def saved_bytes(fn) -> int:
-    """Bytes of the tensors autograd saves while ``fn()`` runs (each storage counted once)."""
+def held_tensors(*objs) -> tuple:
+    """The parameters and buffers of modules, and plain tensors, among ``objs`` (for ``saved_bytes``)."""
+    out = []
+    for o in objs:
+        if isinstance(o, torch.nn.Module):
+            out.extend(o.parameters())
+            out.extend(o.buffers())
+        elif isinstance(o, torch.Tensor):
+            out.append(o)
+        elif isinstance(o, (tuple, list)):
+            out.extend(held_tensors(*o))
+    return tuple(out)
+
+
+def saved_bytes(fn, held=()) -> int:
+    """Bytes of the tensors autograd saves while ``fn()`` runs (each storage counted once), not
+    counting the storages of ``held`` (tensors that exist before and after the call)."""
     seen = {}
+    skip = set()
+    for t in held:
+        try:
+            skip.add(t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):
+            pass
 
     def pack(t):
         try:
+            if t.untyped_storage().data_ptr() in skip:
+                return t
             key = (t.untyped_storage().data_ptr(), t.dtype)
             seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
         except (RuntimeError, NotImplementedError):  # e.g. tensors without storage
@@ -91,7 +116,10 @@ def _neuron_contenders(T, B, N, beta, libs):
     out = {}
 
     def spikerec_impl(impl):
-        return lambda I: LIFSequence.apply(I, v0, None, alpha, None, thr, None, sur, "subtract", True, impl)[0]
+        def fwd(I):
+            return LIFSequence.apply(I, v0, None, alpha, None, thr, None, sur, "subtract", True, impl)[0]
+        fwd.held = (alpha, thr, v0)
+        return fwd
 
     out["spikerec"] = (spikerec_impl("auto"), 1.0)
     out["spikerec-torch"] = (spikerec_impl("torch"), 1.0)
@@ -120,6 +148,7 @@ def _neuron_contenders(T, B, N, beta, libs):
                 spikes.append(spk)
             return torch.stack(spikes)
 
+        snn_fwd.held = held_tensors(lif)
         out["snntorch"] = (snn_fwd, 1.0)
     if "norse" in libs:
         import norse.torch as nt
@@ -136,9 +165,15 @@ def _neuron_contenders(T, B, N, beta, libs):
                 spikes.append(z)
             return torch.stack(spikes)
 
+        norse_fwd.held = held_tensors(cell, list(cell.p))
         out["norse"] = (norse_fwd, 1.0 / (dt * inv))
         seq = nt.LIF(nt.LIFParameters(tau_mem_inv=torch.tensor(inv), tau_syn_inv=torch.tensor(1.0 / dt)), dt=dt)
-        out["norse LIF"] = (lambda I: seq(I)[0], 1.0 / (dt * inv))
+
+        def norse_seq_fwd(I):
+            return seq(I)[0]
+
+        norse_seq_fwd.held = held_tensors(seq, [t for t in seq.p if isinstance(t, torch.Tensor)])
+        out["norse LIF"] = (norse_seq_fwd, 1.0 / (dt * inv))
     if "spikingjelly" in libs:
         try:
             from spikingjelly.activation_based import functional as sjf
@@ -154,6 +189,7 @@ def _neuron_contenders(T, B, N, beta, libs):
                 sjf.reset_net(node)
                 return node(I)
 
+            sj_fwd.held = held_tensors(node)
             out["spikingjelly"] = (sj_fwd, 1.0)
     return out
 
@@ -177,7 +213,7 @@ def _bench_neurons(a, libs):
         runs[name] = run
         with torch.no_grad():
             rates[name] = float(fwd(Iin).float().mean())
-        saved[name] = saved_bytes(lambda fwd=fwd, Iin=Iin: fwd(Iin.detach().requires_grad_()))
+        saved[name] = saved_bytes(lambda fwd=fwd, Iin=Iin: fwd(Iin.detach().requires_grad_()), getattr(fwd, "held", ()))
     src = torch.empty(T, B, N)
     dst = torch.empty(T, B, N)
     runs["copy"] = lambda: (dst.copy_(src), dst.copy_(src))
@@ -203,19 +239,21 @@ def _bench_layers(a, libs):
     for name, (neuron, scale) in cont.items():
         if name == "spikerec":
             fwd = neuron
+            held = held_tensors(cell)
         else:
             fc = torch.nn.Linear(N, N)
             with torch.no_grad():
                 fc.weight.copy_(cell.weight * scale)
                 fc.bias.copy_(cell.bias * scale)
             fwd = lambda xx, fc=fc, neuron=neuron: neuron(fc(xx))  # noqa: E731
+            held = held_tensors(fc) + getattr(neuron, "held", ())
         runs[name] = lambda fwd=fwd: fwd(x).backward(gz)
         with torch.no_grad():
             rates[name] = float(fwd(x).mean())
-        saved[name] = saved_bytes(lambda fwd=fwd: fwd(x))
+        saved[name] = saved_bytes(lambda fwd=fwd: fwd(x), held)
     fc0 = torch.nn.Linear(N, N)
     runs["Linear alone"] = lambda: fc0(x).backward(gz)
-    rates["Linear alone"], saved["Linear alone"] = float("nan"), saved_bytes(lambda: fc0(x))
+    rates["Linear alone"], saved["Linear alone"] = float("nan"), saved_bytes(lambda: fc0(x), held_tensors(fc0))
     return _interleaved(runs, a.reps), rates, saved
 
 
@@ -251,17 +289,17 @@ def _bench_alif(a):
     for k, f in cont.items():
         with torch.no_grad():
             rates[k] = float(f().mean())
-    saved = {k: saved_bytes(f) for k, f in cont.items()}
+    saved = {k: saved_bytes(f, held_tensors(cell)) for k, f in cont.items()}
     return _interleaved(runs, a.reps), rates, saved
 
 
 def _print(title, best, rates, saved, ref, unit_ref_name):
     print(title)
-    print(f"  {'contender':<16} {'ms':>9} {'x ' + unit_ref_name:>14} {'spike rate':>11} {'saved MB':>9}")
+    print(f"  {'contender':<16} {'ms':>9} {'x ' + unit_ref_name:>14} {'spike rate':>11} {'saved MB':>10}")
     for k, s in best.items():
         r = rates.get(k, float("nan"))
         rs = "-" if r != r else f"{r:.4f}"
-        print(f"  {k:<16} {1e3 * s:>9.1f} {s / best[ref]:>14.2f} {rs:>11} {saved.get(k, 0) / 2**20:>9.1f}")
+        print(f"  {k:<16} {1e3 * s:>9.1f} {s / best[ref]:>14.2f} {rs:>11} {saved.get(k, 0) / 2**20:>10.3f}")
 
 
 def main(argv=None) -> int:

@@ -77,14 +77,25 @@ class LIFSequence(torch.autograd.Function):
         else:
             Z, V, Iseq, vT, iT = _torch_forward(I, v0, i0, alpha, alpha_s, thr, w_rec, reset, z0)
             ctx.numba = False
-        ctx.save_for_backward(v0, i0, alpha, alpha_s, thr, w_rec, V, Iseq)
+        # v0 itself only where the backward reads it (the gradient of alpha, the zero reset,
+        # a carry into z_{-1}); otherwise the initial spikes alone, as bool, and nothing when
+        # there are none (checked on the CPU only: no device sync)
+        keep_v0 = (ctx.needs_input_grad[3] or reset == "zero" or w_rec is not None
+                   or (not detach_reset and reset != "none"))
+        ctx.v0_shape = tuple(v0.shape)
+        z0_saved = None if keep_v0 or (v0.device.type == "cpu" and not bool(z0.any())) else z0
+        ctx.save_for_backward(v0 if keep_v0 else None, z0_saved, i0, alpha, alpha_s, thr, w_rec, V, Iseq)
         ctx.surrogate, ctx.reset, ctx.detach_reset = surrogate, reset, detach_reset
         return Z, vT, iT
 
     @staticmethod
     def backward(ctx, gZ, gvT, giT):
-        v0, i0, alpha, alpha_s, thr, w_rec, V, Iseq = ctx.saved_tensors
-        z0 = torch.gt(v0, thr)
+        v0, z0, i0, alpha, alpha_s, thr, w_rec, V, Iseq = ctx.saved_tensors
+        if v0 is not None:
+            z0 = torch.gt(v0, thr)
+        else:  # not read below except through z0 (and a zero-weighted term of the compiled kernel)
+            v0 = V.new_zeros(ctx.v0_shape)
+            z0 = torch.zeros(ctx.v0_shape, dtype=torch.bool) if z0 is None else z0
         sur, reset, detach = ctx.surrogate, ctx.reset, ctx.detach_reset
         need = ctx.needs_input_grad
         if gZ is None:
