@@ -38,11 +38,15 @@ class ALIFSequence(torch.autograd.Function):
         v, a = v0, a0
         one_m_rho = 1.0 - rho
         w_t = w_rec.t() if w_rec is not None else None
+        theta = torch.empty_like(v0)  # one buffer for every step (no allocation in the loop)
         for t in range(T):
             a = torch.mul(a, rho, out=A[t]).addcmul_(one_m_rho, z)  # rho a + (1 - rho) z
-            theta = torch.addcmul(b, beta, a)
-            J = I[t] if w_t is None else torch.addmm(I[t], z, w_t)
-            v = torch.addcmul(J, alpha, v, out=V[t]).addcmul_(theta, z, value=-1.0)
+            torch.addcmul(b, beta, a, out=theta)
+            if w_t is None:
+                vt = torch.addcmul(I[t], alpha, v, out=V[t])
+            else:  # the recurrent product written straight into V[t], then the leak
+                vt = torch.addmm(I[t], z, w_t, out=V[t]).addcmul_(alpha, v)
+            v = vt.addcmul_(theta, z, value=-1.0)
             z = torch.gt(v, theta, out=Z[t])
         ctx.save_for_backward(v0, a0, alpha, rho, b, beta, w_rec, V, A, Z.to(torch.bool), z0)
         ctx.surrogate, ctx.detach_reset = surrogate, detach_reset
@@ -68,6 +72,7 @@ class ALIFSequence(torch.autograd.Function):
         gv = gvT if gvT is not None else torch.zeros_like(v0)
         ga = gaT if gaT is not None else torch.zeros_like(v0)
         neg_beta = -beta
+        cbuf = torch.empty_like(v0)  # the carry into z_{t-1}, one buffer for every step
         carry = None
         for t in range(T - 1, -1, -1):
             gu = GU[t]
@@ -83,9 +88,9 @@ class ALIFSequence(torch.autograd.Function):
                 ga = torch.mul(ga, rho, out=GA[t]).addcmul_(neg_beta, gu)
             if not detach:
                 ga.addcmul_(gv, Zprev[t] * beta, value=-1.0)  # theta_t z_{t-1} depends on a_t
-            carry = one_m_rho * ga
+            carry = torch.mul(ga, one_m_rho, out=cbuf)
             if w_b is not None:
-                carry = torch.addmm(carry, gv, w_b)
+                carry.addmm_(gv, w_b)
             if not detach:
                 carry.addcmul_(gv, b + beta * A[t], value=-1.0)
         gv = alpha * gv
