@@ -42,12 +42,12 @@ def _model(width: int, channels: int, tau_adapt: float, seed: int):
 
 
 def run(width=256, channels=700, steps=100, batch=8, rate=0.05, method="auto", n_iter=32, budget=300.0,
-        step_repeats=5, seed=0, target=1.0, eps=0.02) -> dict:
+        step_repeats=5, seed=0, target=1.0, eps=0.02, shuffle=True) -> dict:
     from ..stability.lsc import LSCConfig, lsc_pretrain
 
     g = torch.Generator().manual_seed(seed)
     x = (torch.rand(steps, batch, channels, generator=g) < rate).float()
-    cfg = dict(target=target, method=method, n_iter=n_iter, eps=eps)
+    cfg = dict(target=target, method=method, n_iter=n_iter, eps=eps, shuffle=shuffle)
     # one step (after one warm-up step)
     model = _model(width, channels, steps / 2, seed)
     lsc_pretrain(model, x[:2], dict(cfg, max_steps=1, keep_best=False))
@@ -66,6 +66,7 @@ def run(width=256, channels=700, steps=100, batch=8, rate=0.05, method="auto", n
         "torch": torch.__version__,
         "model": f"2 x {width} ALIF, {channels} inputs",
         "input": f"T={steps}, B={batch}, spike rate {rate}",
+        "shuffle": shuffle,
         "method": method if method != "auto" else ("exact" if 2 * width <= 128 else f"Arnoldi (m={n_iter}) on dense blocks"),
         "step_s": step_s,
         "full_s": full_s,
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=300.0, help="seconds allowed for the full pre-training")
     ap.add_argument("--target", type=float, default=1.0)
     ap.add_argument("--eps", type=float, default=0.02)
+    ap.add_argument("--no-shuffle", action="store_true",
+                    help="pre-train without the per-step weight shuffling (not the paper's method; for comparison)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -97,15 +100,18 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     if a.quick:
         a.width, a.channels, a.steps, a.batch, a.budget = 16, 40, 10, 4, 20.0
-    r = run(a.width, a.channels, a.steps, a.batch, a.rate, a.method, a.n_iter, a.budget, target=a.target, eps=a.eps)
+    r = run(a.width, a.channels, a.steps, a.batch, a.rate, a.method, a.n_iter, a.budget, target=a.target, eps=a.eps,
+            shuffle=not a.no_shuffle)
     if a.json:
         print(json.dumps(r, indent=1))
         return 0
     print(f"machine: {r['cpu']}, {r['threads']} threads, torch {r['torch']}")
-    print(f"model: {r['model']}; input {r['input']}; radius: {r['method']}")
+    print(f"model: {r['model']}; input {r['input']}; radius: {r['method']}"
+          + ("" if r["shuffle"] else "; no weight shuffling"))
     print("| what | wall time |")
     print("|---|---|")
-    print(f"| one LSC step (Jacobians + radii + update + kappa + shuffle) | {r['step_s']:.3f} s |")
+    what = "Jacobians + radii + update + kappa" + (" + shuffle" if r["shuffle"] else "")
+    print(f"| one LSC step ({what}) | {r['step_s']:.3f} s |")
     state = "converged" if r["converged"] else "not converged"
     print(f"| full pre-training ({r['steps']} steps, {state}) | {r['full_s']:.1f} s |")
     print(f"stop: {r['stop_reason']}; best worst-deviation of the mean radii {r['best_deviation']:.3f}")
