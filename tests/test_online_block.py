@@ -162,3 +162,31 @@ def test_update_policy_and_checkpoint_mid_block(tmp_path):
     for k in ref:
         assert torch.allclose(ref[k], model.state_dict()[k], rtol=1e-9, atol=1e-11), k
     assert max(float((ref[k] - init[k]).abs().max()) for k in ref) > 1e-4
+
+
+def test_mse_block_loss_is_one_call_per_block(monkeypatch):
+    """backward() in chunked mode takes mse_loss's whole-block value and gradient, not the per-step one."""
+    model = build("lru", False)
+    T, B = 13, 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    model.zero_grad()
+    ref = OnlineLearner(model, mode="chunked", chunk=5)
+    L_ref = ref.backward(x, tgt, mse_loss)
+    g_ref = {n: p.grad.clone() for n, p in named(model)}
+    calls = []
+    block_vg = mse_loss.block_value_and_grad
+
+    def per_step(*a):
+        raise AssertionError("the per-step loss gradient was called")
+
+    def counted(*a):
+        calls.append(a[2:])
+        return block_vg(*a)
+
+    monkeypatch.setattr(mse_loss, "value_and_grad", per_step)
+    monkeypatch.setattr(mse_loss, "block_value_and_grad", counted)
+    model.zero_grad()
+    L = OnlineLearner(model, mode="chunked", chunk=5).backward(x, tgt, mse_loss)
+    assert calls == [(0, 5), (5, 10), (10, 13)]
+    assert abs(L - L_ref) < 1e-12 * max(1.0, abs(L_ref))
+    close(g_ref, {n: p.grad.clone() for n, p in named(model)})

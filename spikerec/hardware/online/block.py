@@ -36,11 +36,12 @@ def block_supported(learner) -> bool:
     return supported(learner)
 
 
-def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool):
+def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None):
     """The gradient work of one block ``x [K, B, C]`` (states start at ``learner.states``, which
     are advanced to the block's end). ``vgs[k](y_k) -> (loss, d loss / d y_k) | None`` per step
-    (``None`` entry: no loss at that step). Returns the block's summed loss (detached) or
-    ``None``."""
+    (``None`` entry: no loss at that step), or ``block_vg(Y [K, B, ...]) -> (summed loss,
+    d loss / d Y)`` for the whole block in one call. Returns the block's summed loss (detached)
+    or ``None``."""
     K, B = x.shape[0], x.shape[1]
     tracers = learner.tracers
     kinds = fast_kinds(learner)
@@ -73,7 +74,9 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool):
         y = h.reshape(K, B, *h.shape[1:])
         total = None
         gy = None
-        for k in range(K):
+        if block_vg is not None:
+            total, gy = block_vg(y)
+        for k in range(K if block_vg is None else 0):
             lg = vgs[k](y[k]) if vgs[k] is not None else None
             if lg is None:
                 continue

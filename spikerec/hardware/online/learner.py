@@ -213,6 +213,17 @@ def cross_entropy_step_loss(scale: float = 1.0) -> Callable:
 mse_loss.block = lambda y, target, t0, t1: 0.5 * ((y - target[t0:t1]) ** 2).sum()
 
 
+def _mse_block_value_and_grad(Y, target, t0, t1):
+    """The summed ``mse_loss`` of steps ``t0..t1-1`` and its gradient ``Y - target[t0:t1]``, in one call."""
+    tb = target[t0:t1]
+    d = torch.sub(Y, tb if tb.dtype == Y.dtype else tb.to(Y.dtype))
+    flat = d.reshape(-1)
+    return torch.dot(flat, flat).mul_(0.5), d
+
+
+mse_loss.block_value_and_grad = _mse_block_value_and_grad
+
+
 def bptt_loss(model, x, target, loss_fn):
     """``sum_t loss_fn(y_t, target, t)`` through the model's fast sequence path (graph kept)."""
     y, _ = model(x)
@@ -482,12 +493,15 @@ class OnlineLearner:
                     self._check_nan(x[t], f"OnlineLearner input x (step {t})")
                 block = getattr(loss_fn, "block", None) if self.fast is not False else None
                 vg = getattr(loss_fn, "value_and_grad", None) if self._closed_block_ok() else None
+                bvg = getattr(loss_fn, "block_value_and_grad", None) if vg is not None else None
                 l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
                                         block_loss=None if block is None else
                                         (lambda h, t0=t0, t1=t1: block(h, target, t0, t1)),
                                         carry=t1 < T,
                                         vgs=None if vg is None else
-                                        [lambda y, t=t: vg(y, target, t) for t in range(t0, t1)])
+                                        [lambda y, t=t: vg(y, target, t) for t in range(t0, t1)],
+                                        block_vg=None if bvg is None else
+                                        (lambda Y, t0=t0, t1=t1: bvg(Y, target, t0, t1)))
             if l is not None:
                 total += float(l)
             self.steps += t1 - t0
@@ -837,16 +851,17 @@ class OnlineLearner:
         """Whether a block may take the no-autograd path of :mod:`.block` (the loss aside)."""
         return self.closed_form_block and self.fast is not False and block_supported(self)
 
-    def _block_batched(self, x, losses, carry, block_loss=None, vgs=None):
+    def _block_batched(self, x, losses, carry, block_loss=None, vgs=None, block_vg=None):
         """A block of K steps with whole-block tensor ops (chunked / parallel modes). Within the
         block every step starts from the *detached* previous state, so once the states are known
         (one cheap pass without autograd) the steps of a layer are independent rows: each layer is
         advanced for all K steps in one ``[K*B, ...]`` call with the spatial graph, and one
         backward gives ``g_t`` for every step. Same estimator as the step-by-step form. With
         ``vgs`` (per step ``y -> (loss, d loss / d y) | None``) the block runs with no autograd
-        call (:func:`.block.closed_form_block`)."""
+        call (:func:`.block.closed_form_block`); ``block_vg`` gives the whole block's loss and
+        gradient in one call instead."""
         if vgs is not None:
-            return closed_form_block(self, x, vgs, carry)
+            return closed_form_block(self, x, vgs, carry, block_vg)
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)
