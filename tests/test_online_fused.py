@@ -231,3 +231,20 @@ def test_per_layer_fast_path_with_closed_form_loss_equals_reference(kind):
     ref = run(model, x, tgt, False, mse_step_loss, resets=resets, fast=False)
     new = run(model, x, tgt, False, mse_step_loss, resets=resets)
     check_same(ref, new)
+
+
+def test_fused_mse_is_one_compiled_call(monkeypatch):
+    """mse_step_loss on the whole-stack path: loss and gradient from the compiled MSE, not value_and_grad."""
+    model = build("lru")
+    x, tgt = torch.randn(6, 2, 5), torch.randn(6, 2, 3)
+    lr = OnlineLearner(model, loss=mse_step_loss)
+
+    def boom(*a):
+        raise AssertionError("value_and_grad was called")
+
+    monkeypatch.setattr(mse_step_loss, "value_and_grad", boom)
+    for t in range(6):
+        out, loss = lr.step(x[t], tgt[t])
+        assert loss.dtype == out.dtype and loss.dim() == 0
+        torch.testing.assert_close(loss, 0.5 * ((out - tgt[t]) ** 2).sum())  # float32: default tolerances
+    assert lr._fused_stack is not None  # the whole-stack path ran

@@ -48,6 +48,18 @@ if _nb is not None:
     from .numba_kernels import _lru_trace
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
+    def _mse(y, target, gy):  # pragma: no cover - compiled
+        """``gy = y - target`` and ``0.5 * sum gy^2`` (the package's MSE step loss, in place)."""
+        B, K = y.shape
+        total = 0.0
+        for b in range(B):
+            for k in range(K):
+                d = y[b, k] - target[b, k]
+                gy[b, k] = d
+                total += d * d
+        return 0.5 * total
+
+    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
     def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cr, Ci, D, dvec, y):  # pragma: no cover - compiled
         B, H = u.shape
         N = hr.shape[1]
@@ -212,6 +224,7 @@ class FusedStack:
     def __init__(self, learner, dtype):
         self.learner, self.dtype = learner, dtype
         self.gen = None
+        self.gy = None  # the loss gradient buffer of the compiled MSE
 
     # --- binding ------------------------------------------------------------------------------
     def _acc(self, p):
@@ -316,9 +329,11 @@ class FusedStack:
         self.gen = lr_._gen
 
     # --- one step -------------------------------------------------------------------------------
-    def step(self, x_t, closure, value_and_grad=None):
+    def step(self, x_t, closure, value_and_grad=None, mse_target=None):
         """Forward, loss gradient, spatial backward and trace step of every layer; returns
-        ``(y_t, loss_t)`` (``loss_t`` ``None`` without a loss)."""
+        ``(y_t, loss_t)`` (``loss_t`` ``None`` without a loss). ``mse_target`` (a contiguous
+        tensor of the stack's dtype): the loss is ``mse_step_loss(y_t, mse_target)``, computed
+        with its gradient in one compiled call."""
         if self.gen != self.learner._gen:
             self.bind()
         x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
@@ -331,7 +346,12 @@ class FusedStack:
         _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
         loss = gy = None
-        if closure is not None:
+        if mse_target is not None:
+            gy = self.gy
+            if gy is None or gy.shape != y_t.shape:
+                gy = self.gy = torch.empty_like(y_t)
+            loss = torch.scalar_tensor(_mse(self.yout_np, mse_target.numpy(), gy.numpy()), dtype=self.dtype)
+        elif closure is not None:
             if value_and_grad is not None:  # closed form: (loss, d loss / d y) or None (no loss here)
                 lg = value_and_grad(y_t)
                 if lg is not None:
