@@ -256,8 +256,9 @@ class ALIFTrace(LayerTrace):
         ``[5, N]`` buffer (shared with ``ts.G``, so they are read and checkpointed as usual)."""
         buf = getattr(ts, "_fused_buf", None)
         if use_g and names:
-            ok = buf is not None and all(n in ts.G and ts.G[n].data_ptr() == buf[self._VEC_ORDER.index(n)].data_ptr()
-                                         for n in names)
+            rows = getattr(ts, "_fused_rows", None)  # the row views handed to ts.G (identity checks are cheap)
+            ok = (buf is not None and rows is not None and len(rows) == len(names)
+                  and all(ts.G.get(n) is r for n, r in zip(names, rows)))
             if not ok:
                 buf = torch.zeros((5, N), dtype=dtype)
                 for n in names:
@@ -265,6 +266,7 @@ class ALIFTrace(LayerTrace):
                         buf[self._VEC_ORDER.index(n)] += ts.G[n]
                     ts.G[n] = buf[self._VEC_ORDER.index(n)]
                 ts._fused_buf = buf
+                ts._fused_rows = tuple(ts.G[n] for n in names)
         if buf is None or not (use_g and names):
             buf = torch.zeros((5, N), dtype=dtype)
         out = [buf]
