@@ -165,16 +165,17 @@ def test_update_policy_and_checkpoint_mid_block(tmp_path):
 
 
 def test_mse_block_loss_is_one_call_per_block(monkeypatch):
-    """backward() in chunked mode takes mse_loss's whole-block value and gradient, not the per-step one."""
+    """backward() in chunked mode takes mse_loss's whole-block value and gradient, not the per-step one,
+    and gets what the per-step form gets."""
     model = build("lru", False)
     T, B = 13, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    block_vg = mse_loss.block_value_and_grad
+    monkeypatch.setattr(mse_loss, "block_value_and_grad", None)  # the reference: K per-step calls per block
     model.zero_grad()
-    ref = OnlineLearner(model, mode="chunked", chunk=5)
-    L_ref = ref.backward(x, tgt, mse_loss)
+    L_ref = OnlineLearner(model, mode="chunked", chunk=5).backward(x, tgt, mse_loss)
     g_ref = {n: p.grad.clone() for n, p in named(model)}
     calls = []
-    block_vg = mse_loss.block_value_and_grad
 
     def per_step(*a):
         raise AssertionError("the per-step loss gradient was called")

@@ -101,7 +101,7 @@ def _max_modulus(S: torch.Tensor) -> torch.Tensor:
 # ``[B, n, n]`` matrix with a column ``[B, n, 1]`` takes a slow path in the CPU BLAS (about
 # 10x slower at B = 16, n = 256, forward and backward), while ``[B, 1, n] @ [B, n, n]``
 # (also with a transposed view) takes the fast one. Same products, same gradients.
-def batched_matvec(S: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _batched_matvec(S: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``S_b v_b`` for ``S [B, n, m]``, ``v [B, m]`` (as ``v^T S^T``)."""
     return torch.bmm(v.unsqueeze(1), S.mT).squeeze(1)
 
@@ -235,7 +235,7 @@ def spectral_radius(M: Matrix, method: str = "exact", *, square_mode: str = "sub
         if method == "exact":
             r = _max_modulus(S)
         else:
-            mv = lambda v: batched_matvec(S, v)  # noqa: E731
+            mv = lambda v: _batched_matvec(S, v)  # noqa: E731
             fn = arnoldi_radius if method in ("arnoldi", "iterative") else gelfand_radius
             r = fn(mv, S.shape[0], S.shape[-1], n_iter, dtype=S.dtype, device=S.device, generator=generator)
     return r[0] if single else r.reshape(M.shape[:-2])

@@ -76,17 +76,19 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
         gy = None
         if block_vg is not None:
             total, gy = block_vg(y)
-        for k in range(K if block_vg is None else 0):
-            lg = vgs[k](y[k]) if vgs[k] is not None else None
-            if lg is None:
-                continue
-            loss, g = lg
-            if loss.dim() != 0:
-                raise ValueError(f"loss must return a scalar at step {learner.steps + k}, got shape {tuple(loss.shape)}")
-            total = loss if total is None else total + loss
-            if gy is None:
-                gy = torch.zeros((K, B, *g.shape[1:]), dtype=y.dtype, device=y.device)
-            gy[k] = g
+        else:
+            for k in range(K):
+                lg = vgs[k](y[k]) if vgs[k] is not None else None
+                if lg is None:
+                    continue
+                loss, g = lg
+                if loss.dim() != 0:
+                    raise ValueError(f"loss must return a scalar at step {learner.steps + k}, "
+                                     f"got shape {tuple(loss.shape)}")
+                total = loss if total is None else total + loss
+                if gy is None:
+                    gy = torch.zeros((K, B, *g.shape[1:]), dtype=y.dtype, device=y.device)
+                gy[k] = g
         gs = _spatial_backward(learner, kinds, recs, None if gy is None else gy.reshape(K * B, *gy.shape[2:]))
         for l, (tr, kind) in enumerate(zip(tracers, kinds)):
             if kind == "readout" or not tr.traced:

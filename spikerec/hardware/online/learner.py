@@ -213,15 +213,8 @@ def cross_entropy_step_loss(scale: float = 1.0) -> Callable:
 mse_loss.block = lambda y, target, t0, t1: 0.5 * ((y - target[t0:t1]) ** 2).sum()
 
 
-def _mse_block_value_and_grad(Y, target, t0, t1):
-    """The summed ``mse_loss`` of steps ``t0..t1-1`` and its gradient ``Y - target[t0:t1]``, in one call."""
-    tb = target[t0:t1]
-    d = torch.sub(Y, tb if tb.dtype == Y.dtype else tb.to(Y.dtype))
-    flat = d.reshape(-1)
-    return torch.dot(flat, flat).mul_(0.5), d
-
-
-mse_loss.block_value_and_grad = _mse_block_value_and_grad
+# the summed loss of steps t0..t1-1 and its gradient Y - target[t0:t1], in one call
+mse_loss.block_value_and_grad = lambda Y, target, t0, t1: _mse_value_and_grad(Y, target[t0:t1])
 
 
 def bptt_loss(model, x, target, loss_fn):
@@ -376,17 +369,17 @@ class OnlineLearner:
             if self._pending:
                 self._finish_block(carry=True)
             fused = self._fused_stack
-            if (fused is not None and target_t is not None and self.loss is mse_step_loss
-                    and target_t.dim() == 2 and target_t.dtype == fused.dtype and target_t.device.type == "cpu"
-                    and target_t.is_contiguous() and not target_t.requires_grad):
+            compiled_mse = (fused is not None and target_t is not None and self.loss is mse_step_loss
+                            and target_t.dim() == 2 and target_t.dtype == fused.dtype
+                            and target_t.device.type == "cpu" and target_t.is_contiguous()
+                            and not target_t.requires_grad)
+            vg = None if target_t is None or compiled_mse else getattr(self.loss, "value_and_grad", None)
+            vg = None if vg is None else (lambda y, vg=vg: vg(y, target_t))
+            if compiled_mse:
                 y, l = fused.step(x_t, None, mse_target=target_t)  # the package's MSE: one compiled call
             elif fused is not None:
-                vg = None if target_t is None else getattr(self.loss, "value_and_grad", None)
-                vg = None if vg is None else (lambda y, vg=vg: vg(y, target_t))
                 y, l = fused.step(x_t, self._closure(target_t, self.steps), vg)
             elif self._fast_kinds is not None and self.mode == "stream":
-                vg = None if target_t is None else getattr(self.loss, "value_and_grad", None)
-                vg = None if vg is None else (lambda y, vg=vg: vg(y, target_t))
                 y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps), vg)
             else:
                 y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
