@@ -562,6 +562,7 @@ class Trainer:
             ddp.cleanup(self.dist)
             raise
         summary = self._finish(self._elapsed())
+        ddp.barrier(self.dist)  # every process leaves the group together (none tears down while rank 0 still works)
         ddp.cleanup(self.dist)
         return summary
 
