@@ -250,6 +250,7 @@ def _bench_layers(a, libs):
         runs[name] = lambda fwd=fwd: fwd(x).backward(gz)
         with torch.no_grad():
             rates[name] = float(fwd(x).mean())
+        held = held + (held_tensors(cell) if name == "spikerec" else ())  # what the first call derived
         saved[name] = saved_bytes(lambda fwd=fwd: fwd(x), held)
     fc0 = torch.nn.Linear(N, N)
     runs["Linear alone"] = lambda: fc0(x).backward(gz)

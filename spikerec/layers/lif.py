@@ -100,6 +100,10 @@ class LIF(Cell):
             raise ValueError(f"LIF: threshold must be a scalar or shape ({n},), got {tuple(thr.shape)}")
         self.threshold = nn.Parameter(thr, requires_grad=learn_threshold)
         self.State = CubaLIFState if self.cuba else LIFState
+        # alpha (and alpha_s) of fixed time constants, derived once for the fused loop (_sequence_decays)
+        self.register_buffer("_fixed_alpha", None, persistent=False)
+        self.register_buffer("_fixed_alpha_s", None, persistent=False)
+        self._fixed_key = None
 
     # --- derived quantities ------------------------------------------------------------
     @property
@@ -169,12 +173,32 @@ class LIF(Cell):
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         p, o = self.params(), self.options()
-        alpha, alpha_s = _lif.decays(p, o)
+        alpha, alpha_s = self._sequence_decays(p, o)
         Z, v, i = LIFSequence.apply(
             _lif.input_current(p, x), state.v, state.i if self.cuba else None, alpha, alpha_s, p.threshold,
             p.recurrent_weight, o.surrogate, o.reset, o.detach_reset,
         )
         return Z, (CubaLIFState(i, v) if self.cuba else LIFState(v))
+
+    def _sequence_decays(self, p, o):
+        """``decays`` for the fused loop. Learned time constants: derived on each call (their
+        gradient flows through it). Fixed ones: derived once and held by the layer until
+        ``log_tau`` changes (an in-place edit bumps its version; a move, a cast or a new
+        parameter gives a new tensor or storage), so a call does not make, or save for its
+        backward, a new decay vector."""
+        taus = [t for t in (self.log_tau_mem, self.log_tau_syn) if t is not None]
+        if any(t.requires_grad for t in taus):
+            return _lif.decays(p, o)
+        # the tensors themselves (compared by identity, and kept alive so that no new one can take
+        # their place), their versions and storages, and dt
+        key = (self.dt, [(t, t._version, t.data_ptr()) for t in taus])
+        old = self._fixed_key
+        if (old is None or self._fixed_alpha is None or old[0] != key[0] or len(old[1]) != len(key[1])
+                or any(a[0] is not b[0] or a[1:] != b[1:] for a, b in zip(old[1], key[1]))):
+            with torch.no_grad():
+                self._fixed_alpha, self._fixed_alpha_s = _lif.decays(p, o)
+            self._fixed_key = key
+        return self._fixed_alpha, self._fixed_alpha_s
 
     def extra_repr(self):
         kind = "CUBA" if self.cuba else "LIF"
