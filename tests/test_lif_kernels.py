@@ -6,6 +6,7 @@ import itertools
 import pytest
 import torch
 
+from spikerec.kernels import alif_sequence_numba as nb_alif
 from spikerec.kernels import lif_sequence_numba as nb
 from spikerec.kernels.alif_sequence import ALIFSequence
 from spikerec.kernels.lif_sequence import LIFSequence
@@ -155,3 +156,80 @@ def test_lif_layer_uses_the_compiled_kernel_on_cpu_and_matches_the_torch_loop(mo
         outs.append([z.detach(), v.detach()] + [p.grad.clone() for p in cell.parameters() if p.grad is not None])
     for u, w in zip(*outs):
         torch.testing.assert_close(u, w, rtol=1e-10, atol=1e-12)
+
+
+def _alif_grads(impl, I, v0, a0, alpha, rho, b, beta, w, sur, detach, gz, gv, ga):
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in (I, v0, a0, alpha, rho, b, beta, w)]
+    Z, vT, aT = ALIFSequence.apply(*leaves, sur, detach, impl)
+    ((Z * gz).sum() + (vT * gv).sum() + (aT * ga).sum()).backward()
+    return [Z.detach(), vT.detach(), aT.detach()] + [t.grad for t in leaves if t is not None]
+
+
+def _alif_inputs(g, T, B, N, recurrent, dtype=F64):
+    r = lambda *s: torch.randn(*s, dtype=dtype, generator=g)  # noqa: E731
+    u = lambda *s: torch.rand(*s, dtype=dtype, generator=g)  # noqa: E731
+    return dict(I=r(T, B, N) * 0.6 + 0.35, v0=r(B, N) * 0.5, a0=u(B, N) * 0.5, alpha=u(N) * 0.5 + 0.45,
+                rho=u(N) * 0.3 + 0.65, b=u(N) * 0.5 + 0.4, beta=r(N) * 0.4,
+                w=(r(N, N) * 0.3 / N ** 0.5) if recurrent else None)
+
+
+@needs_numba
+@pytest.mark.parametrize("recurrent,detach,sur", list(itertools.product(
+    [True, False], [True, False], ["fast_sigmoid", "atan", "gaussian"])))
+def test_alif_numba_kernel_equals_torch_loop(recurrent, detach, sur):
+    T, B, N = 31, 3, 40
+    g = torch.Generator().manual_seed(5)
+    x = _alif_inputs(g, T, B, N, recurrent)
+    gz, gv, ga = (torch.randn(*s, dtype=F64, generator=g) for s in ((T, B, N), (B, N), (B, N)))
+    s = get_surrogate(sur)
+    a = _alif_grads("numba", *x.values(), s, detach, gz, gv, ga)
+    b = _alif_grads("torch", *x.values(), s, detach, gz, gv, ga)
+    assert torch.equal(a[0], b[0]) and 0.02 < a[0].mean() < 0.9
+    assert len(a) == len(b) == 3 + (8 if recurrent else 7)
+    for u, v in zip(a[1:], b[1:]):
+        torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-12)
+
+
+@needs_numba
+def test_alif_numba_kernel_float32_and_saved_bytes():
+    T, B, N = 60, 4, 48
+    g = torch.Generator().manual_seed(6)
+    x64 = _alif_inputs(g, T, B, N, True)
+    x32 = {k: v.float() for k, v in x64.items()}
+    s = get_surrogate("fast_sigmoid")
+    z32, v32, _ = ALIFSequence.apply(*x32.values(), s, True, "numba")
+    z64, v64, _ = ALIFSequence.apply(*x64.values(), s, True, "torch")
+    assert z32.dtype == torch.float32 and (z32.double() != z64).float().mean() < 2e-3
+    I = x32["I"].clone().requires_grad_()
+    rest = [v for k, v in x32.items() if k != "I"]
+    nbytes = _saved_bytes(lambda: ALIFSequence.apply(I, *rest, s, True, "numba"))
+    assert nbytes <= T * B * N * 9 + 8 * 4 * (B * N + N * N)  # v, a (4 B each), spikes as bool
+
+
+@needs_numba
+def test_alif_layer_uses_the_compiled_kernel_on_cpu_and_matches_the_torch_loop(monkeypatch):
+    cell = ALIF(6, 9, tau_mem=4.0, tau_adapt=30.0, b=0.3, beta=0.6, recurrent=True).double()
+    x = torch.randn(40, 4, 6, dtype=F64) * 2
+    calls = []
+    real = nb_alif.alif_forward
+    monkeypatch.setattr(nb_alif, "alif_forward", lambda *a: calls.append(1) or real(*a))
+    outs = []
+    for env in ("1", "0"):
+        monkeypatch.setenv("SPIKEREC_NUMBA", env)
+        cell.zero_grad()
+        z, st = cell(x)
+        (z.sum() + st.v.sum()).backward()
+        outs.append([z.detach(), st.v.detach()] + [p.grad.clone() for p in cell.parameters() if p.grad is not None])
+    assert calls == [1]  # the compiled kernel ran once (SPIKEREC_NUMBA=1), the torch loop once
+    assert len(outs[0]) == len(outs[1]) == 2 + sum(p.requires_grad for p in cell.parameters())
+    for u, w in zip(*outs):
+        torch.testing.assert_close(u, w, rtol=1e-10, atol=1e-12)
+
+
+def test_alif_kernel_bad_impl_is_named():
+    cell = ALIF(3, 4)
+    alpha, rho = cell.decays()
+    st = cell.initial_state(2)
+    with pytest.raises(ValueError, match="impl"):
+        ALIFSequence.apply(torch.randn(5, 2, 4), st.v, st.a, alpha, rho, cell.b, cell.beta, None,
+                           cell.surrogate, True, "fast")

@@ -25,7 +25,8 @@ backward with a fixed random output gradient):
 
 Part 2, the whole layer ``Linear + LIF`` from input spikes ``x`` (weights require grad):
 each peer's Linear runs on the whole sequence at once, then its neuron; ``Linear`` alone is
-the floor. Part 3, an ALIF layer with 512 recurrent units: spikerec's fused kernel against a
+the floor. Part 3, an ALIF layer with 512 recurrent units: spikerec's fused kernel (the
+layer's forward: compiled steps on the CPU), the same kernel with its torch loop forced, and a
 plain loop of the same equations. Dynamics are matched (``alpha = 0.95``, threshold 1,
 subtractive reset where the library has it; Norse's inputs are scaled by
 ``1 / (dt tau_mem_inv)``; Norse resets to zero; SpikingJelly subtracts the threshold before
@@ -284,7 +285,16 @@ def _bench_alif(a):
             spikes.append(z)
         return torch.stack(spikes)
 
-    cont = {"spikerec fused": lambda: cell(x)[0], "plain loop": plain}
+    def torch_loop():  # the layer's forward with the kernel's torch loop forced
+        from ..kernels.alif_sequence import ALIFSequence
+
+        p = cell.params()
+        alpha, rho = cell.decays()
+        st = cell.initial_state(B)
+        return ALIFSequence.apply(cell.input_current(x), st.v, st.a, alpha, rho, p.b, p.beta, p.recurrent_weight,
+                                  sur, cell.detach_reset, "torch")[0]
+
+    cont = {"spikerec fused": lambda: cell(x)[0], "spikerec torch": torch_loop, "plain loop": plain}
     runs = {k: (lambda f=f: f().backward(gz)) for k, f in cont.items()}
     rates = {}
     for k, f in cont.items():

@@ -18,17 +18,53 @@ the input currents. Each forward step is five torch calls (``a``, ``theta``, the
 product, ``dL/dv``, ``dL/da``, and one ``addmm`` for the carry into ``z_{t-1}``); the
 surrogate derivatives and all parameter reductions are vectorised outside the loops.
 It equals autograd through :meth:`ALIF.step` (tests check values and gradients in float64).
+
+Two implementations:
+
+* on the CPU (float32/float64), the compiled kernel of
+  :mod:`spikerec.kernels.alif_sequence_numba` (one compiled loop over time, BLAS for the
+  recurrent products, surrogate derivative and parameter gradients inside the loop), when
+  numba is installed;
+* otherwise (CUDA tensors, no numba) the torch loop below.
+
+``impl`` picks one: ``"auto"`` (the default), ``"torch"`` or ``"numba"``.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["ALIFSequence", "alif_sequence"]
+from . import alif_sequence_numba as _nb
+
+__all__ = ["ALIFSequence", "alif_sequence", "IMPLS"]
+
+IMPLS = ("auto", "torch", "numba")
+
+
+def _use_numba(impl: str, I: torch.Tensor) -> bool:
+    if impl not in IMPLS:
+        raise ValueError(f"ALIF kernel: impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "numba":
+        if I.device.type != "cpu":
+            raise ValueError(f"ALIF kernel impl='numba': needs CPU tensors, got {I.device}")
+        if not _nb.available():
+            raise RuntimeError("ALIF kernel impl='numba': the 'numba' package is not importable; use impl='torch'")
+        return True
+    return (impl == "auto" and I.device.type == "cpu" and I.dtype in (torch.float32, torch.float64)
+            and os.environ.get("SPIKEREC_NUMBA", "1") != "0" and _nb.available())
 
 
 class ALIFSequence(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset):
+    def forward(ctx, I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset, impl="auto"):
+        ctx.surrogate, ctx.detach_reset = surrogate, detach_reset
+        ctx.numba = _use_numba(impl, I)
+        if ctx.numba:
+            z0 = torch.gt(v0, b + beta * a0)
+            Z, Zb, V, A, vT, aT = _nb.alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec)
+            ctx.save_for_backward(v0, a0, alpha, rho, b, beta, w_rec, V, A, Zb, z0)
+            return Z, vT, aT
         T = I.shape[0]
         V = torch.empty_like(I)
         A = torch.empty_like(I)
@@ -49,7 +85,6 @@ class ALIFSequence(torch.autograd.Function):
             v = vt.addcmul_(theta, z, value=-1.0)
             z = torch.gt(v, theta, out=Z[t])
         ctx.save_for_backward(v0, a0, alpha, rho, b, beta, w_rec, V, A, Z.to(torch.bool), z0)
-        ctx.surrogate, ctx.detach_reset = surrogate, detach_reset
         return Z, v.clone(), a.clone()
 
     @staticmethod
@@ -61,6 +96,18 @@ class ALIFSequence(torch.autograd.Function):
         dtype = V.dtype
         if gZ is None:
             gZ = torch.zeros_like(V)
+        if ctx.numba:
+            G, gv, ga, g_alpha, g_rho, g_b, g_beta = _nb.alif_backward(
+                gZ, sur, V, A, Zb, v0, a0, z0, alpha, rho, b, beta, w_rec, detach, gvT, gaT)
+            g_w = None
+            if w_rec is not None and need[7]:  # sum_t dL/dv_t^T z_{t-1}
+                N = V.shape[-1]
+                g_w = torch.mm(G[0].t(), z0.to(dtype))
+                if T > 1:
+                    g_w.addmm_(G[1:].reshape(-1, N).t(), Zb[:-1].reshape(-1, N).to(dtype))
+            pick = lambda g, k: g if need[k] else None  # noqa: E731
+            return (G, gv, ga, pick(g_alpha, 3), pick(g_rho, 4), pick(g_b, 5), pick(g_beta, 6), g_w,
+                    None, None, None)
         THETA = torch.addcmul(b, beta, A)
         Zprev = torch.cat([z0.unsqueeze(0), Zb[:-1]], 0).to(dtype)
         GU = sur.derivative(V - THETA)  # overwritten in place by dL/dz * sigma'
@@ -115,9 +162,9 @@ class ALIFSequence(torch.autograd.Function):
         if w_rec is not None and need[7]:
             N = V.shape[-1]
             g_w = G.reshape(-1, N).t() @ Zprev.reshape(-1, N)
-        return (G, gv, ga, g_alpha, g_rho, g_b, g_beta, g_w, None, None)
+        return (G, gv, ga, g_alpha, g_rho, g_b, g_beta, g_w, None, None, None)
 
 
-def alif_sequence(I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset):
+def alif_sequence(I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset, impl="auto"):
     """``(Z, v_T, a_T)`` of the ALIF recurrence over ``I[T, B, N]`` (module docstring)."""
-    return ALIFSequence.apply(I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset)
+    return ALIFSequence.apply(I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset, impl)

@@ -1,0 +1,140 @@
+"""The numba kernels behind :mod:`spikerec.kernels.alif_sequence_numba` (imported on first use).
+
+Forward and reverse steps of the ALIF recurrence; the equations are in
+:mod:`spikerec.kernels.alif_sequence`. Each call runs the steps ``t0 <= t < t1`` (forward)
+or ``t1 > t >= t0`` (reverse) as one pass over the ``[B, N]`` state per step; the caller
+adds the recurrent products (torch matmuls) between single-step calls of a recurrent
+layer, and runs a feed-forward layer in one call. Compiled on first call, cached on disk.
+"""
+import numpy as np
+from numba import njit
+
+from .lif_sequence_numba_kernels import sd_fn
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def fwd_steps(I, R, v_io, a_io, z_io, alpha, rho, b, beta, t0, t1, V, A, Zf, Zb):  # pragma: no cover - compiled
+    """Steps ``t0..t1-1`` from the state ``(v, a, z)`` (updated in place); ``R`` is added to the
+    input current of every step (the recurrent input ``W_rec z_{t-1}`` of a one-step call)."""
+    B, N = v_io.shape
+    v, a, z = v_io.copy(), a_io.copy(), z_io.copy()  # local copies: the compiler sees no aliasing
+    one = np.ones(1, dtype=v.dtype)[0]  # constants of the tensors' dtype: float32 stays float32
+    zero = one - one
+    one_m_rho = one - rho
+    for t in range(t0, t1):
+        It, At, Vt, Zt, Zbt = I[t], A[t], V[t], Zf[t], Zb[t]
+        for j in range(B):
+            vj, aj, zj, Rj, Ij = v[j], a[j], z[j], R[j], It[j]
+            Aj, Vj, Zj, Zbj = At[j], Vt[j], Zt[j], Zbt[j]
+            for n in range(N):
+                zp = zj[n]
+                aa = rho[n] * aj[n] + one_m_rho[n] * zp
+                th = b[n] + beta[n] * aa
+                vv = (Ij[n] + Rj[n]) + alpha[n] * vj[n]
+                vv = vv - th * zp
+                spike = vv > th
+                zz = one if spike else zero
+                aj[n] = aa
+                vj[n] = vv
+                zj[n] = zz
+                Aj[n] = aa
+                Vj[n] = vv
+                Zj[n] = zz
+                Zbj[n] = 1 if spike else 0
+    v_io[:, :] = v
+    a_io[:, :] = a
+    z_io[:, :] = z
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bwd_steps(gZ, SD, sur_code, p1, p2, V, A, Zb, v0, a0, z0, alpha, rho, b, beta, detach, t0, t1,
+              gv, ga, carry, acc_alpha, acc_rho, acc_b, acc_beta, G):  # pragma: no cover - compiled
+    """Reverse steps ``t1-1..t0``. ``gv, ga`` hold ``dL/dv_{t+1}, dL/da_{t+1}`` (at ``t = T-1``:
+    ``dL/dv_T, dL/da_T``, read undecayed), ``carry`` the gradient reaching ``z_t`` from step
+    ``t+1``; on return they hold ``dL/dv_t0, dL/da_t0`` and the carry into ``z_{t0-1}``, without
+    its recurrent part, which the caller adds (``dL/dv_t0 W_rec``). The per-element parameter
+    gradient sums ``acc_*`` are accumulated in place; ``dL/dv_t`` is written to ``G[t]``."""
+    T, B, N = V.shape
+    one = np.ones(1, dtype=V.dtype)[0]
+    sd = np.empty((B, N), dtype=V.dtype)
+    theta = np.empty((B, N), dtype=V.dtype)
+    zprev = np.empty((B, N), dtype=V.dtype)
+    ones = np.ones(N, dtype=V.dtype)
+    neg_beta = -beta
+    one_m_rho = one - rho
+    for t in range(t1 - 1, t0 - 1, -1):
+        Vt, At, gZt, Gt = V[t], A[t], gZ[t], G[t]
+        if t > 0:
+            Vp, Ap, Zp = V[t - 1], A[t - 1], Zb[t - 1]
+        else:
+            Vp, Ap, Zp = v0, a0, z0
+        al = ones if t == T - 1 else alpha
+        ro = ones if t == T - 1 else rho
+        for j in range(B):
+            for n in range(N):
+                theta[j, n] = b[n] + beta[n] * At[j, n]
+                zprev[j, n] = one if Zp[j, n] else one - one
+        if sur_code == 0:
+            sd[:, :] = SD[t]
+        elif sur_code == 1:  # FastSigmoid: scale / (1 + slope |x|)^2
+            for j in range(B):
+                for n in range(N):
+                    d = one + p1 * abs(Vt[j, n] - theta[j, n])
+                    sd[j, n] = p2 / (d * d)
+        else:
+            for j in range(B):
+                for n in range(N):
+                    sd[j, n] = sd_fn(Vt[j, n] - theta[j, n], sur_code, p1, p2)
+        for j in range(B):
+            gvj, gaj, cj, sdj, thj, zpj = gv[j], ga[j], carry[j], sd[j], theta[j], zprev[j]
+            Gj, gZj, Atj, Vpj, Apj = Gt[j], gZt[j], At[j], Vp[j], Ap[j]
+            acc_a, acc_r, acc_bb, acc_be = acc_alpha[j], acc_rho[j], acc_b[j], acc_beta[j]
+            for n in range(N):
+                gu = sdj[n] * (gZj[n] + cj[n])
+                g = gu + al[n] * gvj[n]
+                gaa = ro[n] * gaj[n] + neg_beta[n] * gu
+                gth = -gu
+                if not detach:  # the reset term theta_t z_{t-1} carries a gradient
+                    gaa -= beta[n] * zpj[n] * g
+                    gth -= g * zpj[n]
+                Gj[n] = g
+                gvj[n] = g
+                gaj[n] = gaa
+                acc_a[n] += g * Vpj[n]
+                acc_r[n] += gaa * (Apj[n] - zpj[n])
+                acc_bb[n] += gth
+                acc_be[n] += gth * Atj[n]
+                c = one_m_rho[n] * gaa
+                if not detach:
+                    c -= g * thj[n]
+                cj[n] = c
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def bwd_initial(SD0, sur_code, p1, p2, v0, a0, alpha, rho, b, beta, gv, ga, carry, acc_alpha, acc_rho, acc_b,
+                acc_beta, gv0, ga0, g_alpha, g_rho, g_b, g_beta):  # pragma: no cover - compiled
+    """The initial state's share (``z_{-1} = H(v0 - b - beta a0)`` receives ``carry``) and the
+    per-neuron parameter gradients (sums over the batch, in float64)."""
+    B, N = v0.shape
+    one = np.ones(1, dtype=v0.dtype)[0]
+    g_alpha[:] = 0.0
+    g_rho[:] = 0.0
+    g_b[:] = 0.0
+    g_beta[:] = 0.0
+    for j in range(B):
+        for n in range(N):
+            th0 = b[n] + beta[n] * a0[j, n]
+            if sur_code == 0:
+                sd0 = SD0[j, n]
+            elif sur_code == 1:
+                d = one + p1 * abs(v0[j, n] - th0)
+                sd0 = p2 / (d * d)
+            else:
+                sd0 = sd_fn(v0[j, n] - th0, sur_code, p1, p2)
+            gu0 = carry[j, n] * sd0
+            gv0[j, n] = alpha[n] * gv[j, n] + gu0
+            ga0[j, n] = rho[n] * ga[j, n] - beta[n] * gu0
+            g_alpha[n] += acc_alpha[j, n]
+            g_rho[n] += acc_rho[j, n]
+            g_b[n] += acc_b[j, n] - gu0
+            g_beta[n] += acc_beta[j, n] - gu0 * a0[j, n]
