@@ -186,6 +186,10 @@ def test_bad_streaming_input_errors():
     x[4, 0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"step 4\): contains NaN"):
         OnlineLearner(model).backward(x, torch.randn(6, 2, 2), mse_loss)
+    x[4, 0, 0] = 0.0  # chunked: one check per block, the first bad step named
+    x[5, 1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"step 5\): contains NaN"):
+        OnlineLearner(model, mode="chunked", chunk=4).backward(x, torch.randn(6, 2, 2), mse_loss)
 
 
 RESUME = textwrap.dedent(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...kernels import scan_numba
 from ...scan import linear_scan
 from .numba_kernels import lru_trace_step_numba, numba_available
 from .traces_base import _STACK, LayerTrace, Partials
@@ -30,6 +31,23 @@ __all__ = ["LRUTrace"]
 
 # multiplication by i on (re, im) pairs: i (a + ib) = -b + ia
 _ROT = torch.tensor([[0.0, -1.0], [1.0, 0.0]])
+
+
+def _scan(lam: torch.Tensor, b: torch.Tensor, x0=None) -> torch.Tensor:
+    """``h_k = lam h_{k-1} + b_k`` over ``b [K, B, N]`` (complex, no autograd): the compiled scan
+    called directly where it applies (none of :func:`spikerec.scan.linear_scan`'s dispatch),
+    else ``linear_scan``."""
+    if scan_numba.supported(lam[None], b):
+        return scan_numba.scan_forward(lam[None], b, x0)
+    return linear_scan(lam, b, x0)
+
+
+def _reverse_scan(lam: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``gh_k = g_k + conj(lam) gh_{k+1}`` over ``g [K, B, N]`` (complex, no autograd): the
+    compiled reverse pass of the scan where it applies, else a flipped ``linear_scan``."""
+    if scan_numba.supported(lam[None], g):
+        return scan_numba.scan_backward(lam[None], g, g, None, False)[1]
+    return linear_scan(lam.conj(), g.flip(0)).flip(0)
 
 
 def _lam(cell) -> torch.Tensor:
@@ -107,27 +125,35 @@ class LRUTrace(LayerTrace):
             state = type(state)(h_re, h_im)
         return prevs, state
 
-    def scan_block(self, x, state):
+    def scan_block(self, x, state, with_new: bool = False):
         """The states before each of the K steps of ``x [K, B, H]`` as one state with ``[K*B, N]``
         fields, and the final state, by the parallel scan of ``h_t = lam h_{t-1} + gamma B x_t``
-        (:func:`spikerec.scan.linear_scan`): the same values as :meth:`scan_states`."""
+        (:func:`spikerec.scan.linear_scan`): the same values as :meth:`scan_states`. With
+        ``with_new``, also the states after each step (``[K*B, N]`` fields; what :meth:`step`
+        gives from the previous ones, here without a second input projection)."""
         k = self.consts(x.dtype)
         N = k["N"]
         u = k["gam2"] * (x @ k["Bt"])
-        hs = linear_scan(torch.complex(k["lr"], k["li"]), torch.complex(u[..., :N], u[..., N:]),
-                         torch.complex(state.x_re, state.x_im))
+        hs = _scan(torch.complex(k["lr"], k["li"]), torch.complex(u[..., :N], u[..., N:]),
+                   torch.complex(state.x_re, state.x_im))
         K, B = x.shape[0], x.shape[1]
         re = torch.cat([state.x_re[None], hs.real[:-1]]).reshape(K * B, N)
         im = torch.cat([state.x_im[None], hs.imag[:-1]]).reshape(K * B, N)
-        return type(state)(re, im), type(state)(hs[-1].real.contiguous(), hs[-1].imag.contiguous())
+        last = type(state)(hs[-1].real.contiguous(), hs[-1].imag.contiguous())
+        if not with_new:
+            return type(state)(re, im), last
+        new = type(state)(hs.real.reshape(K * B, N), hs.imag.reshape(K * B, N))
+        return type(state)(re, im), last, new
 
     def reverse_filter(self, G):
         """``gh_k = g_k + J^T gh_{k+1}`` over a block, ``G [K, B, N, 2]``: ``J^T`` is the
         multiplication by ``conj(lam)`` on (Re, Im) pairs, so this is a reverse linear scan."""
+        return torch.view_as_real(self._reverse_filter_complex(G))
+
+    def _reverse_filter_complex(self, G):
+        """:meth:`reverse_filter` as a complex ``[K, B, N]`` tensor."""
         k = self.consts(G.dtype)
-        g = torch.complex(G[..., 0], G[..., 1]).flip(0)
-        gh = linear_scan(torch.complex(k["lr"], -k["li"]), g).flip(0)
-        return torch.stack([gh.real, gh.imag], -1)
+        return _reverse_scan(torch.complex(k["lr"], k["li"]), torch.view_as_complex(G.contiguous()))
 
     def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
         """The chunked block's contraction (the same sums as :func:`.traces_base.chunk_contract`
@@ -144,9 +170,9 @@ class LRUTrace(LayerTrace):
         k = self.consts(x.dtype)
         use_J = self.use_J()
         names = [n for n in ("nu_log", "theta_log", "gamma_log") if n in self.traced]
-        GH = None
+        ghc = None  # the reverse-filtered error, complex [K, B, N]
         if G is not None:
-            GH = self.reverse_filter(G) if use_J else G
+            ghc = self._reverse_filter_complex(G) if use_J else torch.view_as_complex(G.contiguous())
         N = k["N"]
         lam = torch.complex(k["lr"], k["li"])
         pw = k.get(("lam_powers", K))
@@ -158,14 +184,13 @@ class LRUTrace(LayerTrace):
                 p = p * lam
             pw = k[("lam_powers", K)] = (torch.stack(rows[::-1]), p)
         PK, lamK = pw
-        self._block_matrix(ts, k, x, GH, carry and use_J, use_J, PK, lamK, lam, K, B, N)
+        self._block_matrix(ts, k, x, ghc, carry and use_J, use_J, PK, lamK, lam, K, B, N)
         if not names:
             return
         hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
         u = torch.complex(new.x_re, new.x_im) - lam * hp
         w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
-        if GH is not None:
-            ghc = torch.complex(GH[..., 0], GH[..., 1])  # [K, B, N]
+        if ghc is not None:
             ghf = ghc.reshape(K * B, N).conj_physical()
             if w:
                 S_h = (ghf * hp).sum(0)
@@ -189,7 +214,7 @@ class LRUTrace(LayerTrace):
                 q = q + lamK * torch.complex(e[..., 0], e[..., 1])
             ts.vec[n] = torch.stack([q.real, q.imag], -1)
 
-    def _block_matrix(self, ts, k, x, GH, carry, use_J, PK, lamK, lam, K, B, N) -> None:
+    def _block_matrix(self, ts, k, x, ghc, carry, use_J, PK, lamK, lam, K, B, N) -> None:
         """The input-matrix part of :meth:`block_contract`. The immediate partial of ``B_re[j, i]``
         is ``gamma_j x_i`` (of ``B_im``: ``i gamma_j x_i``), so with the carried complex trace
         ``e [N, B, H]`` (stored as ``[N, B, 2, H]``):
@@ -203,10 +228,13 @@ class LRUTrace(LayerTrace):
         gam = k["gam"]
         H = x.shape[-1]
         e = ts.mat.get("B_re")
-        if GH is not None:
+        if ghc is not None:
+            GH = torch.view_as_real(ghc)  # [K, B, N, 2]
+            # both parts in one GEMM: rows (n, Re/Im) of the interleaved pairs
+            both = (GH.reshape(K * B, 2 * N).t() @ x).view(N, 2, -1).mul_(gam[:, None, None])
             for n, f in (("B_re", 0), ("B_im", 1)):
                 if n in names:
-                    ts.add(n, (GH[..., f].reshape(K * B, N).t() @ x).mul_(gam[:, None]))
+                    ts.add(n, both[:, f])
             if use_J and e is not None:
                 gh0 = GH[0]  # [B, N, 2]
                 zr = (k["lr"] * gh0[..., 0] + k["li"] * gh0[..., 1]).t()  # Re(lam conj(gh0)) [N, B]
