@@ -131,9 +131,38 @@ def test_lru_block_scans_equal_the_step_loops():
         for f in range(2):
             assert torch.allclose(torch.cat([p[f] for p in prevs]), prev[f], rtol=0, atol=1e-12)
             assert torch.allclose(last[f], last2[f], rtol=0, atol=1e-12)
+        _, _, new = tr.scan_block(x, s, with_new=True)
+        step_new = tr.step(x.reshape(K * B, 5), prev)
+        for f in range(2):
+            assert torch.allclose(new[f], step_new[f], rtol=0, atol=1e-12)
         G = torch.randn(K, B, 7, 2)
         ref = _reverse_filter(tr.consts(torch.float64)["J"][None], G)
         assert torch.allclose(tr.reverse_filter(G), ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("recurrent", [True, False])
+def test_alif_block_scan_equals_the_step_loop(recurrent):
+    """Chunked mode's ALIF block scan (the compiled sequence kernel where it applies) gives the
+    step loop's states before and after every step, and its final state."""
+    from spikerec.hardware.online.traces_lif import ALIFTrace
+    from spikerec.layers.alif import ALIFState
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    cell = ALIF(5, 7, tau_mem=3.0, tau_adapt=20.0, b=0.3, beta=0.5, recurrent=recurrent)
+    tr = ALIFTrace(cell, "full")
+    K, B = 23, 3
+    x = torch.randn(K, B, 5) * 2
+    s = ALIFState(torch.randn(B, 7) * 0.5, torch.rand(B, 7) * 0.3)
+    with torch.no_grad():
+        prevs, last = tr.scan_states(x, s)
+        prev, last2, new = tr.scan_block(x, s, with_new=True)
+        step_new = tr.step(x.reshape(K * B, 5), prev)
+    spikes = (prev.v > cell.b.detach() + cell.beta.detach() * prev.a).double().mean()
+    assert 0.02 < spikes < 0.9
+    for f in range(2):
+        assert torch.allclose(torch.cat([p[f] for p in prevs]), prev[f], rtol=0, atol=1e-12)
+        assert torch.allclose(last[f], last2[f], rtol=0, atol=1e-12)
+        assert torch.allclose(new[f], step_new[f], rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("loss", ["mse", "mean", "per_step"])

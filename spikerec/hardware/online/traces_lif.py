@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...kernels import alif_sequence_numba
 from ...layers.alif import ALIFState
 from ...layers.readout import ReadoutState
 from ... import neurons
@@ -150,6 +151,34 @@ class ALIFTrace(LayerTrace):
             I = I + zp @ k["Rt"]
         v = k["alpha_s"] * prev.v + I - theta * zp
         return ALIFState(v, a)
+
+    def scan_block(self, x, state, with_new: bool = False):
+        """The states before each of the K steps of ``x [K, B, C]`` (``[K*B, N]`` fields) and the
+        final state; with ``with_new`` also the states after each step. On the CPU the layer's
+        compiled sequence kernel (:mod:`spikerec.kernels.alif_sequence_numba`: the same
+        recurrence as :meth:`step`, the input currents of all K steps in one matmul), else the
+        step loop (:meth:`scan_states`)."""
+        K, B = x.shape[0], x.shape[1]
+        if not (alif_sequence_numba.available() and x.device.type == "cpu"
+                and x.dtype in (torch.float32, torch.float64)):
+            prevs, last = self.scan_states(x, state)
+            prev = ALIFState(*(torch.cat([p[f] for p in prevs]) for f in range(2)))
+            if not with_new:
+                return prev, last
+            return prev, last, self.step(x.reshape(K * B, *x.shape[2:]), prev)
+        k = self.consts(x.dtype)
+        I = x @ k["Wt"]
+        if k["bias"] is not None:
+            I = I + k["bias"]
+        w_rec = None if k["Rt"] is None else k["Rt"].t()
+        _, _, V, A, vT, aT = alif_sequence_numba.alif_forward(I, state.v, state.a, k["alpha_s"], k["rho_s"],
+                                                               k["b"], k["beta"], w_rec)
+        N = V.shape[-1]
+        prev = ALIFState(torch.cat([state.v[None], V[:-1]]).reshape(K * B, N),
+                         torch.cat([state.a[None], A[:-1]]).reshape(K * B, N))
+        if not with_new:
+            return prev, ALIFState(vT, aT)
+        return prev, ALIFState(vT, aT), ALIFState(V.reshape(K * B, N), A.reshape(K * B, N))
 
     def partials(self, x, prev, new):
         c = self.cell
