@@ -1,4 +1,4 @@
-"""The whole-stack compiled stream step (``fused_stack``: LRU layers under a linear readout) against
+"""The whole-stack compiled stream step (``fused_stack``: LRU and ALIF layers under a linear readout) against
 the reference path (``fast=False``: per-step autograd backward, torch trace updates), and the
 closed-form loss gradients against autograd. float64, fresh random networks and inputs."""
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from spikerec.hardware.online import OnlineLearner, classification_loss, load_stream, mse_loss, save_stream
 from spikerec.hardware.online.learner import cross_entropy_step_loss, mse_step_loss
-from spikerec.layers import LeakyReadout
+from spikerec.layers import ALIF, LeakyReadout
 from spikerec.layers.lru import LRU
 from spikerec.models import RecurrentStack
 
@@ -32,6 +32,65 @@ def build(variant, H=5, N=6, K=3):
         cells = [LRU(H, N), LRU(H, N), LRU(H, N)]
         width = H
     return RecurrentStack(cells, LeakyReadout(width, K))
+
+
+def build_alif(variant, H=5, N=6, K=3):
+    """ALIF stacks (lateral weights, both reset-gradient forms, both inline surrogates) and a
+    mixed LRU/ALIF stack; spiking inputs."""
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    kw = dict(tau_mem=3.0, tau_adapt=15.0, b=0.2, beta=0.6)
+    if variant == "rec":
+        cells = [ALIF(H, N, recurrent=True, **kw), ALIF(N, N, recurrent=True, **kw)]
+    elif variant == "ff_atan_nodetach":
+        cells = [ALIF(H, N, surrogate="atan", detach_reset=False, **kw), ALIF(N, N, recurrent=True,
+                                                                            detach_reset=False, **kw)]
+    else:  # mixed: ALIF under an LRU, LRU under an ALIF
+        cells = [ALIF(H, N, recurrent=True, **kw), LRU(N, N), ALIF(N, N, **kw)]
+    return RecurrentStack(cells, LeakyReadout(N, K))
+
+
+@pytest.mark.parametrize("variant", ["rec", "ff_atan_nodetach", "mixed"])
+@pytest.mark.parametrize("loss", [user_loss, mse_step_loss])
+def test_fused_alif_equals_reference_with_resets(variant, loss):
+    model = build_alif(variant)
+    T, B = int(torch.randint(14, 20, ())), 3
+    x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
+    tgt = torch.randn(T, B, 3)
+    resets = [(5, torch.tensor([True, False, True])), (11, None)]
+    ref = run(model, x, tgt, False, loss, resets=resets, fast=False)
+    new = run(model, x, tgt, None, loss, resets=resets)
+    check_same(ref, new)
+    with torch.no_grad():  # the first layer fires, but not always
+        rate = float(model.cells[0](x)[0].mean())
+    assert 0.01 < rate < 0.9
+
+
+def test_fused_alif_with_updates_and_float32():
+    model = build_alif("rec")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    T, B = 14, 2
+    x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
+    tgt = torch.randn(T, B, 3)
+    ref = run(model, x, tgt, False, mse_step_loss, opt_lr=0.002, update_every=3, fast=False)
+    p_ref = {n: p.detach().clone() for n, p in named(model)}
+    model.load_state_dict(state)
+    new = run(model, x, tgt, None, mse_step_loss, opt_lr=0.002, update_every=3)
+    check_same(ref, new, grads=False)
+    for n, p in named(model):
+        assert torch.allclose(p.detach(), p_ref[n], rtol=1e-10, atol=1e-12), n
+    model.load_state_dict(state)
+    ref = run(model, x, tgt, False, mse_step_loss, fast=False)
+    m32 = model.float()
+    new = run(m32, x.float(), tgt.float(), None, mse_step_loss)
+    for n in ref[3]:
+        assert torch.allclose(ref[3][n], new[3][n].double(), rtol=1e-3, atol=1e-4), n
+
+
+def test_fused_alif_needs_an_inline_surrogate():
+    model = RecurrentStack([ALIF(5, 6, surrogate="gaussian"), ALIF(6, 6)], LeakyReadout(6, 3))
+    lr = OnlineLearner(model, loss=mse_step_loss)
+    lr.step(torch.rand(2, 5), torch.randn(2, 3))
+    assert lr._fused_stack is None  # the per-layer compiled trace steps run instead
 
 
 def run(model, x, tgt, fused, loss, resets=(), opt_lr=None, **kw):
@@ -151,11 +210,14 @@ def test_fused_float32_close_to_float64_reference():
         assert torch.allclose(ref[3][n], new[3][n].double(), rtol=1e-3, atol=1e-4), n
 
 
-def test_fused_checkpoint_resume_bit_identical(tmp_path):
-    model = build("matD")
+@pytest.mark.parametrize("net", ["lru", "alif"])
+def test_fused_checkpoint_resume_bit_identical(tmp_path, net):
+    model = build("matD") if net == "lru" else build_alif("mixed")
     state = {k: v.clone() for k, v in model.state_dict().items()}
     T, B = 16, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    if net == "alif":
+        x = (x > 0.3).double() * 1.5
 
     def make():
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -29,8 +29,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...kernels.lif_sequence_numba import surrogate_code
 from .numba_kernels import numba_available
 from .traces_base import _STACK
+from .traces_lif import ALIFTrace
 from .traces_lru import LRUTrace
 
 __all__ = ["fused_supported", "FusedStack"]
@@ -190,13 +192,93 @@ if _nb is not None:
                    G_bre, G_bim, has_bre, has_bim)
 
 
+if _nb is not None:
+    from ...kernels.lif_sequence_numba_kernels import sd_fn
+    from .numba_kernels import _alif_trace
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
+                  p1, p2, z):  # pragma: no cover - compiled
+        """One ALIF step in place (the equations of :meth:`.traces_lif.ALIFTrace.step`): keeps the
+        previous state in ``pv, pa``, the previous spikes in ``zp`` and their surrogate derivative
+        in ``psi`` (for the trace step), writes the new spikes ``z = H(v - b - beta a)``."""
+        B, H = x.shape
+        N = v.shape[1]
+        zero, one = v.dtype.type(0), v.dtype.type(1)
+        cur = np.empty(N, dtype=v.dtype)
+        for b in range(B):
+            for n in range(N):
+                if has_bias:
+                    cur[n] = bias[n]
+                else:
+                    cur[n] = zero
+            for h in range(H):
+                xh = x[b, h]
+                if xh != zero:
+                    row = Wt[h]
+                    for n in range(N):
+                        cur[n] += xh * row[n]
+            for n in range(N):
+                p0, q0 = v[b, n], a[b, n]
+                pv[b, n] = p0
+                pa[b, n] = q0
+                u = p0 - (bb[n] + beta[n] * q0)
+                zp[b, n] = one if u > zero else zero
+                psi[b, n] = sd_fn(u, sur, p1, p2)
+            if has_r:
+                for j in range(N):
+                    if zp[b, j] != zero:
+                        row = Rt[j]
+                        for n in range(N):
+                            cur[n] += row[n]
+            for n in range(N):
+                zz = zp[b, n]
+                an = rho[n] * pa[b, n] + omr[n] * zz
+                theta = bb[n] + beta[n] * an
+                vn = (alpha[n] * pv[b, n] + cur[n]) - theta * zz
+                a[b, n] = an
+                v[b, n] = vn
+                z[b, n] = one if vn - theta > zero else zero
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_bwd(gout, use_g, x, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, g, gin, need_gin,
+                  pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
+                  detach_reset):  # pragma: no cover - compiled
+        """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
+        ``g = (gp, -beta gp)`` on ``(v, a)`` with ``gp = gout sigma'(v - theta)``; ``db -= sum gp``,
+        ``dbeta -= sum gp a``; ``gin = gp W``), then the layer's trace step (:func:`_alif_trace`)."""
+        B, N = v.shape
+        H = W.shape[1]
+        if use_g:
+            for b in range(B):
+                if need_gin:
+                    for h in range(H):
+                        gin[b, h] = 0.0
+                for n in range(N):
+                    an = a[b, n]
+                    gp = gout[b, n] * sd_fn(v[b, n] - (bb[n] + beta[n] * an), sur, p1, p2)
+                    g[b, n, 0] = gp
+                    g[b, n, 1] = -beta[n] * gp
+                    if has_b:
+                        acc_b[n] -= gp
+                    if has_beta:
+                        acc_beta[n] -= gp * an
+                    if need_gin and gp != 0.0:
+                        row = W[n]
+                        for h in range(H):
+                            gin[b, h] += gp * row[h]
+        _alif_trace(pv, pa, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
+                    detach_reset)
+
+
 def _is_linear_readout(tr) -> bool:
     return getattr(tr, "stateless", False) and type(tr.cell).__name__ == "LeakyReadout"
 
 
 def fused_supported(learner, dtype, device) -> bool:
-    """Whether the whole-stack path applies: every layer but the last an LRU with the fused trace
-    kernel ready, the last a linear (non-leaky) readout, no active dropout, ``full``/``snap1``."""
+    """Whether the whole-stack path applies: every layer but the last an LRU or an ALIF layer
+    (:func:`_alif_ok`) with its compiled trace step ready, the last a linear (non-leaky) readout,
+    no active dropout, ``full``/``snap1``."""
     if _nb is None or not numba_available() or learner.use_numba is False or learner.mode != "stream":
         return False
     if learner.rule not in ("full", "snap1") or torch.device(device).type != "cpu":
@@ -211,7 +293,14 @@ def fused_supported(learner, dtype, device) -> bool:
         return False
     if trs[-1].cell.weight.dtype != dtype:
         return False
-    return all(isinstance(tr, LRUTrace) and tr.traced and tr.fused_ready(dtype, device) for tr in trs[:-1])
+    return all(tr.traced and tr.fused_ready(dtype, device) and (isinstance(tr, LRUTrace) or _alif_ok(tr))
+               for tr in trs[:-1])
+
+
+def _alif_ok(tr) -> bool:
+    """An ALIF layer the compiled step runs: a surrogate with an inline formula (fast sigmoid,
+    arc-tangent)."""
+    return isinstance(tr, ALIFTrace) and surrogate_code(tr.cell.surrogate)[0] in (1, 2)
 
 
 def _np(t):
@@ -227,6 +316,123 @@ class FusedStack:
         self.gy = None  # the loss gradient buffer of the compiled MSE
 
     # --- binding ------------------------------------------------------------------------------
+    def _bind_lru(self, l, tr, B, dummy1, dummy2):
+        """An LRU layer's compiled calls: ``(fwd, fwd args + output, bwd, bwd args, index of the
+        input error in the bwd args, tensors kept alive)``."""
+        lr_, dt, states = self.learner, self.dtype, self.learner.states
+        c, ts = tr.cell, lr_.traces[l]
+        k = tr.consts(dt)
+        cols, names, wnu, wth, lam, gam = tr.fused_setup(dt)
+        N = k["N"]
+        H = c.B_re.shape[1]
+        ev = ts.vec.get(_STACK)
+        if ev is None:
+            ev = torch.zeros((B, N, 2, len(names)), dtype=dt)
+            if names:
+                ts.vec[_STACK] = ev
+        mat = "B_re" in tr.traced or "B_im" in tr.traced
+        em = ts.mat.get("B_re") if mat else None
+        if mat and em is None:
+            em = ts.mat["B_re"] = torch.zeros((N, B, 2, H), dtype=dt)
+        G = {}
+        for name in names + [n for n in ("B_re", "B_im") if n in tr.traced]:
+            a = ts.G.get(name)
+            if a is None or not a.is_contiguous():
+                a = ts.G[name] = (torch.zeros_like(tr.params[name], memory_format=torch.contiguous_format)
+                                  if a is None else a.contiguous())
+            G[name] = a
+        Bg = k.get("Bt_gamma")
+        if Bg is None:
+            Bg = k["Bt_gamma"] = (k["Bt"] * k["gam2"]).contiguous()
+        D = c.D.detach().to(dt)
+        dvec = D.dim() == 1
+        Dm = D.reshape(-1, 1) if dvec else D
+        accs = [self._acc(c.C_re), self._acc(c.C_im), self._acc(c.D)]
+        st = states[l]
+        pr, pi = torch.empty_like(st.x_re), torch.empty_like(st.x_im)
+        K = c.C_re.shape[0]
+        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam)  # noqa: F841 (views below)
+        dD = accs[2]
+        fwd = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
+               _np(c.C_re.detach().to(dt).contiguous()), _np(c.C_im.detach().to(dt).contiguous()),
+               Dm.contiguous().numpy(), dvec)
+        gbuf = torch.zeros((B, N, 2), dtype=dt)
+        gu = torch.zeros((B, H), dtype=dt)
+        Gv = [G.get(n) for n in ("nu_log", "theta_log", "gamma_log")]
+        bwd = dict(
+            hr=fwd[0], hi=fwd[1], pr=fwd[2], pi=fwd[3], Cr=fwd[7], Ci=fwd[8], D=fwd[9], dvec=dvec,
+            Br=_np(c.B_re.detach().to(dt).contiguous()), Bi=_np(c.B_im.detach().to(dt).contiguous()),
+            gam=_np(gam), lr=_np(lam[0]), li=_np(lam[1]),
+            dCr=dummy2 if accs[0] is None else accs[0].numpy(), dCi=dummy2 if accs[1] is None else accs[1].numpy(),
+            dD=dummy2 if dD is None else dD.view(-1, 1).numpy() if dvec else dD.numpy(),
+            has_cr=accs[0] is not None, has_ci=accs[1] is not None, has_d=dD is not None,
+            g=gbuf.numpy(), gu=gu.numpy(), need_gu=l > 0,
+            wnu=dummy2 if wnu is None else wnu.numpy(), wth=dummy2 if wth is None else wth.numpy(), cols=cols,
+            ev=ev.numpy(), em=em.numpy() if mat else ev[:1, :1, :1, :1].numpy(), has_mat=mat,
+            G_nu=dummy1 if Gv[0] is None else Gv[0].numpy(), G_th=dummy1 if Gv[1] is None else Gv[1].numpy(),
+            G_ga=dummy1 if Gv[2] is None else Gv[2].numpy(),
+            G_bre=dummy2 if "B_re" not in G else G["B_re"].numpy(),
+            G_bim=dummy2 if "B_im" not in G else G["B_im"].numpy(),
+            has_bre="B_re" in G, has_bim="B_im" in G)
+        y = torch.empty((B, K), dtype=dt)
+        fargs = fwd + (y.numpy(),)
+        a = bwd
+        bargs = (a["hr"], a["hi"], a["pr"], a["pi"], a["Cr"], a["Ci"], a["D"], a["dvec"], a["Br"], a["Bi"], a["gam"],
+                 a["lr"], a["li"], a["dCr"], a["dCi"], a["dD"], a["has_cr"], a["has_ci"], a["has_d"], a["g"], a["gu"],
+                 a["need_gu"], a["wnu"], a["wth"], a["cols"], a["ev"], a["em"], a["has_mat"], a["G_nu"], a["G_th"],
+                 a["G_ga"], a["G_bre"], a["G_bim"], a["has_bre"], a["has_bim"])
+        return _lru_fwd, fargs, _lru_bwd, bargs, 20, (keep, y, gu)
+
+    def _bind_alif(self, l, tr, B, dummy1, dummy2):
+        """An ALIF layer's compiled calls (as :meth:`_bind_lru`): the step of
+        :meth:`.traces_lif.ALIFTrace.step`, the spatial backward of its spikes and its trace step."""
+        lr_, dt = self.learner, self.dtype
+        c, ts = tr.cell, lr_.traces[l]
+        k = tr.consts(dt)
+        names, cols, cn, Rd = tr.fused_setup(dt)
+        N, H = c.hidden_size, c.input_size
+        ev = ts.vec.get(_STACK)
+        if ev is None:
+            ev = torch.zeros((B, N, 2, len(names)), dtype=dt)
+            if names:
+                ts.vec[_STACK] = ev
+        mats = []
+        for name, width in (("weight", H), ("recurrent_weight", N)):
+            e = None
+            if name in tr.traced:
+                e = ts.mat.get(name)
+                if e is None:
+                    e = ts.mat[name] = torch.zeros((N, B, 2, width), dtype=dt)
+            mats.append(e)
+        Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
+        vec = lambda t: t.detach().to(dt).expand(N).contiguous()  # noqa: E731
+        alpha, rho, omr, bb, beta = (vec(k[n]) for n in ("alpha_s", "rho_s", "one_m_rho_s", "b", "beta"))
+        Wt = k["Wt"].contiguous()
+        bias = k["bias"].contiguous() if k["bias"] is not None else torch.zeros(1, dtype=dt)
+        Rt = k["Rt"].contiguous() if k["Rt"] is not None else torch.zeros((1, 1), dtype=dt)
+        W = c.weight.detach().to(dt).contiguous()
+        sur, p1, p2 = surrogate_code(c.surrogate)
+        st = lr_.states[l]
+        pv, pa, zp, psi, z = (torch.empty_like(st.v) for _ in range(5))
+        acc_b, acc_beta = self._acc(c.b), self._acc(c.beta)
+        g = torch.zeros((B, N, 2), dtype=dt)
+        gin = torch.zeros((B, H), dtype=dt)
+        dummy4 = ev[:1, :1, :1, :1] if ev.numel() else torch.zeros((1, 1, 1, 1), dtype=dt)
+        fargs = (_np(st.v), _np(st.a), pv.numpy(), pa.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(),
+                 k["bias"] is not None, Rt.numpy(), k["Rt"] is not None, alpha.numpy(), rho.numpy(), omr.numpy(),
+                 bb.numpy(), beta.numpy(), sur, p1, p2, z.numpy())
+        bargs = (fargs[0], fargs[1], bb.numpy(), beta.numpy(), sur, p1, p2, W.numpy(),
+                 dummy1 if acc_b is None else acc_b.numpy(), dummy1 if acc_beta is None else acc_beta.numpy(),
+                 acc_b is not None, acc_beta is not None, g.numpy(), gin.numpy(), l > 0,
+                 pv.numpy(), pa.numpy(), psi.numpy(), zp.numpy(), cn.numpy(), cols, ev.numpy(),
+                 dummy4.numpy() if mats[0] is None else mats[0].numpy(),
+                 dummy4.numpy() if mats[1] is None else mats[1].numpy(), mats[0] is not None, mats[1] is not None,
+                 Gv.numpy(), dummy2 if Gw is None else Gw.numpy(), dummy2 if Gr is None else Gr.numpy(),
+                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset))
+        keep = (st, pv, pa, zp, psi, z, Wt, bias, Rt, W, alpha, rho, omr, bb, beta, g, gin, ev, mats, Gv, Gw, Gr,
+                acc_b, acc_beta, cn, Rd, dummy4)
+        return _alif_fwd, fargs, _alif_bwd, bargs, 13, keep
+
     def _acc(self, p):
         """The spatial accumulator of ``p`` (created as zeros), or ``None`` if ``p`` is not trained."""
         if not p.requires_grad:
@@ -249,62 +455,8 @@ class FusedStack:
         dummy1 = dummy2[0]
         self.layers = []
         for l, tr in enumerate(lr_.tracers[:-1]):
-            c, ts = tr.cell, lr_.traces[l]
-            k = tr.consts(dt)
-            cols, names, wnu, wth, lam, gam = tr.fused_setup(dt)
-            N = k["N"]
-            H = c.B_re.shape[1]
-            ev = ts.vec.get(_STACK)
-            if ev is None:
-                ev = torch.zeros((B, N, 2, len(names)), dtype=dt)
-                if names:
-                    ts.vec[_STACK] = ev
-            mat = "B_re" in tr.traced or "B_im" in tr.traced
-            em = ts.mat.get("B_re") if mat else None
-            if mat and em is None:
-                em = ts.mat["B_re"] = torch.zeros((N, B, 2, H), dtype=dt)
-            G = {}
-            for name in names + [n for n in ("B_re", "B_im") if n in tr.traced]:
-                a = ts.G.get(name)
-                if a is None or not a.is_contiguous():
-                    a = ts.G[name] = (torch.zeros_like(tr.params[name], memory_format=torch.contiguous_format)
-                                      if a is None else a.contiguous())
-                G[name] = a
-            Bg = k.get("Bt_gamma")
-            if Bg is None:
-                Bg = k["Bt_gamma"] = (k["Bt"] * k["gam2"]).contiguous()
-            D = c.D.detach().to(dt)
-            dvec = D.dim() == 1
-            Dm = D.reshape(-1, 1) if dvec else D
-            accs = [self._acc(c.C_re), self._acc(c.C_im), self._acc(c.D)]
-            st = states[l]
-            pr, pi = torch.empty_like(st.x_re), torch.empty_like(st.x_im)
-            K = c.C_re.shape[0]
-            keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam)  # noqa: F841 (views below)
-            dD = accs[2]
-            fwd = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
-                   _np(c.C_re.detach().to(dt).contiguous()), _np(c.C_im.detach().to(dt).contiguous()),
-                   Dm.contiguous().numpy(), dvec)
-            gbuf = torch.zeros((B, N, 2), dtype=dt)
-            gu = torch.zeros((B, H), dtype=dt)
-            Gv = [G.get(n) for n in ("nu_log", "theta_log", "gamma_log")]
-            bwd = dict(
-                hr=fwd[0], hi=fwd[1], pr=fwd[2], pi=fwd[3], Cr=fwd[7], Ci=fwd[8], D=fwd[9], dvec=dvec,
-                Br=_np(c.B_re.detach().to(dt).contiguous()), Bi=_np(c.B_im.detach().to(dt).contiguous()),
-                gam=_np(gam), lr=_np(lam[0]), li=_np(lam[1]),
-                dCr=dummy2 if accs[0] is None else accs[0].numpy(), dCi=dummy2 if accs[1] is None else accs[1].numpy(),
-                dD=dummy2 if dD is None else dD.view(-1, 1).numpy() if dvec else dD.numpy(),
-                has_cr=accs[0] is not None, has_ci=accs[1] is not None, has_d=dD is not None,
-                g=gbuf.numpy(), gu=gu.numpy(), need_gu=l > 0,
-                wnu=dummy2 if wnu is None else wnu.numpy(), wth=dummy2 if wth is None else wth.numpy(), cols=cols,
-                ev=ev.numpy(), em=em.numpy() if mat else ev[:1, :1, :1, :1].numpy(), has_mat=mat,
-                G_nu=dummy1 if Gv[0] is None else Gv[0].numpy(), G_th=dummy1 if Gv[1] is None else Gv[1].numpy(),
-                G_ga=dummy1 if Gv[2] is None else Gv[2].numpy(),
-                G_bre=dummy2 if "B_re" not in G else G["B_re"].numpy(),
-                G_bim=dummy2 if "B_im" not in G else G["B_im"].numpy(),
-                has_bre="B_re" in G, has_bim="B_im" in G)
-            y = torch.empty((B, K), dtype=dt)
-            self.layers.append((fwd, bwd, y, gu, keep))
+            bind_layer = self._bind_lru if isinstance(tr, LRUTrace) else self._bind_alif
+            self.layers.append(bind_layer(l, tr, B, dummy1, dummy2))
         ro = lr_.tracers[-1].cell
         W = ro.weight.detach().to(dt).contiguous()
         has_b = ro.bias is not None
@@ -316,14 +468,8 @@ class FusedStack:
         self.ro_bwd = (W.numpy(), dummy2 if dW is None else dW.numpy(), dummy1 if db is None else db.numpy(),
                        dW is not None, db is not None)
         self.ystate = states[-1]
-        self.fwd_args = [fwd + (y.numpy(),) for fwd, _, y, _, _ in self.layers]
-        self.bwd_args = []
-        for _, a, _, _, _ in self.layers:
-            self.bwd_args.append((a["hr"], a["hi"], a["pr"], a["pi"], a["Cr"], a["Ci"], a["D"], a["dvec"], a["Br"],
-                                  a["Bi"], a["gam"], a["lr"], a["li"], a["dCr"], a["dCi"], a["dD"], a["has_cr"],
-                                  a["has_ci"], a["has_d"], a["g"], a["gu"], a["need_gu"], a["wnu"], a["wth"],
-                                  a["cols"], a["ev"], a["em"], a["has_mat"], a["G_nu"], a["G_th"], a["G_ga"],
-                                  a["G_bre"], a["G_bim"], a["has_bre"], a["has_bim"]))
+        self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
+        self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         self.gen = lr_._gen
@@ -339,9 +485,9 @@ class FusedStack:
         x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
         u = x.numpy()
         ins = []
-        for fa in self.fwd_args:
+        for f, fa in self.fwd_args:
             ins.append(u)
-            _lru_fwd(u, *fa)
+            f(u, *fa)
             u = fa[-1]
         _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
@@ -376,7 +522,7 @@ class FusedStack:
         else:
             gcur = self.ro_args[0][:0]  # unused
         for l in range(len(self.layers) - 1, -1, -1):
-            ba = self.bwd_args[l]
-            _lru_bwd(gcur, use_g, ins[l], *ba)
-            gcur = ba[20]  # the error reaching the layer's input
+            f, ba, gi = self.bwd_args[l]
+            f(gcur, use_g, ins[l], *ba)
+            gcur = ba[gi]  # the error reaching the layer's input
         return y_t, loss

@@ -244,12 +244,11 @@ class ALIFTrace(LayerTrace):
         return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
                 and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
 
-    def fused_stream_step(self, ts, x, prev, new, g) -> None:
-        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
-        (or ``None``) as one compiled pass (:func:`.numba_kernels.alif_trace_step_numba`); the
-        same result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
-        c = self.cell
-        k = self.consts(x.dtype)
+    def fused_setup(self, dtype):
+        """The compiled trace step's per-sequence constants: ``(names, cols, cn, Rd)`` (the traced
+        per-neuron parameters, their columns in ``_VEC_ORDER``, the ``[7, N]`` constants of
+        :func:`.numba_kernels.alif_trace_step_numba` and the lateral self-weights or ``None``)."""
+        k = self.consts(dtype)
         f = k.get("fused")
         if f is None:
             names = [n for n in self._VEC_ORDER if self.params.get(n) is not None and n in self.traced]
@@ -258,7 +257,15 @@ class ALIFTrace(LayerTrace):
                                                                 k["one_m_rho"], k["b"], k["beta"])]).contiguous()
             Rd = None if k["Rd"] is None else k["Rd"].contiguous()
             f = k["fused"] = (names, cols, cn, Rd)
-        names, cols, cn, Rd = f
+        return f
+
+    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+        """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
+        (or ``None``) as one compiled pass (:func:`.numba_kernels.alif_trace_step_numba`); the
+        same result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
+        c = self.cell
+        k = self.consts(x.dtype)
+        names, cols, cn, Rd = self.fused_setup(x.dtype)
         v0, a0 = prev.v, prev.a
         u = v0 - (k["b"] + k["beta"] * a0)
         zp = heaviside(u)
