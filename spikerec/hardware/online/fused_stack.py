@@ -1,5 +1,5 @@
-"""Whole-stack compiled stream step for LRU stacks with a linear readout (the stream mode's
-fastest path).
+"""Whole-stack compiled stream step for LRU and ALIF stacks with a linear readout (the stream
+mode's fastest path).
 
 Per time step, instead of ~40 small torch ops, this path makes one compiled (numba) call per
 layer for the forward pass and one per layer for the backward, on numpy views of the learner's
@@ -8,17 +8,22 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
 
 * forward, LRU (Orvieto et al. 2023, Sec. 3): ``h_t = lam h_{t-1} + gamma B u_t`` (on (Re, Im)
   pairs, ``gamma`` folded into ``B``), ``y_t = C_re Re h_t - C_im Im h_t + D u_t``; linear readout
-  ``y = W h + b``; the states are updated in place (the previous state is kept in a scratch
-  buffer for the traces);
+  ``y = W h + b``; ALIF (:meth:`.traces_lif.ALIFTrace.step`): ``z_{t-1} = H(v_{t-1} - theta_{t-1})``,
+  ``a_t = rho a_{t-1} + (1 - rho) z_{t-1}``, ``v_t = alpha v_{t-1} + W x_t + b_in + R z_{t-1}
+  - theta_t z_{t-1}``, spikes ``z_t = H(v_t - theta_t)``; the states are updated in place (the
+  previous state is kept in a scratch buffer for the traces);
 * the loss gradient ``d l_t / d y_t`` in closed form for the package's own losses (``mse`` and
   ``cross_entropy`` forms, see :func:`.learner.mse_step_loss`); other losses use one autograd
   call on a leaf ``y_t``;
 * backward: the hand-written spatial backward of :mod:`.spatial` (readout: ``dW += gy^T h``,
   ``db += sum_b gy``, ``gh = gy W``; LRU: ``g_re = gy C_re``, ``g_im = -gy C_im``,
   ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h``, ``dD += gy u``,
-  ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``) and, in the same compiled call, the
-  trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL recursions of
-  :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) with its contraction ``G += g . eps``.
+  ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``; ALIF: ``g_v = gz sigma'(v - theta)``,
+  ``g_a = -beta g_v``, ``db -= sum g_v``, ``dbeta -= sum g_v a``, ``gx = g_v W``) and, in the same
+  compiled call, the trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL
+  recursions of :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) or of
+  :func:`.numba_kernels.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
+  ``G += g . eps``.
 
 It equals the torch reference (``fast=False``) in float64 to rounding
 (tests/test_online_fused.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
