@@ -88,6 +88,52 @@ def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
     assert any(g.abs().sum() > 0 for g in g1.values())
 
 
+@pytest.mark.parametrize("detach,surrogate", [(True, SURR), (False, "atan")])
+def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surrogate, monkeypatch):
+    """Recurrent ALIF layers: the compiled block contraction (ALIFTrace.block_contract) equals the
+    torch form (chunk_contract on the stacked partials) and the reference stream, traces and
+    gradients, with lateral weights, both reset-gradient forms and a per-sample reset."""
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    kw = dict(surrogate=surrogate, tau_mem=5.0, tau_adapt=12.0, b=0.3, beta=0.5, recurrent=True,
+              detach_reset=detach)
+    cells = [ALIF(5, 6, **kw), ALIF(6, 6, **kw)]
+    for c in cells:
+        with torch.no_grad():
+            c.weight.mul_(3.0)
+    model = RecurrentStack(cells, LeakyReadout(6, 3))
+    T, B = 17, 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    resets = [(6, torch.tensor([True, False, True]))]
+    from spikerec.hardware.online import traces_lif
+
+    calls = []
+    real = traces_lif.alif_block_numba
+    monkeypatch.setattr(traces_lif, "alif_block_numba", lambda *a: calls.append(1) or real(*a))
+    out = []
+    for closed_traces in (False, True):
+        model.zero_grad()
+        lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=5)
+        lr.block_closed_traces = closed_traces
+        rs = dict(resets)
+        for t in range(T):
+            if t in rs:
+                lr.reset(rs[t])
+            lr.step(x[t], None if t % 5 == 3 else tgt[t])
+        tr = traces_of(lr)
+        lr.update()
+        out.append((tr, {n: p.grad.clone() for n, p in named(model)}))
+    _, _, _, g_ref = run_steps(model, x, tgt, closed=False, resets=resets, mode="stream", fast=False)
+    # two layers, five blocks (0-4, 5 cut by the reset at 6, 6-10, 11-15, 16), compiled only when asked
+    assert len(calls) == 2 * 5
+    close(out[0][0], out[1][0])
+    close(out[0][1], out[1][1])
+    close(g_ref, out[1][1])
+    assert out[1][1]["cells.0.recurrent_weight"].abs().sum() > 0
+    with torch.no_grad():
+        rate = float(cells[0](x)[0].mean())
+    assert 0.02 < rate < 0.9
+
+
 def test_closed_form_block_is_taken_and_autograd_is_not_called(monkeypatch):
     model = build("lru", False)
     x, tgt = torch.randn(8, 2, 5), torch.randn(8, 2, 3)

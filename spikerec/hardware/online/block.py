@@ -95,7 +95,7 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
                 continue
             h_in, prev, new, _ = recs[l]
             G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
-            if kind == "lru" and learner.block_closed_traces:
+            if kind in ("lru", "alif") and learner.block_closed_traces:
                 tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
             else:
                 chunk_contract(learner.traces[l], stack_partials(tr.partials(h_in, prev, new), K, B), G, carry)

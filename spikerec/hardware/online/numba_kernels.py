@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba"]
+__all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
+           "alif_block_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -236,6 +237,52 @@ if _HAVE_NUMBA:
                         e0r[h] = j00 * e0 + j01 * e1 + xr[h]
                         e1r[h] = j10 * e0 + j11 * e1
 
+    @_nb.njit(cache=True, fastmath=False, nogil=True, inline="always")
+    def _alif_partials(v, a, ps, z, alpha, rho, omr, bb, beta, rd, has_rd, detach_reset, zero):
+        """The partials of :meth:`.traces_lif.ALIFTrace.partials` for one neuron and sample, from
+        ``v_{t-1}, a_{t-1}``, the surrogate derivative ``ps`` and the spike ``z`` of that state:
+        ``(dv_v, dv_a, da_v, da_a, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho)`` (the 2 x 2
+        Jacobian of ``(v, a)``, the immediate partials of ``b`` and ``beta``, of ``rho``, and the
+        reset's ``d / d rho`` without ``detach_reset``)."""
+        dz_a, dz_beta = -beta * ps, -a * ps
+        da_v, da_a, da_b, da_beta = omr * ps, omr * dz_a + rho, -(omr * ps), omr * dz_beta
+        da_rho = a - z
+        dR_rho = zero
+        if detach_reset:
+            if has_rd:
+                dv_v = rd * ps + alpha
+                dv_a, dv_b, dv_beta = rd * dz_a, -(rd * ps), rd * dz_beta
+            else:
+                dv_v, dv_a, dv_b, dv_beta = alpha, zero, zero, zero
+        else:
+            a1 = rho * a + omr * z
+            theta = bb + beta * a1
+            dR_v = theta * ps + z * (beta * da_v)
+            dR_a = theta * dz_a + z * (beta * da_a)
+            dR_b = -(theta * ps) + z * (beta * da_b + 1.0)
+            dR_beta = theta * dz_beta + z * (beta * da_beta + a1)
+            dR_rho = z * (beta * da_rho)
+            if has_rd:
+                dv_v = (rd * ps - dR_v) + alpha
+                dv_a, dv_b, dv_beta = rd * dz_a - dR_a, -(rd * ps) - dR_b, rd * dz_beta - dR_beta
+            else:
+                dv_v, dv_a, dv_b, dv_beta = alpha - dR_v, -dR_a, -dR_b, -dR_beta
+        return dv_v, dv_a, da_v, da_a, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True, inline="always")
+    def _alif_imm(kind, v, dalpha, drho, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho, zero, one):
+        """The immediate partial ``(d v_t, d a_t)`` of per-neuron parameter ``kind`` (0
+        ``log_tau_mem``, 1 ``log_tau_adapt``, 2 ``b``, 3 ``beta``, 4 ``bias``)."""
+        if kind == 0:
+            return v * dalpha, zero
+        if kind == 1:
+            return -dR_rho * drho, da_rho * drho
+        if kind == 2:
+            return dv_b, da_b
+        if kind == 3:
+            return dv_beta, da_beta
+        return one, zero
+
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _alif_trace(v0, a0, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
                     detach_reset):  # pragma: no cover - compiled
@@ -248,43 +295,13 @@ if _HAVE_NUMBA:
             rd = Rd[n] if has_rd else zero
             for b in range(B):
                 v, a, ps, z = v0[b, n], a0[b, n], psi[b, n], zp[b, n]
-                dz_a, dz_beta = -beta * ps, -a * ps
-                da_v, da_a, da_b, da_beta = omr * ps, omr * dz_a + rho, -(omr * ps), omr * dz_beta
-                da_rho = a - z
-                lta0 = zero
-                if detach_reset:
-                    if has_rd:
-                        dv_v = rd * ps + alpha
-                        dv_a, dv_b, dv_beta = rd * dz_a, -(rd * ps), rd * dz_beta
-                    else:
-                        dv_v, dv_a, dv_b, dv_beta = alpha, zero, zero, zero
-                else:
-                    a1 = rho * a + omr * z
-                    theta = bb + beta * a1
-                    dR_v = theta * ps + z * (beta * da_v)
-                    dR_a = theta * dz_a + z * (beta * da_a)
-                    dR_b = -(theta * ps) + z * (beta * da_b + 1.0)
-                    dR_beta = theta * dz_beta + z * (beta * da_beta + a1)
-                    lta0 = -(z * (beta * da_rho)) * drho
-                    if has_rd:
-                        dv_v = (rd * ps - dR_v) + alpha
-                        dv_a, dv_b, dv_beta = rd * dz_a - dR_a, -(rd * ps) - dR_b, rd * dz_beta - dR_beta
-                    else:
-                        dv_v, dv_a, dv_b, dv_beta = alpha - dR_v, -dR_a, -dR_b, -dR_beta
+                dv_v, dv_a, da_v, da_a, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho = _alif_partials(
+                    v, a, ps, z, alpha, rho, omr, bb, beta, rd, has_rd, detach_reset, zero)
                 q0 = g[b, n, 0] if use_g else zero
                 q1 = g[b, n, 1] if use_g else zero
                 for j in range(m):
                     kind = cols[j]
-                    if kind == 0:  # log_tau_mem
-                        i0, i1 = v * dalpha, zero
-                    elif kind == 1:  # log_tau_adapt
-                        i0, i1 = lta0, da_rho * drho
-                    elif kind == 2:  # b
-                        i0, i1 = dv_b, da_b
-                    elif kind == 3:  # beta
-                        i0, i1 = dv_beta, da_beta
-                    else:  # bias
-                        i0, i1 = one, zero
+                    i0, i1 = _alif_imm(kind, v, dalpha, drho, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho, zero, one)
                     e0, e1 = ev[b, n, 0, j], ev[b, n, 1, j]
                     f0 = dv_v * e0 + dv_a * e1 + i0
                     f1 = da_v * e0 + da_a * e1 + i1
@@ -297,6 +314,117 @@ if _HAVE_NUMBA:
             _mat_nest(ew, x, Jc, g, G_w, use_g)
         if has_r:
             _mat_nest(er, zp, Jc, g, G_r, use_g)
+
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _alif_block(v0, a0, psi, zp, cn, cols, Rd, has_rd, detach_reset, G, use_g, carry, ev_in, has_ev, GH, P0,
+                    Phi, Gvec, b0, ev_out):  # pragma: no cover - compiled
+        """The chunked block of one ALIF layer (``full``/``snap1``) for every sample and neuron:
+        the partials of each step (:func:`_alif_partials`), the reverse filter
+        ``gh_k = g_k + J_{k+1}^T gh_{k+1}`` into ``GH``, the per-neuron contraction
+        ``Gvec[j, n] += sum_k gh_k . imm_k`` plus the boundary term with the carried traces
+        (``b0 = J_0^T gh_0``), and for the carry the advanced per-neuron traces ``ev_out``, the first
+        columns ``P0[k]`` of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` and ``Phi = Phi_{K-1,-1}`` (the
+        matrix traces' carry, which the caller contracts with the inputs in GEMMs). One sample at a
+        time, neurons innermost (contiguous rows)."""
+        K, B, N = v0.shape
+        m = cols.shape[0]
+        mm = max(m, 1)
+        zero, one = GH.dtype.type(0), GH.dtype.type(1)
+        J = np.empty((K, 4, N), dtype=GH.dtype)
+        imm = np.empty((K, mm, 2, N), dtype=GH.dtype)
+        acc = np.zeros((mm, N), dtype=np.float64)
+        h0 = np.empty(N, dtype=GH.dtype)
+        h1 = np.empty(N, dtype=GH.dtype)
+        p = np.empty((4, N), dtype=GH.dtype)
+        for b in range(B):
+            for k in range(K):
+                Jk, ik = J[k], imm[k]
+                for n in range(N):
+                    v = v0[k, b, n]
+                    rd = Rd[n] if has_rd else zero
+                    dv_v, dv_a, da_v, da_a, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho = _alif_partials(
+                        v, a0[k, b, n], psi[k, b, n], zp[k, b, n], cn[0, n], cn[2, n], cn[4, n], cn[5, n], cn[6, n],
+                        rd, has_rd, detach_reset, zero)
+                    Jk[0, n], Jk[1, n], Jk[2, n], Jk[3, n] = dv_v, dv_a, da_v, da_a
+                    for j in range(m):
+                        ik[j, 0, n], ik[j, 1, n] = _alif_imm(cols[j], v, cn[1, n], cn[3, n], dv_b, da_b, dv_beta,
+                                                             da_beta, da_rho, dR_rho, zero, one)
+            if use_g:
+                for n in range(N):
+                    h0[n], h1[n] = G[K - 1, b, n, 0], G[K - 1, b, n, 1]
+                    GH[K - 1, b, n, 0], GH[K - 1, b, n, 1] = h0[n], h1[n]
+                for k in range(K - 2, -1, -1):
+                    Jn = J[k + 1]
+                    for n in range(N):
+                        q0, q1 = h0[n], h1[n]
+                        r0 = G[k, b, n, 0] + (Jn[0, n] * q0 + Jn[2, n] * q1)
+                        r1 = G[k, b, n, 1] + (Jn[1, n] * q0 + Jn[3, n] * q1)
+                        h0[n], h1[n] = r0, r1
+                        GH[k, b, n, 0], GH[k, b, n, 1] = r0, r1
+                acc[:, :] = 0.0
+                for k in range(K):
+                    ik = imm[k]
+                    for j in range(m):
+                        aj = acc[j]
+                        for n in range(N):
+                            aj[n] += GH[k, b, n, 0] * ik[j, 0, n] + GH[k, b, n, 1] * ik[j, 1, n]
+                for n in range(N):
+                    g0, g1 = GH[0, b, n, 0], GH[0, b, n, 1]
+                    c0, c1 = J[0, 0, n] * g0 + J[0, 2, n] * g1, J[0, 1, n] * g0 + J[0, 3, n] * g1
+                    b0[b, n, 0], b0[b, n, 1] = c0, c1
+                    for j in range(m):
+                        extra = (c0 * ev_in[j, b, n, 0] + c1 * ev_in[j, b, n, 1]) if has_ev else 0.0
+                        Gvec[j, n] += acc[j, n] + extra
+            if carry:
+                for j in range(m):
+                    for n in range(N):
+                        h0[n] = ev_in[j, b, n, 0] if has_ev else zero
+                        h1[n] = ev_in[j, b, n, 1] if has_ev else zero
+                    for k in range(K):
+                        Jk, ik = J[k], imm[k]
+                        for n in range(N):
+                            e0, e1 = h0[n], h1[n]
+                            h0[n] = Jk[0, n] * e0 + Jk[1, n] * e1 + ik[j, 0, n]
+                            h1[n] = Jk[2, n] * e0 + Jk[3, n] * e1 + ik[j, 1, n]
+                    for n in range(N):
+                        ev_out[j, b, n, 0], ev_out[j, b, n, 1] = h0[n], h1[n]
+                for n in range(N):
+                    p[0, n], p[1, n], p[2, n], p[3, n] = one, zero, zero, one
+                for k in range(K - 1, -1, -1):
+                    Jk = J[k]
+                    for n in range(N):
+                        p00, p01, p10, p11 = p[0, n], p[1, n], p[2, n], p[3, n]
+                        P0[k, b, n, 0], P0[k, b, n, 1] = p00, p10
+                        j00, j01, j10, j11 = Jk[0, n], Jk[1, n], Jk[2, n], Jk[3, n]
+                        p[0, n], p[1, n] = p00 * j00 + p01 * j10, p00 * j01 + p01 * j11
+                        p[2, n], p[3, n] = p10 * j00 + p11 * j10, p10 * j01 + p11 * j11
+                for n in range(N):
+                    Phi[b, n, 0], Phi[b, n, 1], Phi[b, n, 2], Phi[b, n, 3] = p[0, n], p[1, n], p[2, n], p[3, n]
+
+
+def alif_block_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset, G, carry, ev_in):
+    """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, ``G [K, B, N, 2]`` or ``None``,
+    ``ev_in [m, B, N, 2]`` or ``None``); returns ``(GH, P0, Phi [B, N, 2, 2], Gvec [m, N] float64,
+    b0, ev_out)`` (unused ones hold garbage)."""
+    K, B, N = v0.shape
+    dt = v0.dtype
+    m = int(cols.shape[0])
+    GH = torch.empty((K, B, N, 2), dtype=dt)
+    P0 = torch.empty((K, B, N, 2), dtype=dt)
+    Phi = torch.empty((B, N, 4), dtype=dt)
+    Gvec = torch.zeros((max(m, 1), N), dtype=torch.float64)
+    b0 = torch.empty((B, N, 2), dtype=dt)
+    ev_out = torch.empty((max(m, 1), B, N, 2), dtype=dt)
+    dummy = torch.zeros((1, 1, 1, 2), dtype=dt)
+    _alif_block(v0.numpy(), a0.numpy(), psi.numpy(), zp.numpy(), cn.numpy(), cols,
+                torch.zeros(1, dtype=dt).numpy() if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset),
+                dummy.numpy() if G is None else G.numpy(), G is not None, bool(carry),
+                dummy.numpy() if ev_in is None else ev_in.numpy(), ev_in is not None, GH.numpy(), P0.numpy(),
+                Phi.numpy(), Gvec.numpy(), b0.numpy(), ev_out.numpy())
+    return GH, P0, Phi.view(B, N, 2, 2), Gvec, b0, ev_out
 
 
 def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_w, G_r, Rd, detach_reset):

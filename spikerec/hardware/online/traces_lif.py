@@ -24,8 +24,8 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import alif_trace_step_numba, numba_available
-from .traces_base import _STACK, LayerTrace, Partials
+from .numba_kernels import alif_block_numba, alif_trace_step_numba, numba_available
+from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
 
@@ -286,6 +286,64 @@ class ALIFTrace(LayerTrace):
         cg = lambda t: t if t.is_contiguous() else t.contiguous()  # noqa: E731
         alif_trace_step_numba(cg(v0), cg(a0), cg(psi), zp, cg(x), None if g is None else cg(g), cn, cols, ev,
                               mats[0], mats[1], Gv, Gw, Gr, Rd, c.detach_reset)
+
+    def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
+        """The chunked block's contraction (the sums of :func:`.traces_base.chunk_contract` on
+        :meth:`partials`) with the per-step work in one compiled pass
+        (:func:`.numba_kernels.alif_block_numba`: partials, reverse filter, per-neuron sums, the
+        carried per-neuron traces) and the matrix parts as GEMMs. The immediate partial of an input
+        or lateral weight is ``(pre, 0)``, so with ``gh`` the reverse-filtered error, ``pre`` the
+        block's inputs (or previous spikes), ``e`` the carried matrix trace ``[N, B, 2, H]``,
+        ``b0 = J_0^T gh_0`` and ``p_k`` the first column of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}``:
+
+            dW += sum_{k,b} gh_k[v] pre_k^T + sum_b b0 . e
+            e  <- sum_k p_k pre_k^T + Phi_{K-1,-1} e
+
+        ``x``, ``prev`` hold ``[K*B]`` rows; ``G [K, B, N, 2]`` or ``None``. The torch form runs
+        where the compiled one does not apply (no numba, not CPU, a rule without ``J``)."""
+        dt = x.dtype
+        if not (numba_available() and self.use_J() and x.device.type == "cpu" and dt in (torch.float32, torch.float64)):
+            chunk_contract(ts, stack_partials(self.partials(x, prev, new), K, B), G, carry)
+            return
+        c = self.cell
+        k = self.consts(dt)
+        names, cols, cn, Rd = self.fused_setup(dt)
+        N = prev.v.shape[-1]
+        v0, a0 = prev.v.reshape(K, B, N).contiguous(), prev.a.reshape(K, B, N).contiguous()
+        u = v0 - (k["b"] + k["beta"] * a0)
+        zp = heaviside(u)
+        psi = c.surrogate.derivative(u).contiguous()
+        olds = [ts.vec.get(n) for n in names]
+        ev_in = torch.stack(olds).contiguous() if names and all(e is not None for e in olds) else None
+        if ev_in is None and any(e is not None for e in olds):  # some carried, some not (never by this path)
+            ev_in = torch.stack([torch.zeros((B, N, 2), dtype=dt) if e is None else e for e in olds]).contiguous()
+        Gc = None if G is None else G.reshape(K, B, N, 2).to(dt).contiguous()
+        GH, P0, Phi, Gvec, b0, ev_out = alif_block_numba(v0, a0, psi, zp, cn, cols, Rd, c.detach_reset, Gc,
+                                                         carry, ev_in)
+        if G is not None:
+            for j, n in enumerate(names):
+                ts.add(n, Gvec[j])
+        pres = {"weight": x.reshape(K, B, -1), "recurrent_weight": zp}
+        for name in ("weight", "recurrent_weight"):
+            if name not in self.traced:
+                continue
+            pre = pres[name]
+            e = ts.mat.get(name)
+            if G is not None:
+                ts.add(name, GH[..., 0].reshape(K * B, N).t() @ pre.reshape(K * B, -1))
+                if e is not None:
+                    ts.add(name, torch.einsum("bnf,nbfh->nh", b0, e))
+            if carry:
+                new_e = torch.einsum("kbnf,kbh->nbfh", P0, pre).contiguous()
+                if e is not None:  # + Phi e, element-wise (a batched matmul of 2 x 2 blocks is slower)
+                    ph = Phi.permute(1, 0, 2, 3)  # [N, B, 2, 2]
+                    e0, e1 = e[:, :, 0], e[:, :, 1]
+                    new_e[:, :, 0].addcmul_(e0, ph[..., 0, 0, None]).addcmul_(e1, ph[..., 0, 1, None])
+                    new_e[:, :, 1].addcmul_(e0, ph[..., 1, 0, None]).addcmul_(e1, ph[..., 1, 1, None])
+                ts.mat[name] = new_e
+        if carry:
+            for j, n in enumerate(names):
+                ts.vec[n] = ev_out[j]
 
     def _accumulators(self, ts, names, use_g, dtype, N):
         """The gradient accumulators the kernel adds into: the per-neuron ones are rows of one
