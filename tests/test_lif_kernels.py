@@ -233,3 +233,15 @@ def test_alif_kernel_bad_impl_is_named():
     with pytest.raises(ValueError, match="impl"):
         ALIFSequence.apply(torch.randn(5, 2, 4), st.v, st.a, alpha, rho, cell.b, cell.beta, None,
                            cell.surrogate, True, "fast")
+
+
+@needs_numba
+def test_alif_recurrent_input_inline_equals_the_matmul_between_steps():
+    T, B, N = 40, 3, 50
+    g = torch.Generator().manual_seed(8)
+    x = _alif_inputs(g, T, B, N, True)
+    outs = [nb_alif.alif_forward(x["I"], x["v0"], x["a0"], x["alpha"], x["rho"], x["b"], x["beta"], x["w"],
+                                 rec_inline=inline) for inline in (True, False)]
+    assert torch.equal(outs[0][0], outs[1][0]) and 0.02 < float(outs[0][0].mean()) < 0.9
+    for u, v in zip(outs[0][2:], outs[1][2:]):
+        torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-13)

@@ -46,8 +46,14 @@ def _vec(p: torch.Tensor, N: int, dtype):
     return p.detach().to(dtype).expand(N).contiguous().numpy()
 
 
-def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec):
-    """Forward loop: returns ``(Z, Z as bool, V, A, v_T, a_T)``."""
+INLINE_MAX_N = 128  # up to this many neurons the recurrent input is summed inside the compiled loop
+
+
+def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec, rec_inline=None):
+    """Forward loop: returns ``(Z, Z as bool, V, A, v_T, a_T)``. ``rec_inline``: compute the
+    recurrent input inside the compiled loop (sums of the spiking neurons' weight rows; one call
+    for all steps) instead of a torch matmul between single-step calls; ``None``: for layers of at
+    most ``INLINE_MAX_N`` neurons."""
     k = _kernels()
     T, B, N = I.shape
     dt = I.dtype
@@ -59,13 +65,17 @@ def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec):
     args = [_np(I), R.numpy(), v.numpy(), a.numpy(), z.numpy(), _vec(alpha, N, dt), _vec(rho, N, dt),
             _vec(b, N, dt), _vec(beta, N, dt)]
     outs = (V.numpy(), A.numpy(), Z.numpy(), Zb.view(torch.uint8).numpy())
+    if rec_inline is None:
+        rec_inline = N <= INLINE_MAX_N
     if w_rec is None:
-        k.fwd_steps(*args, 0, T, *outs)
+        k.fwd_steps(*args, 0, T, *outs, R.numpy(), False)
+    elif rec_inline:
+        k.fwd_steps(*args, 0, T, *outs, w_rec.detach().t().to(dt).contiguous().numpy(), True)
     else:
         w_t = w_rec.detach().t()
         for t in range(T):
             torch.mm(z, w_t, out=R)  # W_rec z_{t-1}
-            k.fwd_steps(*args, t, t + 1, *outs)
+            k.fwd_steps(*args, t, t + 1, *outs, R.numpy(), False)
     return Z, Zb, V, A, v, a
 
 

@@ -13,15 +13,29 @@ from .lif_sequence_numba_kernels import sd_fn
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fwd_steps(I, R, v_io, a_io, z_io, alpha, rho, b, beta, t0, t1, V, A, Zf, Zb):  # pragma: no cover - compiled
-    """Steps ``t0..t1-1`` from the state ``(v, a, z)`` (updated in place); ``R`` is added to the
-    input current of every step (the recurrent input ``W_rec z_{t-1}`` of a one-step call)."""
+def fwd_steps(I, R_in, v_io, a_io, z_io, alpha, rho, b, beta, t0, t1, V, A, Zf, Zb, Rt, rec_inline):  # pragma: no cover
+    """Steps ``t0..t1-1`` from the state ``(v, a, z)`` (updated in place); ``R_in`` is added to the
+    input current of every step (the recurrent input ``W_rec z_{t-1}`` of a one-step call). With
+    ``rec_inline`` the recurrent input is computed here at every step instead, as the sum of the
+    rows ``Rt[j]`` (``Rt = W_rec^T``) of the neurons that spiked (for small layers, where a matmul
+    call per step costs more than the sum)."""
     B, N = v_io.shape
     v, a, z = v_io.copy(), a_io.copy(), z_io.copy()  # local copies: the compiler sees no aliasing
+    R = R_in.copy()
     one = np.ones(1, dtype=v.dtype)[0]  # constants of the tensors' dtype: float32 stays float32
     zero = one - one
     one_m_rho = one - rho
     for t in range(t0, t1):
+        if rec_inline:
+            for j in range(B):
+                Rj, zj = R[j], z[j]
+                for n in range(N):
+                    Rj[n] = zero
+                for i in range(N):
+                    if zj[i] != zero:
+                        row = Rt[i]
+                        for n in range(N):
+                            Rj[n] += row[n]
         It, At, Vt, Zt, Zbt = I[t], A[t], V[t], Zf[t], Zb[t]
         for j in range(B):
             vj, aj, zj, Rj, Ij = v[j], a[j], z[j], R[j], It[j]
