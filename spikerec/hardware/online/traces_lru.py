@@ -236,25 +236,28 @@ class LRUTrace(LayerTrace):
                 if n in names:
                     ts.add(n, both[:, f])
             if use_J and e is not None:
-                gh0 = GH[0]  # [B, N, 2]
-                zr = (k["lr"] * gh0[..., 0] + k["li"] * gh0[..., 1]).t()  # Re(lam conj(gh0)) [N, B]
-                zi = (k["li"] * gh0[..., 0] - k["lr"] * gh0[..., 1]).t()  # Im(lam conj(gh0))
-                er, ei = e[:, :, 0], e[:, :, 1]  # [N, B, H]
-                zr, zi = zr[..., None], zi[..., None]
-                if "B_re" in names:
-                    ts.add("B_re", (zr * er - zi * ei).sum(1))
-                if "B_im" in names:
-                    ts.add("B_im", -(zr * ei + zi * er).sum(1))
+                z = (lam * ghc[0].conj_physical()).t()  # lam conj(gh0), [N, B]
+                zr, zi = z.real, z.imag
+                # per neuron, one small product over (b, Re/Im): rows (Re z, -Im z) for B_re and
+                # (-Im z, -Re z) for B_im against e's rows (Re e_b, Im e_b)
+                rows = torch.stack([torch.stack([zr, -zi], -1), torch.stack([-zi, -zr], -1)], 1)  # [N, 2, B, 2]
+                both0 = torch.bmm(rows.reshape(N, 2, 2 * B), e.reshape(N, 2 * B, H))  # [N, 2, H]
+                for n, f in (("B_re", 0), ("B_im", 1)):
+                    if n in names:
+                        ts.add(n, both0[:, f])
         if not carry:
             return
         X = x.reshape(K, B * H)
-        qr = (PK.real.t() @ X).mul_(gam[:, None]).reshape(N, B, H)
-        qi = (PK.imag.t() @ X).mul_(gam[:, None]).reshape(N, B, H)
-        if e is not None:
+        pk = k.get(("PK_rows", K))
+        if pk is None:  # (Re, Im) of lam^(K-1-k) side by side: one GEMM for both parts
+            pk = k[("PK_rows", K)] = torch.view_as_real(PK).reshape(K, 2 * N).t().contiguous()  # [2N, K]
+        q = (pk @ X).view(N, 2, B, H).mul_(gam[:, None, None, None]).transpose(1, 2).contiguous()  # [N, B, 2, H]
+        if e is not None:  # + lam^K e on (Re, Im) pairs
             er, ei = e[:, :, 0], e[:, :, 1]
             Lr, Li = lamK.real[:, None, None], lamK.imag[:, None, None]
-            qr, qi = qr + Lr * er - Li * ei, qi + Lr * ei + Li * er
-        ts.mat["B_re"] = torch.stack([qr, qi], 2)
+            q[:, :, 0].addcmul_(Lr, er).addcmul_(Li, ei, value=-1.0)
+            q[:, :, 1].addcmul_(Lr, ei).addcmul_(Li, er)
+        ts.mat["B_re"] = q
 
     def partials(self, x, prev, new):
         k = self.consts(x.dtype)
