@@ -200,3 +200,42 @@ def test_accepts_loader_batches_and_config_dicts_from_toml():
     assert report.steps == 5 and set(report.targets) == {"time/0", "time/1", "depth/1"}
     assert report.history["epoch"][-1] == 0 and report.history["t"][:4] == [0, 1, 2, 0]
     assert all(0.9 <= k <= 1.1 for v in report.history["kappa"].values() for k in v if k is not None)
+
+
+@pytest.mark.parametrize("state", ["replay", "carry"])
+def test_replayed_state_is_the_state_at_the_current_weights(state):
+    """state="replay": the radii of step s are those at the weights left by step s-1, in the state
+    that these weights reach on x[:t] (a shuffled run, where a carried state comes from other
+    weights; so the carried run must differ)."""
+    from spikerec.stability.jacobians import model_layers
+    from spikerec.stability.lsc import measure_radii
+
+    model = _stack("alif")
+    x = _spikes(3, t=6, b=4)
+    cfg = LSCConfig(method="exact", square_mode="topleft", state=state, max_steps=5, keep_best=False,
+                    verify_every=10 ** 6)
+    snaps = [{k: v.clone() for k, v in model.state_dict().items()}]
+    report = lsc_pretrain(model, x, cfg, progress=lambda s, r: snaps.append(
+        {k: v.clone() for k, v in model.state_dict().items()}))
+    cells, readout = model_layers(model)
+    layers = cells + [readout]
+    keys = list(report.targets)
+    worst = 0.0
+    for s in range(1, 5):
+        model.load_state_dict(snaps[s])
+        with torch.no_grad():
+            states = tuple(c.initial_state(4, x.device, x.dtype) for c in layers)
+            for t in range(s):
+                h = x[t]
+                new = []
+                for c, st in zip(layers, states):
+                    h, st = c.step(h, st)
+                    new.append(st)
+                states = tuple(new)
+            radii, _ = measure_radii(model, x[s], states, cfg, keys)
+        for k in keys:
+            worst = max(worst, abs(float(radii[k].mean()) - report.history["radius"][k][s]))
+    if state == "replay":
+        assert worst < 1e-5
+    else:
+        assert worst > 1e-3

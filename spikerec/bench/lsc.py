@@ -4,7 +4,8 @@ of a 2 x 256 ALIF stack on SHD-shaped input (700 channels, random spikes).
 Each step takes the time, depth and input transition Jacobians of both layers at one time
 step, their spectral radii (matrix-free Arnoldi for the 512-wide ALIF states, or exact
 ``eigvals`` with ``--method exact``), the loss gradient, one AdaBelief+Lookahead update,
-the clipped multiplier and the shuffle. The full run stops when converged (the mean
+the clipped multiplier, the shuffle and the replay of the state at the new weights
+(``--state carry``: the official code's carried state). The full run stops when converged (the mean
 radii over the batch within ``eps`` of the target) or at ``--budget`` seconds.
 """
 from __future__ import annotations
@@ -42,12 +43,12 @@ def _model(width: int, channels: int, tau_adapt: float, seed: int):
 
 
 def run(width=256, channels=700, steps=100, batch=8, rate=0.05, method="auto", n_iter=32, budget=300.0,
-        step_repeats=5, seed=0, target=1.0, eps=0.02, shuffle=True) -> dict:
+        step_repeats=5, seed=0, target=1.0, eps=0.02, shuffle=True, state="replay") -> dict:
     from ..stability.lsc import LSCConfig, lsc_pretrain
 
     g = torch.Generator().manual_seed(seed)
     x = (torch.rand(steps, batch, channels, generator=g) < rate).float()
-    cfg = dict(target=target, method=method, n_iter=n_iter, eps=eps, shuffle=shuffle)
+    cfg = dict(target=target, method=method, n_iter=n_iter, eps=eps, shuffle=shuffle, state=state)
     # one step (after one warm-up step)
     model = _model(width, channels, steps / 2, seed)
     lsc_pretrain(model, x[:2], dict(cfg, max_steps=1, keep_best=False))
@@ -67,6 +68,7 @@ def run(width=256, channels=700, steps=100, batch=8, rate=0.05, method="auto", n
         "model": f"2 x {width} ALIF, {channels} inputs",
         "input": f"T={steps}, B={batch}, spike rate {rate}",
         "shuffle": shuffle,
+        "state": state,
         "method": method if method != "auto" else ("exact" if 2 * width <= 128 else f"Arnoldi (m={n_iter}) on dense blocks"),
         "step_s": step_s,
         "full_s": full_s,
@@ -92,6 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--eps", type=float, default=0.02)
     ap.add_argument("--no-shuffle", action="store_true",
                     help="pre-train without the per-step weight shuffling (not the paper's method; for comparison)")
+    ap.add_argument("--state", default="replay", choices=["replay", "carry"],
+                    help="replay the state under the current weights (default) or carry it across updates "
+                         "(the official code)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -101,13 +106,14 @@ def main(argv=None) -> int:
     if a.quick:
         a.width, a.channels, a.steps, a.batch, a.budget = 16, 40, 10, 4, 20.0
     r = run(a.width, a.channels, a.steps, a.batch, a.rate, a.method, a.n_iter, a.budget, target=a.target, eps=a.eps,
-            shuffle=not a.no_shuffle)
+            shuffle=not a.no_shuffle, state=a.state)
     if a.json:
         print(json.dumps(r, indent=1))
         return 0
     print(f"machine: {r['cpu']}, {r['threads']} threads, torch {r['torch']}")
     print(f"model: {r['model']}; input {r['input']}; radius: {r['method']}"
-          + ("" if r["shuffle"] else "; no weight shuffling"))
+          + ("" if r["shuffle"] else "; no weight shuffling")
+          + ("; state replayed at the current weights" if r["state"] == "replay" else "; state carried across updates"))
     print("| what | wall time |")
     print("|---|---|")
     what = "Jacobians + radii + update + kappa" + (" + shuffle" if r["shuffle"] else "")

@@ -8,8 +8,11 @@ minimises, at every time step of the task inputs (eq. 2),
     L = sum_k mean_b (rho(M_{k,b}) - rho_t(k))^2        (``reduce="mean"`` divides by the number of terms)
 
 over the chosen terms k (``time/l``, ``depth/l``, ``input/0``, optionally ``readout/L``),
-with one optimiser update per time step while the state is carried forward (detached).
-After each update (paper order, ``order="grad,kappa,shuffle"``):
+with one optimiser update per time step. The next step's state is the one the updated
+weights reach on the input so far (``state="replay"``: ``x[:t+1]`` run again from the initial
+state, no gradients), so the radii are taken in the network's own states; the official code
+carries the state across updates (``state="carry"``), which after a shuffle is a state of other
+weights (``docs/decisions.md``, neurons 9). After each update (paper order, ``order="grad,kappa,shuffle"``):
 
 * **clipped weight multiplier**: ``kappa = clip(rho_t / rho_bar, 0.85, 1.15)`` with
   ``rho_bar`` the batch-mean radius of that term (the official code's rule); layer ``l``'s
@@ -118,6 +121,7 @@ class LSCConfig:
     std_thr: _POS = 0.2
     ema_steps: _COUNT = 10
     patience: _COUNT = 1                     # code: 20
+    state: Literal["replay", "carry"] = "replay"  # replay x[:t] at the current weights; code: "carry" across updates
     verify_every: _COUNT | None = None       # steps between checks of the mean radii at fixed weights (None: min(T, 25))
     verify_points: _COUNT | None = 25        # time steps measured per check (evenly spaced; None: all)
     max_steps: _COUNT = 2000
@@ -207,6 +211,18 @@ def _advance(layers, x_t, states) -> tuple:
         h, st = c.step(h, st)
         new.append(st)
     return tuple(new)
+
+
+def _replay(layers, x, batch: int, device, dtype) -> tuple:
+    """The states every layer reaches after running ``x [t, B, C]`` from its initial state
+    (each layer's sequence path; no gradients)."""
+    states = []
+    h = x
+    with torch.no_grad():
+        for c in layers:
+            h, s = c(h, c.initial_state(batch, device, dtype))
+            states.append(s)
+    return tuple(states)
 
 
 def mean_radii(model, data, config: LSCConfig | dict | None = None, *, max_batches: int | None = None,
@@ -595,7 +611,11 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
                         stop = "diverged: a parameter became NaN or inf"
                         break
                     last_good = _snapshot(model)
-                    states = new_states
+                    if cfg.state == "replay" and t + 1 < T:
+                        # the state at t+1 that the network with the current (updated, shuffled) weights reaches
+                        states = _replay(layers, x[: t + 1], B, device, dtype)
+                    else:
+                        states = new_states
                     if progress is not None:
                         progress(step, {"loss": float(loss.detach()), "deviation": worst, "radius": means})
                     if step >= cfg.max_steps:
