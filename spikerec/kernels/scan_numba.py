@@ -34,8 +34,8 @@ def supported(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _kernels():
     from . import numba_for_kernels, scan_numba_kernels as k  # numba on first use only
 
-    numba_for_kernels()
-    return k
+    nb = numba_for_kernels()
+    return k, nb.get_num_threads()
 
 
 def _flat_a(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -44,18 +44,19 @@ def _flat_a(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def scan_forward(a: torch.Tensor, b: torch.Tensor, x0: torch.Tensor | None) -> torch.Tensor:
     """All states ``x[T, ...]`` (no autograd)."""
-    k = _kernels()
+    k, threads = _kernels()
     T = b.shape[0]
     b2 = b.detach().contiguous().reshape(T, -1)
     out = torch.empty(b.shape, dtype=b.dtype)
     x0f = x0.detach().contiguous().reshape(-1) if x0 is not None else torch.zeros(1, dtype=b.dtype)
-    k.fwd(_flat_a(a.detach(), b).numpy(), b2.numpy(), x0f.numpy(), x0 is not None, out.view(T, -1).numpy())
+    k.fwd(_flat_a(a.detach(), b).numpy(), b2.numpy(), x0f.numpy(), x0 is not None, out.view(T, -1).numpy(),
+          k.block_size(b2.shape[1], threads))
     return out
 
 
 def scan_backward(a, g, x, x0, need_ga: bool):
     """``(dL/da summed to a's shape or None, Gam)`` for incoming gradient ``g`` and saved states ``x``."""
-    k = _kernels()
+    k, threads = _kernels()
     T = g.shape[0]
     ac = _flat_a(a.detach(), g)
     if ac.is_complex():
@@ -64,5 +65,6 @@ def scan_backward(a, g, x, x0, need_ga: bool):
     ga = torch.empty(g.shape[1:], dtype=g.dtype)
     x0f = x0.detach().contiguous().reshape(-1) if x0 is not None else torch.zeros(1, dtype=g.dtype)
     k.bwd(ac.numpy(), g.detach().contiguous().reshape(T, -1).numpy(), x.detach().contiguous().reshape(T, -1).numpy(),
-          x0f.numpy(), x0 is not None, bool(need_ga), gam.view(T, -1).numpy(), ga.view(-1).numpy())
+          x0f.numpy(), x0 is not None, bool(need_ga), gam.view(T, -1).numpy(), ga.view(-1).numpy(),
+          k.block_size(gam[0].numel(), threads))
     return (ga.unsqueeze(0).sum_to_size(a.shape) if need_ga else None), gam

@@ -1,22 +1,31 @@
 """The numba kernels behind :mod:`spikerec.kernels.scan_numba` (imported on first use).
 
 ``x_t = a x_{t-1} + b_t`` with ``a`` constant in time, forward and reverse, over ``[T, M]``
-(``M`` = all channels flattened); one parallel region per call, each block of channels
-running its whole time loop with the state in a small buffer.
+(``M`` = all channels flattened); one parallel region per call, each block of ``block``
+channels running its whole time loop with the state in a small buffer. The caller picks
+``block`` (:func:`block_size`): one block per thread reads each time step's row in long
+contiguous runs (measured at T = 4096, M = 12,288 complex64 on 2 threads: 512-channel blocks
+1.9x a copy of the same bytes, 6,144-channel blocks 1.3x).
 """
 import numpy as np
 from numba import njit, prange
 
-BLOCK = 512
+BLOCK = 512           # the smallest block
+MAX_BLOCK = 16384     # the largest (its state buffer stays in a core's cache)
+
+
+def block_size(M: int, threads: int) -> int:
+    """Channels per block: ``M`` split evenly over the threads, within ``[BLOCK, MAX_BLOCK]``."""
+    return max(BLOCK, min(MAX_BLOCK, -(-M // max(1, threads))))
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def fwd(a, b, x0, has_x0, out):  # pragma: no cover - compiled
+def fwd(a, b, x0, has_x0, out, block):  # pragma: no cover - compiled
     T, M = b.shape
-    nblk = (M + BLOCK - 1) // BLOCK
+    nblk = (M + block - 1) // block
     for k in prange(nblk):
-        lo = k * BLOCK
-        hi = min(M, lo + BLOCK)
+        lo = k * block
+        hi = min(M, lo + block)
         n = hi - lo
         al = a[lo:hi]
         s = x0[lo:hi].copy() if has_x0 else np.zeros(n, dtype=b.dtype)
@@ -30,13 +39,13 @@ def fwd(a, b, x0, has_x0, out):  # pragma: no cover - compiled
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def bwd(ac, g, x, x0, has_x0, need_ga, gam, ga):  # pragma: no cover - compiled
+def bwd(ac, g, x, x0, has_x0, need_ga, gam, ga, block):  # pragma: no cover - compiled
     """``gam_t = g_t + ac gam_{t+1}`` (``ac = conj(a)``) and ``ga = sum_t gam_t conj(x_{t-1})``."""
     T, M = g.shape
-    nblk = (M + BLOCK - 1) // BLOCK
+    nblk = (M + block - 1) // block
     for k in prange(nblk):
-        lo = k * BLOCK
-        hi = min(M, lo + BLOCK)
+        lo = k * block
+        hi = min(M, lo + block)
         n = hi - lo
         al = ac[lo:hi]
         s = np.zeros(n, dtype=g.dtype)
