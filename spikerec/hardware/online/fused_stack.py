@@ -40,7 +40,9 @@ from .traces_base import _STACK
 from .traces_lif import ALIFTrace
 from .traces_lru import LRUTrace
 
-__all__ = ["fused_supported", "FusedStack"]
+__all__ = ["fused_supported", "FusedStack", "any_nan"]
+
+DEFER = 32  # steps of the LRU layers' C gradient buffered before one GEMM (FusedStack.flush_rows)
 
 try:
     import numba as _nb
@@ -65,6 +67,27 @@ if _nb is not None:
                 gy[b, k] = d
                 total += d * d
         return 0.5 * total
+
+    @_nb.njit(cache=True, nogil=True)
+    def _any_nan(u):  # pragma: no cover - compiled
+        """Whether the 2-d array ``u`` holds a NaN (the stream step's input check, without a torch
+        reduction and its host round trip)."""
+        B, H = u.shape
+        for b in range(B):
+            for h in range(H):
+                if u[b, h] != u[b, h]:
+                    return True
+        return False
+
+    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
+    def _readout_mse(u, W, bias, has_b, y, target, gy, dW, db, has_w, has_db, gh):  # pragma: no cover - compiled
+        """The linear readout's forward, the package's MSE step loss with its gradient and the
+        readout's backward in one call (:func:`_linear_fwd`, :func:`_mse`, :func:`_linear_bwd`);
+        returns the loss."""
+        _linear_fwd(u, W, bias, has_b, y)
+        loss = _mse(y, target, gy)
+        _linear_bwd(gy, u, W, dW, db, has_w, has_db, gh)
+        return loss
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
     def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cr, Ci, D, dvec, y):  # pragma: no cover - compiled
@@ -135,12 +158,19 @@ if _nb is not None:
                     gh[b, j] += q * wk[j]
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _lru_bwd(gy, use_g, u, hr, hi, pr, pi, Cr, Ci, D, dvec, Br, Bi, gam, lr, li, dCr, dCi, dD, has_cr, has_ci,
-                 has_d, g, gu, need_gu, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre,
-                 has_bim):  # pragma: no cover - compiled
+    def _lru_bwd(gy, use_g, u, slot, hr, hi, pr, pi, Cr, Ci, D, dvec, Br, Bi, gam, lr, li, dCr, dCi, dD, has_cr,
+                 has_ci, has_d, g, gu, need_gu, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim,
+                 has_bre, has_bim, rows, rGY, rHR, rHI):  # pragma: no cover - compiled
         B, H = u.shape
         N = hr.shape[1]
         K = Cr.shape[0]
+        if use_g and rows:  # the rows of the deferred C gradient (FusedStack.flush_rows)
+            for b in range(B):
+                for k in range(K):
+                    rGY[slot, b, k] = gy[b, k]
+                for n in range(N):
+                    rHR[slot, b, n] = hr[b, n]
+                    rHI[slot, b, n] = hi[b, n]
         if use_g:
             tr = np.empty(N, dtype=hr.dtype)  # contiguous rows (g's fields are interleaved)
             ti = np.empty(N, dtype=hr.dtype)
@@ -246,7 +276,7 @@ if _nb is not None:
                 z[b, n] = one if vn - theta > zero else zero
 
     @_nb.njit(cache=True, nogil=True)
-    def _alif_bwd(gout, use_g, x, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, g, gin, need_gin,
+    def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, g, gin, need_gin,
                   pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
                   detach_reset):  # pragma: no cover - compiled
         """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
@@ -274,6 +304,15 @@ if _nb is not None:
                             gin[b, h] += gp * row[h]
         _alif_trace(pv, pa, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
                     detach_reset)
+
+
+def any_nan(x: torch.Tensor) -> bool | None:
+    """Whether the CPU float32/float64 2-d tensor ``x`` holds a NaN, by one compiled pass;
+    ``None`` where this check does not apply (no numba, another dtype, layout or device)."""
+    if (_nb is None or x.dim() != 2 or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64)
+            or not x.is_contiguous()):
+        return None
+    return bool(_any_nan(x.detach().numpy()))
 
 
 def _is_linear_readout(tr) -> bool:
@@ -319,6 +358,33 @@ class FusedStack:
         self.learner, self.dtype = learner, dtype
         self.gen = None
         self.gy = None  # the loss gradient buffer of the compiled MSE
+        self.rows = []  # per LRU layer: (dC_re, dC_im accumulators, rows of gy, Re h, Im h [DEFER, B, .])
+        self.fill = 0  # rows written since the last flush
+        self.restore = None  # rows from a checkpoint, copied in at the next bind
+
+    # --- the deferred output-map gradient of the LRU layers -------------------------------------
+    def flush_rows(self) -> None:
+        """Add the buffered rows to the C accumulators: ``dC_re += GY^T Re h``, ``dC_im -= GY^T Im h``
+        over the ``fill`` buffered steps (one GEMM each instead of a rank-``B`` update per step).
+        The flushes fall on the same steps in a run resumed from a checkpoint (the rows are
+        saved, :meth:`saved_rows`), so the sums are the same."""
+        f = self.fill
+        if not f:
+            return
+        for dCr, dCi, GY, HR, HI in self.rows:
+            gyt = GY[:f].reshape(-1, GY.shape[-1]).t()
+            if dCr is not None:
+                dCr.addmm_(gyt, HR[:f].reshape(-1, HR.shape[-1]))
+            if dCi is not None:
+                dCi.addmm_(gyt, HI[:f].reshape(-1, HI.shape[-1]), alpha=-1.0)
+        self.fill = 0
+
+    def saved_rows(self) -> list:
+        """The buffered rows not yet flushed, ``[(GY, Re h, Im h)]`` per LRU layer (copies)."""
+        return [tuple(b[: self.fill].clone() for b in bufs) for _, _, *bufs in self.rows]
+
+    def drop_rows(self) -> None:
+        self.fill = 0
 
     # --- binding ------------------------------------------------------------------------------
     def _bind_lru(self, l, tr, B, dummy1, dummy2):
@@ -353,10 +419,15 @@ class FusedStack:
         dvec = D.dim() == 1
         Dm = D.reshape(-1, 1) if dvec else D
         accs = [self._acc(c.C_re), self._acc(c.C_im), self._acc(c.D)]
+        K = c.C_re.shape[0]
+        rows = accs[0] is not None or accs[1] is not None
+        rbuf = torch.empty((3, DEFER, B, max(K, N)), dtype=dt) if rows else torch.zeros((3, 1, 1, 1), dtype=dt)
+        rGY, rHR, rHI = rbuf[0, :, :, :K], rbuf[1, :, :, :N], rbuf[2, :, :, :N]
+        if rows:
+            self.rows.append((accs[0], accs[1], rGY, rHR, rHI))
         st = states[l]
         pr, pi = torch.empty_like(st.x_re), torch.empty_like(st.x_im)
-        K = c.C_re.shape[0]
-        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam)  # noqa: F841 (views below)
+        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam, rbuf)  # noqa: F841 (views below)
         dD = accs[2]
         fwd = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
                _np(c.C_re.detach().to(dt).contiguous()), _np(c.C_im.detach().to(dt).contiguous()),
@@ -370,7 +441,7 @@ class FusedStack:
             gam=_np(gam), lr=_np(lam[0]), li=_np(lam[1]),
             dCr=dummy2 if accs[0] is None else accs[0].numpy(), dCi=dummy2 if accs[1] is None else accs[1].numpy(),
             dD=dummy2 if dD is None else dD.view(-1, 1).numpy() if dvec else dD.numpy(),
-            has_cr=accs[0] is not None, has_ci=accs[1] is not None, has_d=dD is not None,
+            has_cr=False, has_ci=False, has_d=dD is not None,  # C: deferred rows (flush_rows)
             g=gbuf.numpy(), gu=gu.numpy(), need_gu=l > 0,
             wnu=dummy2 if wnu is None else wnu.numpy(), wth=dummy2 if wth is None else wth.numpy(), cols=cols,
             ev=ev.numpy(), em=em.numpy() if mat else ev[:1, :1, :1, :1].numpy(), has_mat=mat,
@@ -385,7 +456,8 @@ class FusedStack:
         bargs = (a["hr"], a["hi"], a["pr"], a["pi"], a["Cr"], a["Ci"], a["D"], a["dvec"], a["Br"], a["Bi"], a["gam"],
                  a["lr"], a["li"], a["dCr"], a["dCi"], a["dD"], a["has_cr"], a["has_ci"], a["has_d"], a["g"], a["gu"],
                  a["need_gu"], a["wnu"], a["wth"], a["cols"], a["ev"], a["em"], a["has_mat"], a["G_nu"], a["G_th"],
-                 a["G_ga"], a["G_bre"], a["G_bim"], a["has_bre"], a["has_bim"])
+                 a["G_ga"], a["G_bre"], a["G_bim"], a["has_bre"], a["has_bim"], rows, rGY.numpy(), rHR.numpy(),
+                 rHI.numpy())
         return _lru_fwd, fargs, _lru_bwd, bargs, 20, (keep, y, gu)
 
     def _bind_alif(self, l, tr, B, dummy1, dummy2):
@@ -452,6 +524,8 @@ class FusedStack:
     def bind(self):
         lr_ = self.learner
         dt = self.dtype
+        self.flush_rows()  # into the accumulators bound so far
+        self.rows = []
         states = lr_.states
         B = states[0][0].shape[0]
         for l, s in enumerate(states):  # own contiguous tensors, updated in place
@@ -478,31 +552,53 @@ class FusedStack:
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         self.gen = lr_._gen
+        if self.restore is not None:  # rows of a checkpoint (state_tensors), not yet added
+            saved, self.restore = self.restore, None
+            if len(saved) != len(self.rows):
+                raise ValueError(f"OnlineLearner checkpoint: {len(saved)} deferred C-gradient buffers, this "
+                                 f"stack has {len(self.rows)}")
+            for (_, _, *bufs), got in zip(self.rows, saved):
+                for buf, t in zip(bufs, got):
+                    buf[: t.shape[0]].copy_(t)
+                self.fill = got[0].shape[0]
 
     # --- one step -------------------------------------------------------------------------------
-    def step(self, x_t, closure, value_and_grad=None, mse_target=None):
+    def step(self, x_t, closure, value_and_grad=None, mse_target=None, check_nan=False):
         """Forward, loss gradient, spatial backward and trace step of every layer; returns
         ``(y_t, loss_t)`` (``loss_t`` ``None`` without a loss). ``mse_target`` (a contiguous
         tensor of the stack's dtype): the loss is ``mse_step_loss(y_t, mse_target)``, computed
-        with its gradient in one compiled call."""
+        with its gradient in one compiled call. ``check_nan``: raise for NaN in ``x_t`` (before
+        any state changes)."""
         if self.gen != self.learner._gen:
             self.bind()
         x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
         u = x.numpy()
+        if check_nan and _any_nan(u):  # before any state changes
+            raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
         ins = []
         for f, fa in self.fwd_args:
             ins.append(u)
             f(u, *fa)
             u = fa[-1]
+        if mse_target is not None:  # readout, loss, loss gradient and readout backward in one call
+            gy = self.gy
+            if gy is None or gy.shape != self.ystate[0].shape:
+                gy = self.gy = torch.empty_like(self.ystate[0])
+            loss = torch.scalar_tensor(_readout_mse(u, *self.ro_args, self.yout_np, mse_target.numpy(), gy.numpy(),
+                                                    *self.ro_bwd[1:], self.gh_np), dtype=self.dtype)
+            y_t = self.ystate[0].clone()
+            gcur = self.gh_np
+            slot = self.fill
+            for l in range(len(self.layers) - 1, -1, -1):
+                f, ba, gi = self.bwd_args[l]
+                f(gcur, True, ins[l], slot, *ba)
+                gcur = ba[gi]
+            self._row_written()
+            return y_t, loss
         _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
         loss = gy = None
-        if mse_target is not None:
-            gy = self.gy
-            if gy is None or gy.shape != y_t.shape:
-                gy = self.gy = torch.empty_like(y_t)
-            loss = torch.scalar_tensor(_mse(self.yout_np, mse_target.numpy(), gy.numpy()), dtype=self.dtype)
-        elif closure is not None:
+        if closure is not None:
             if value_and_grad is not None:  # closed form: (loss, d loss / d y) or None (no loss here)
                 lg = value_and_grad(y_t)
                 if lg is not None:
@@ -526,8 +622,17 @@ class FusedStack:
             gcur = self.gh_np
         else:
             gcur = self.ro_args[0][:0]  # unused
+        slot = self.fill
         for l in range(len(self.layers) - 1, -1, -1):
             f, ba, gi = self.bwd_args[l]
-            f(gcur, use_g, ins[l], *ba)
+            f(gcur, use_g, ins[l], slot, *ba)
             gcur = ba[gi]  # the error reaching the layer's input
+        if use_g:
+            self._row_written()
         return y_t, loss
+
+    def _row_written(self):
+        if self.rows:
+            self.fill += 1
+            if self.fill == DEFER:
+                self.flush_rows()

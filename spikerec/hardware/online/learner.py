@@ -61,7 +61,7 @@ from ...layers.lif import LIF
 from ...layers.lru import LRU
 from ...layers.readout import LeakyReadout
 from .block import block_supported, closed_form_block
-from .fused_stack import FusedStack, fused_supported
+from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
@@ -357,7 +357,9 @@ class OnlineLearner:
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
-        self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t")
+        fused = self._fused_stack if self.mode == "stream" else None
+        # the whole-stack step checks x_t for NaN in its own compiled pass (same error)
+        self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t", nan=fused is None)
         if target_t is not None:
             if self.loss is None:
                 raise ValueError("OnlineLearner.step: a target was given but the learner has no loss; "
@@ -376,9 +378,9 @@ class OnlineLearner:
             vg = None if target_t is None or compiled_mse else getattr(self.loss, "value_and_grad", None)
             vg = None if vg is None else (lambda y, vg=vg: vg(y, target_t))
             if compiled_mse:
-                y, l = fused.step(x_t, None, mse_target=target_t)  # the package's MSE: one compiled call
+                y, l = fused.step(x_t, None, mse_target=target_t, check_nan=True)  # the package's MSE: one call
             elif fused is not None:
-                y, l = fused.step(x_t, self._closure(target_t, self.steps), vg)
+                y, l = fused.step(x_t, self._closure(target_t, self.steps), vg, check_nan=True)
             elif self._fast_kinds is not None and self.mode == "stream":
                 y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps), vg)
             else:
@@ -448,6 +450,8 @@ class OnlineLearner:
     def discard(self) -> None:
         """Drop the accumulated (not yet applied) gradient estimate."""
         self._finish_block(carry=True)
+        if self._fused_stack is not None:
+            self._fused_stack.drop_rows()
         self.spatial = {}
         for ts in self._traces:
             ts.G = {}
@@ -539,6 +543,12 @@ class OnlineLearner:
         names = {p: n for n, p in self.model.named_parameters()}
         for p, v in self.spatial.items():
             tensors[f"spatial/{names[p]}"] = v
+        if self._fused_stack is not None:  # buffered rows of the LRU layers' C gradient, stored as they are
+            rows = self._fused_stack.saved_rows()
+            meta["fused_rows"] = len(rows)
+            for j, bufs in enumerate(rows):
+                for name, v in zip(("gy", "h_re", "h_im"), bufs):
+                    tensors[f"fused_rows/{j}/{name}"] = v
         meta["pending"] = []
         for j, (x_t, target_t, step_no) in enumerate(self._pending):
             tensors[f"pending/{j}/x"] = x_t
@@ -583,7 +593,7 @@ class OnlineLearner:
                 ts = self._traces[int(l)]
                 d = {"trace_vec": ts.vec, "trace_mat": ts.mat, "acc": ts.G}[kind]
                 d[_unkey(n)] = v.clone()
-            elif kind in ("pending", "block_start"):
+            elif kind in ("pending", "block_start", "fused_rows"):
                 continue
             elif kind == "spatial":
                 if rest not in named:
@@ -598,6 +608,12 @@ class OnlineLearner:
         self._fused_stack = None
         if self._fast_kinds is not None and self.fused is not False and fused_supported(self, s0.dtype, s0.device):
             self._fused_stack = FusedStack(self, s0.dtype)
+        rows = [tuple(tensors[f"fused_rows/{j}/{n}"] for n in ("gy", "h_re", "h_im"))
+                for j in range(int(meta.get("fused_rows", 0)))]
+        if rows and self._fused_stack is not None:
+            self._fused_stack.restore = rows
+        elif rows:  # this learner takes another path: add the rows now
+            self._add_saved_rows(rows)
         self._gen += 1
 
     # --- internals ------------------------------------------------------------------------------
@@ -627,8 +643,12 @@ class OnlineLearner:
     def _check_nan(self, x_t, name):
         if not x_t.is_floating_point():
             return
-        if x_t.device.type == "cpu":  # a NaN makes the sum NaN: one reduction decides (then look, for inf - inf)
-            if not math.isnan(x_t.detach().sum().item()) or not bool(torch.isnan(x_t).any()):
+        if x_t.device.type == "cpu":
+            found = any_nan(x_t)  # one compiled pass where it applies
+            if found is False:
+                return
+            # a NaN makes the sum NaN: one reduction decides (then look, for inf - inf)
+            if found is None and (not math.isnan(x_t.detach().sum().item()) or not bool(torch.isnan(x_t).any())):
                 return
         elif not bool(torch.isnan(x_t).any()):
             return
@@ -645,7 +665,7 @@ class OnlineLearner:
         if bool(bad.any()):
             raise ValueError(f"OnlineLearner input x (step {t0 + int(bad.nonzero()[0, 0])}): contains NaN values")
 
-    def _check_step(self, x_t, name, start=True):
+    def _check_step(self, x_t, name, start=True, nan=True):
         C = self.model.input_size
         if not isinstance(x_t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor of shape [B, {C}], got {type(x_t).__name__}")
@@ -661,7 +681,8 @@ class OnlineLearner:
             if x_t.shape[0] != B:
                 raise ValueError(f"{name}: batch size {x_t.shape[0]}, but the stream runs with batch {B} "
                                  f"(call reset() on a new learner for another batch size)")
-        self._check_nan(x_t, name)
+        if nan or self._fused_stack is None:
+            self._check_nan(x_t, name)
 
     def _check_target(self, target_t):
         name = f"OnlineLearner.step (step {self.steps}) target_t"
@@ -687,6 +708,7 @@ class OnlineLearner:
         self._begin_traces(device)
         self.steps, self.since_update = 0, 0
         self._pending, self._block_start, self._target_shape = [], None, None
+        self._flush_rows()  # a previous stream's buffered rows belong to the accumulated estimate
         self._fused_stack = None
         if self._fast_kinds is not None and self.fused is not False and fused_supported(self, dtype, device):
             self._fused_stack = FusedStack(self, dtype)
@@ -955,12 +977,34 @@ class OnlineLearner:
                 chunk_contract(self.traces[i], P, gs[i], carry)
         return None if total is None else total.detach()
 
+    def _flush_rows(self):
+        """Add the whole-stack step's buffered C-gradient rows to the accumulators."""
+        fs = getattr(self, "_fused_stack", None)
+        if fs is not None:
+            fs.flush_rows()
+
+    def _add_saved_rows(self, rows):
+        """Add C-gradient rows saved by a learner that took the whole-stack step (:meth:`load_state_tensors`)."""
+        lru = [tr.cell for tr in self.tracers if isinstance(tr, LRUTrace) and
+               (tr.cell.C_re.requires_grad or tr.cell.C_im.requires_grad)]
+        if len(lru) != len(rows):
+            raise ValueError(f"OnlineLearner checkpoint: {len(rows)} deferred C-gradient buffers, the model has "
+                             f"{len(lru)} LRU layers with a trained C")
+        with torch.no_grad():
+            for c, (gy, hr, hi) in zip(lru, rows):
+                gyt = gy.reshape(-1, gy.shape[-1]).t()
+                for p, h, sign in ((c.C_re, hr, 1.0), (c.C_im, hi, -1.0)):
+                    if p.requires_grad:
+                        g = sign * (gyt @ h.reshape(-1, h.shape[-1])).to(p.dtype)
+                        self.spatial[p] = self.spatial[p] + g if p in self.spatial else g
+
     def _flush(self):
         """Add the accumulated estimate to ``.grad`` and reset the accumulators. Parameters the
         rule does not train get a zero gradient (not ``None``), so clipping and norm logging see
         every parameter."""
         if not hasattr(self, "traces"):
             return
+        self._flush_rows()
         with torch.no_grad():
             extra: dict = {}
             for ts in self.traces:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
-           "alif_block_numba"]
+           "alif_block_numba", "lru_block_scan_numba", "lru_block_sums_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -449,3 +449,103 @@ def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_
                 dummy4 if ew is None else ew.numpy(), dummy4 if er is None else er.numpy(), ew is not None,
                 er is not None, G_vec.numpy(), z2 if G_w is None else G_w.numpy(), z2 if G_r is None else G_r.numpy(),
                 z1 if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset))
+
+
+# --- the chunked block of one LRU layer ------------------------------------------------------
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lru_block_scan(u, lr, li, h0r, h0i, pr, pi, nr, ni):  # pragma: no cover - compiled
+        """``h_k = lam h_{k-1} + u_k`` on (Re, Im) pairs over a block: ``u [K, B, 2N]`` (Re in
+        columns ``:N``, Im in ``N:``), the state before the block ``h0r, h0i [B, N]``; writes the
+        states before (``pr, pi``) and after (``nr, ni``) each step, ``[K, B, N]``."""
+        K, B, _ = u.shape
+        N = lr.shape[0]
+        for b in range(B):
+            for n in range(N):
+                pr[0, b, n] = h0r[b, n]
+                pi[0, b, n] = h0i[b, n]
+        for k in range(K):
+            for b in range(B):
+                uk = u[k, b]
+                p_r, p_i, o_r, o_i = pr[k, b], pi[k, b], nr[k, b], ni[k, b]
+                for n in range(N):
+                    a, c = lr[n], li[n]
+                    x0, x1 = p_r[n], p_i[n]
+                    o_r[n] = (a * x0 - c * x1) + uk[n]
+                    o_i[n] = (a * x1 + c * x0) + uk[N + n]
+                if k + 1 < K:
+                    q_r, q_i = pr[k + 1, b], pi[k + 1, b]
+                    for n in range(N):
+                        q_r[n] = o_r[n]
+                        q_i[n] = o_i[n]
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lru_block_sums(pr, pi, nr, ni, gh, use_g, lr, li, PK, need_h, need_u, carry, S_h, S_u, Q_h,
+                        Q_u):  # pragma: no cover - compiled
+        """The per-neuron sums of :meth:`.traces_lru.LRUTrace.block_contract` in one pass over the
+        block (complex numbers as (Re, Im) pairs; ``u_k = h_k - lam hp_k``):
+
+            S_h[n] = sum_{k,b} conj(gh_k) hp_k,     S_u[n] = sum_{k,b} conj(gh_k) u_k     (with ``use_g``)
+            Q_h[b, n] = sum_k PK_k hp_k,            Q_u[b, n] = sum_k PK_k u_k              (with ``carry``)
+
+        ``pr, pi, nr, ni [K, B, N]`` the states before/after each step, ``gh [K, B, N, 2]`` the
+        reverse-filtered error, ``PK [K, N, 2]`` the powers ``lam^(K-1-k)``; outputs (Re, Im)
+        ``S_* [2, N]``, ``Q_* [2, B, N]`` (overwritten)."""
+        K, B, N = pr.shape
+        zero = pr.dtype.type(0)
+        S_h[:] = zero
+        S_u[:] = zero
+        Q_h[:] = zero
+        Q_u[:] = zero
+        for k in range(K):
+            for b in range(B):
+                for n in range(N):
+                    p0, p1 = pr[k, b, n], pi[k, b, n]
+                    a, c = lr[n], li[n]
+                    u0 = nr[k, b, n] - (a * p0 - c * p1)
+                    u1 = ni[k, b, n] - (a * p1 + c * p0)
+                    if use_g:
+                        g0, g1 = gh[k, b, n, 0], gh[k, b, n, 1]
+                        if need_h:  # conj(g) p = g0 p0 + g1 p1 + i (g0 p1 - g1 p0)
+                            S_h[0, n] += g0 * p0 + g1 * p1
+                            S_h[1, n] += g0 * p1 - g1 * p0
+                        if need_u:
+                            S_u[0, n] += g0 * u0 + g1 * u1
+                            S_u[1, n] += g0 * u1 - g1 * u0
+                    if carry:
+                        w0, w1 = PK[k, n, 0], PK[k, n, 1]
+                        if need_h:
+                            Q_h[0, b, n] += w0 * p0 - w1 * p1
+                            Q_h[1, b, n] += w0 * p1 + w1 * p0
+                        if need_u:
+                            Q_u[0, b, n] += w0 * u0 - w1 * u1
+                            Q_u[1, b, n] += w0 * u1 + w1 * u0
+
+
+def lru_block_scan_numba(u, lr, li, h0r, h0i):
+    """:func:`_lru_block_scan` on torch tensors: ``u [K, B, 2N]``; returns the states before and
+    after each step, ``(pr, pi, nr, ni)``, each ``[K, B, N]``."""
+    K, B, _ = u.shape
+    N = lr.shape[0]
+    out = torch.empty((4, K, B, N), dtype=u.dtype)
+    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    _lru_block_scan(c(u), c(lr), c(li), c(h0r), c(h0i), out[0].numpy(), out[1].numpy(), out[2].numpy(),
+                    out[3].numpy())
+    return out[0], out[1], out[2], out[3]
+
+
+def lru_block_sums_numba(pr, pi, nr, ni, gh, lr, li, PK, need_h: bool, need_u: bool):
+    """:func:`_lru_block_sums` on torch tensors (``gh [K, B, N, 2]`` or ``None``, ``PK [K, N, 2]``
+    or ``None``: no carry); returns ``(S_h, S_u [2, N], Q_h, Q_u [2, B, N])``."""
+    K, B, N = pr.shape
+    dt = pr.dtype
+    S = torch.empty((2, 2, N), dtype=dt)
+    Q = torch.empty((2, 2, B, N), dtype=dt)
+    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    dummy = np.zeros((1, 1, 2), dtype=S.numpy().dtype)
+    _lru_block_sums(c(pr), c(pi), c(nr), c(ni), dummy[None] if gh is None else c(gh), gh is not None, c(lr), c(li),
+                    dummy if PK is None else c(PK), bool(need_h), bool(need_u), PK is not None, S[0].numpy(),
+                    S[1].numpy(), Q[0].numpy(), Q[1].numpy())
+    return S[0], S[1], Q[0], Q[1]

@@ -184,6 +184,21 @@ def _lru_out(c, u, new):
     return y.addmm_(new.x_im, c.C_im.detach().t(), alpha=-1.0)
 
 
+def _lru_interleaved(tr, dtype):
+    """``C`` and ``gamma B`` with the (Re, Im) parts of each neuron side by side, so that one
+    GEMM gives ``g = (g_re, g_im)`` interleaved (``g_re = gy C_re``, ``g_im = -gy C_im``) and one
+    gives the input error ``(gamma g_re) B_re + (gamma g_im) B_im``; per-sequence constants."""
+    k = tr.consts(dtype)
+    out = k.get("interleaved")
+    if out is None:
+        c = tr.cell
+        C = torch.stack([c.C_re.detach(), -c.C_im.detach()], -1).flatten(1).to(dtype)  # [K, 2N]
+        gam = k["gam"][:, None]
+        Bm = torch.stack([gam * c.B_re.detach(), gam * c.B_im.detach()], 1).flatten(0, 1).to(dtype)  # [2N, H]
+        out = k["interleaved"] = (C, Bm)
+    return out
+
+
 def _spatial_backward(learner, kinds, recs, gy):
     """``g^l_t`` ``[B, N, k]`` per layer (``None`` without a loss) and the output-map gradients
     added to ``learner.spatial``."""
@@ -206,8 +221,8 @@ def _spatial_backward(learner, kinds, recs, gy):
             gs[l] = g_out.unsqueeze(-1)
             g_out = g_out @ c.weight.detach()
         elif kind == "lru":
-            g_re = g_out @ c.C_re.detach()
-            g_im = -(g_out @ c.C_im.detach())
+            Ci, Bi = _lru_interleaved(tr, g_out.dtype)
+            g = g_out @ Ci  # [rows, 2N]: (Re, Im) of g per neuron, side by side
             _acc_mm(sp, c.C_re, g_out.t(), new.x_re)
             _acc_mm(sp, c.C_im, g_out.t(), new.x_im, -1.0)
             D = c.D.detach()
@@ -217,17 +232,17 @@ def _spatial_backward(learner, kinds, recs, gy):
             else:
                 _acc_mm(sp, c.D, g_out.t(), h_in)
                 gu = g_out @ D
-            gs[l] = torch.stack([g_re, g_im], -1)
+            gs[l] = g.view(g.shape[0], -1, 2)
             if l > 0:
-                k = tr.consts(h_in.dtype)
-                gam = k["gam"]
-                g_out = gu + (g_re * gam) @ c.B_re.detach() + (g_im * gam) @ c.B_im.detach()
+                g_out = torch.addmm(gu, g, Bi)
         else:  # alif
             b, beta = c.b.detach(), c.beta.detach()
             gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
             _acc(sp, c.b, gp.sum(0), -1.0)
             _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
-            gs[l] = torch.stack([gp, -beta * gp], -1)
+            gl = gs[l] = torch.empty((*gp.shape, 2), dtype=gp.dtype, device=gp.device)
+            gl[..., 0] = gp
+            torch.mul(gp, -beta, out=gl[..., 1])
             if l > 0:
                 g_out = gp @ c.weight.detach()
     return gs

@@ -24,7 +24,7 @@ import torch
 
 from ...kernels import scan_numba
 from ...scan import linear_scan
-from .numba_kernels import lru_trace_step_numba, numba_available
+from .numba_kernels import lru_block_scan_numba, lru_block_sums_numba, lru_trace_step_numba, numba_available
 from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
@@ -133,6 +133,15 @@ class LRUTrace(LayerTrace):
         gives from the previous ones, here without a second input projection)."""
         k = self.consts(x.dtype)
         N = k["N"]
+        if self._compiled_block(x):
+            K, B = x.shape[0], x.shape[1]
+            u = torch.mm(x.reshape(K * B, -1), k["Bt"]).mul_(k["gam2"]).view(K, B, 2 * N)
+            pr, pi, nr, ni = lru_block_scan_numba(u, k["lr"], k["li"], state.x_re, state.x_im)
+            prev = type(state)(pr.view(K * B, N), pi.view(K * B, N))
+            last = type(state)(nr[-1].clone(), ni[-1].clone())
+            if not with_new:
+                return prev, last
+            return prev, last, type(state)(nr.view(K * B, N), ni.view(K * B, N))
         u = k["gam2"] * (x @ k["Bt"])
         hs = _scan(torch.complex(k["lr"], k["li"]), torch.complex(u[..., :N], u[..., N:]),
                    torch.complex(state.x_re, state.x_im))
@@ -144,6 +153,12 @@ class LRUTrace(LayerTrace):
             return type(state)(re, im), last
         new = type(state)(hs.real.reshape(K * B, N), hs.imag.reshape(K * B, N))
         return type(state)(re, im), last, new
+
+    def _compiled_block(self, x) -> bool:
+        """Whether the block's scan and sums run as compiled loops (:mod:`.numba_kernels`): CPU
+        float32/float64 tensors of the parameters' dtype, numba installed."""
+        return (numba_available() and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+                and self.cell.B_re.dtype == x.dtype and not x.requires_grad)
 
     def reverse_filter(self, G):
         """``gh_k = g_k + J^T gh_{k+1}`` over a block, ``G [K, B, N, 2]``: ``J^T`` is the
@@ -187,9 +202,12 @@ class LRUTrace(LayerTrace):
         self._block_matrix(ts, k, x, ghc, carry and use_J, use_J, PK, lamK, lam, K, B, N)
         if not names:
             return
+        w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
+        if self._compiled_block(x):
+            self._block_vec_compiled(ts, k, prev, new, ghc, carry and use_J, use_J, names, w, PK, lamK, lam, K, B, N)
+            return
         hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
         u = torch.complex(new.x_re, new.x_im) - lam * hp
-        w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
         if ghc is not None:
             ghf = ghc.reshape(K * B, N).conj_physical()
             if w:
@@ -209,6 +227,37 @@ class LRUTrace(LayerTrace):
         Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if w else None  # [B, N]
         for n in names:
             q = w[n] * Q_h if n in w else (PK[:, None] * u.reshape(K, B, N)).sum(0)
+            e = ts.vec.get(n)
+            if e is not None:
+                q = q + lamK * torch.complex(e[..., 0], e[..., 1])
+            ts.vec[n] = torch.stack([q.real, q.imag], -1)
+
+    def _block_vec_compiled(self, ts, k, prev, new, ghc, carry, use_J, names, w, PK, lamK, lam, K, B, N) -> None:
+        """The per-neuron part of :meth:`block_contract` with its block sums in one compiled pass
+        (:func:`.numba_kernels.lru_block_sums_numba`); the same formulas."""
+        need_u = "gamma_log" in names
+        S_h, S_u, Q_h, Q_u = lru_block_sums_numba(
+            prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
+            new.x_im.reshape(K, B, N), None if ghc is None else torch.view_as_real(ghc), k["lr"], k["li"],
+            torch.view_as_real(PK) if carry else None, bool(w), need_u)
+        if ghc is not None:
+            if w:
+                S = torch.complex(S_h[0], S_h[1])
+                for n, wn in w.items():
+                    ts.add(n, (wn * S).real)
+            if need_u:
+                ts.add("gamma_log", S_u[0].clone())
+            if use_J:
+                b0 = lam * ghc[0].conj_physical()  # [B, N]
+                for n in names:
+                    e = ts.vec.get(n)
+                    if e is not None:
+                        ts.add(n, (b0 * torch.complex(e[..., 0], e[..., 1])).sum(0).real)
+        if not carry:
+            return
+        Q_hc = torch.complex(Q_h[0], Q_h[1]) if w else None
+        for n in names:
+            q = w[n] * Q_hc if n in w else torch.complex(Q_u[0], Q_u[1])
             e = ts.vec.get(n)
             if e is not None:
                 q = q + lamK * torch.complex(e[..., 0], e[..., 1])
