@@ -88,6 +88,32 @@ def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
     assert any(g.abs().sum() > 0 for g in g1.values())
 
 
+@pytest.mark.parametrize("rule", ["full", "trunc1"])
+def test_lru_compiled_block_equals_its_torch_form(rule, monkeypatch):
+    """LRU layers in chunked mode: the compiled block scan and block sums
+    (numba_kernels.lru_block_scan_numba / lru_block_sums_numba) equal the torch form (complex
+    scan and sums), traces and gradients, with a per-sample reset and steps without a loss."""
+    from spikerec.hardware.online import traces_lru
+
+    model = build("lru", False)
+    T, B = 17, 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    resets = [(6, torch.tensor([True, False, True]))]
+    calls = []
+    real = traces_lru.lru_block_sums_numba
+    monkeypatch.setattr(traces_lru, "lru_block_sums_numba", lambda *a: calls.append(1) or real(*a))
+    y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule, chunk=5)
+    assert calls, "the compiled block was not taken"
+    monkeypatch.setattr(traces_lru.LRUTrace, "_compiled_block", lambda self, x: False)
+    calls.clear()
+    y0, l0, tr0, g0 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule, chunk=5)
+    assert not calls
+    assert torch.allclose(y0, y1, rtol=0, atol=1e-12) and torch.allclose(l0, l1, rtol=0, atol=1e-12)
+    close(tr0, tr1)
+    close(g0, g1)
+    assert g1["cells.0.nu_log"].abs().sum() > 0 and g1["cells.0.B_re"].abs().sum() > 0
+
+
 @pytest.mark.parametrize("detach,surrogate", [(True, SURR), (False, "atan")])
 def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surrogate, monkeypatch):
     """Recurrent ALIF layers: the compiled block contraction (ALIFTrace.block_contract) equals the
