@@ -499,29 +499,49 @@ if _HAVE_NUMBA:
         S_u[:] = zero
         Q_h[:] = zero
         Q_u[:] = zero
+        u0 = np.empty(N, dtype=pr.dtype)
+        u1 = np.empty(N, dtype=pr.dtype)
+        g0 = np.empty(N, dtype=pr.dtype)
+        g1 = np.empty(N, dtype=pr.dtype)
+        w0 = np.empty(N, dtype=pr.dtype)
+        w1 = np.empty(N, dtype=pr.dtype)
+        Sh0, Sh1, Su0, Su1 = S_h[0], S_h[1], S_u[0], S_u[1]
+        # branch-free inner loops over the neurons on contiguous rows (the flags are tested once
+        # per row; the interleaved (Re, Im) inputs are split into rows first)
         for k in range(K):
-            for b in range(B):
+            if carry:
                 for n in range(N):
-                    p0, p1 = pr[k, b, n], pi[k, b, n]
-                    a, c = lr[n], li[n]
-                    u0 = nr[k, b, n] - (a * p0 - c * p1)
-                    u1 = ni[k, b, n] - (a * p1 + c * p0)
-                    if use_g:
-                        g0, g1 = gh[k, b, n, 0], gh[k, b, n, 1]
-                        if need_h:  # conj(g) p = g0 p0 + g1 p1 + i (g0 p1 - g1 p0)
-                            S_h[0, n] += g0 * p0 + g1 * p1
-                            S_h[1, n] += g0 * p1 - g1 * p0
-                        if need_u:
-                            S_u[0, n] += g0 * u0 + g1 * u1
-                            S_u[1, n] += g0 * u1 - g1 * u0
-                    if carry:
-                        w0, w1 = PK[k, n, 0], PK[k, n, 1]
-                        if need_h:
-                            Q_h[0, b, n] += w0 * p0 - w1 * p1
-                            Q_h[1, b, n] += w0 * p1 + w1 * p0
-                        if need_u:
-                            Q_u[0, b, n] += w0 * u0 - w1 * u1
-                            Q_u[1, b, n] += w0 * u1 + w1 * u0
+                    w0[n] = PK[k, n, 0]
+                    w1[n] = PK[k, n, 1]
+            for b in range(B):
+                p0, p1, h0, h1 = pr[k, b], pi[k, b], nr[k, b], ni[k, b]
+                if need_u:
+                    for n in range(N):
+                        u0[n] = h0[n] - (lr[n] * p0[n] - li[n] * p1[n])
+                        u1[n] = h1[n] - (lr[n] * p1[n] + li[n] * p0[n])
+                if use_g:
+                    for n in range(N):
+                        g0[n] = gh[k, b, n, 0]
+                        g1[n] = gh[k, b, n, 1]
+                    if need_h:  # conj(g) p = g0 p0 + g1 p1 + i (g0 p1 - g1 p0)
+                        for n in range(N):
+                            Sh0[n] += g0[n] * p0[n] + g1[n] * p1[n]
+                            Sh1[n] += g0[n] * p1[n] - g1[n] * p0[n]
+                    if need_u:
+                        for n in range(N):
+                            Su0[n] += g0[n] * u0[n] + g1[n] * u1[n]
+                            Su1[n] += g0[n] * u1[n] - g1[n] * u0[n]
+                if carry:
+                    if need_h:
+                        Qh0, Qh1 = Q_h[0, b], Q_h[1, b]
+                        for n in range(N):
+                            Qh0[n] += w0[n] * p0[n] - w1[n] * p1[n]
+                            Qh1[n] += w0[n] * p1[n] + w1[n] * p0[n]
+                    if need_u:
+                        Qu0, Qu1 = Q_u[0, b], Q_u[1, b]
+                        for n in range(N):
+                            Qu0[n] += w0[n] * u0[n] - w1[n] * u1[n]
+                            Qu1[n] += w0[n] * u1[n] + w1[n] * u0[n]
 
 
 def lru_block_scan_numba(u, lr, li, h0r, h0i):
