@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
-           "alif_block_numba", "lru_block_scan_numba", "lru_block_sums_numba"]
+           "alif_block_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -542,6 +542,39 @@ if _HAVE_NUMBA:
                         for n in range(N):
                             Qu0[n] += w0[n] * u0[n] - w1[n] * u1[n]
                             Qu1[n] += w0[n] * u1[n] + w1[n] * u0[n]
+
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lru_matrix_carry(q, gam, Lr, Li, e, has_e, out):  # pragma: no cover - compiled
+        """The carried input-matrix trace ``out[n, b] = gamma_n q[n, :, b] + lam_n^K e[n, b]`` on
+        (Re, Im) rows: ``q [N, 2, B, H]`` (the GEMM ``sum_k lam^(K-1-k) x_k``), ``e, out [N, B, 2, H]``."""
+        N, _, B, H = q.shape
+        for n in range(N):
+            gm, a, c = gam[n], Lr[n], Li[n]
+            for b in range(B):
+                q0, q1, o0, o1 = q[n, 0, b], q[n, 1, b], out[n, b, 0], out[n, b, 1]
+                if has_e:
+                    e0, e1 = e[n, b, 0], e[n, b, 1]
+                    for h in range(H):
+                        o0[h] = gm * q0[h] + (a * e0[h] - c * e1[h])
+                        o1[h] = gm * q1[h] + (a * e1[h] + c * e0[h])
+                else:
+                    for h in range(H):
+                        o0[h] = gm * q0[h]
+                        o1[h] = gm * q1[h]
+
+
+def lru_matrix_carry_numba(q, gam, lamK, e):
+    """:func:`_lru_matrix_carry` on torch tensors (``e`` ``[N, B, 2, H]`` or ``None``); returns
+    the new trace ``[N, B, 2, H]``."""
+    N, _, B, H = q.shape
+    out = torch.empty((N, B, 2, H), dtype=q.dtype)
+    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    _lru_matrix_carry(c(q), c(gam), c(lamK.real), c(lamK.imag), out.numpy() if e is None else c(e), e is not None,
+                      out.numpy())
+    return out
 
 
 def lru_block_scan_numba(u, lr, li, h0r, h0i):

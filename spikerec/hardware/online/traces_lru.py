@@ -24,7 +24,8 @@ import torch
 
 from ...kernels import scan_numba
 from ...scan import linear_scan
-from .numba_kernels import lru_block_scan_numba, lru_block_sums_numba, lru_trace_step_numba, numba_available
+from .numba_kernels import (lru_block_scan_numba, lru_block_sums_numba, lru_matrix_carry_numba, lru_trace_step_numba,
+                            numba_available)
 from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
@@ -300,6 +301,9 @@ class LRUTrace(LayerTrace):
         pk = k.get(("PK_rows", K))
         if pk is None:  # (Re, Im) of lam^(K-1-k) side by side: one GEMM for both parts
             pk = k[("PK_rows", K)] = torch.view_as_real(PK).reshape(K, 2 * N).t().contiguous()  # [2N, K]
+        if self._compiled_block(x):  # gamma q + lam^K e in one compiled pass into the new layout
+            ts.mat["B_re"] = lru_matrix_carry_numba((pk @ X).view(N, 2, B, H), gam, lamK, e)
+            return
         q = (pk @ X).view(N, 2, B, H).mul_(gam[:, None, None, None]).transpose(1, 2).contiguous()  # [N, B, 2, H]
         if e is not None:  # + lam^K e on (Re, Im) pairs
             er, ei = e[:, :, 0], e[:, :, 1]
