@@ -204,50 +204,26 @@ class LRUTrace(LayerTrace):
         if not names:
             return
         w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
-        if self._compiled_block(x):
-            self._block_vec_compiled(ts, k, prev, new, ghc, carry and use_J, use_J, names, w, PK, lamK, lam, K, B, N)
-            return
-        hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
-        u = torch.complex(new.x_re, new.x_im) - lam * hp
+        need_u, carry = "gamma_log" in names, carry and use_J
+        if self._compiled_block(x):  # the block sums in one compiled pass (the same formulas)
+            parts = lru_block_sums_numba(
+                prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
+                new.x_im.reshape(K, B, N), None if ghc is None else torch.view_as_real(ghc), k["lr"], k["li"],
+                torch.view_as_real(PK) if carry else None, bool(w), need_u)
+            S_h, S_u, Q_h, Q_u = (torch.complex(p[0], p[1]) for p in parts)
+        else:
+            hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
+            u = torch.complex(new.x_re, new.x_im) - lam * hp
+            ghf = None if ghc is None else ghc.reshape(K * B, N).conj_physical()
+            S_h = (ghf * hp).sum(0) if ghf is not None and w else None
+            S_u = (ghf * u).sum(0) if ghf is not None and need_u else None
+            Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if carry and w else None  # [B, N]
+            Q_u = (PK[:, None] * u.reshape(K, B, N)).sum(0) if carry and need_u else None
         if ghc is not None:
-            ghf = ghc.reshape(K * B, N).conj_physical()
-            if w:
-                S_h = (ghf * hp).sum(0)
-                for n, wn in w.items():
-                    ts.add(n, (wn * S_h).real)
-            if "gamma_log" in names:
-                ts.add("gamma_log", (ghf * u).sum(0).real)
-            if use_J:
-                b0 = lam * ghc[0].conj_physical()  # [B, N]
-                for n in names:
-                    e = ts.vec.get(n)
-                    if e is not None:
-                        ts.add(n, (b0 * torch.complex(e[..., 0], e[..., 1])).sum(0).real)
-        if not (carry and use_J):
-            return
-        Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if w else None  # [B, N]
-        for n in names:
-            q = w[n] * Q_h if n in w else (PK[:, None] * u.reshape(K, B, N)).sum(0)
-            e = ts.vec.get(n)
-            if e is not None:
-                q = q + lamK * torch.complex(e[..., 0], e[..., 1])
-            ts.vec[n] = torch.stack([q.real, q.imag], -1)
-
-    def _block_vec_compiled(self, ts, k, prev, new, ghc, carry, use_J, names, w, PK, lamK, lam, K, B, N) -> None:
-        """The per-neuron part of :meth:`block_contract` with its block sums in one compiled pass
-        (:func:`.numba_kernels.lru_block_sums_numba`); the same formulas."""
-        need_u = "gamma_log" in names
-        S_h, S_u, Q_h, Q_u = lru_block_sums_numba(
-            prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
-            new.x_im.reshape(K, B, N), None if ghc is None else torch.view_as_real(ghc), k["lr"], k["li"],
-            torch.view_as_real(PK) if carry else None, bool(w), need_u)
-        if ghc is not None:
-            if w:
-                S = torch.complex(S_h[0], S_h[1])
-                for n, wn in w.items():
-                    ts.add(n, (wn * S).real)
+            for n, wn in w.items():
+                ts.add(n, (wn * S_h).real)
             if need_u:
-                ts.add("gamma_log", S_u[0].clone())
+                ts.add("gamma_log", S_u.real.clone())
             if use_J:
                 b0 = lam * ghc[0].conj_physical()  # [B, N]
                 for n in names:
@@ -256,9 +232,8 @@ class LRUTrace(LayerTrace):
                         ts.add(n, (b0 * torch.complex(e[..., 0], e[..., 1])).sum(0).real)
         if not carry:
             return
-        Q_hc = torch.complex(Q_h[0], Q_h[1]) if w else None
         for n in names:
-            q = w[n] * Q_hc if n in w else torch.complex(Q_u[0], Q_u[1])
+            q = w[n] * Q_h if n in w else Q_u
             e = ts.vec.get(n)
             if e is not None:
                 q = q + lamK * torch.complex(e[..., 0], e[..., 1])
