@@ -547,34 +547,62 @@ if _HAVE_NUMBA:
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True)
-    def _lru_matrix_carry(q, gam, Lr, Li, e, has_e, out):  # pragma: no cover - compiled
-        """The carried input-matrix trace ``out[n, b] = gamma_n q[n, :, b] + lam_n^K e[n, b]`` on
-        (Re, Im) rows: ``q [N, 2, B, H]`` (the GEMM ``sum_k lam^(K-1-k) x_k``), ``e, out [N, B, 2, H]``."""
-        N, _, B, H = q.shape
+    def _lru_matrix_carry(q, do_c, gam, Lr, Li, e, has_e, out, gh0, lr, li, do_b, bnd):  # pragma: no cover - compiled
+        """One pass over the carried input-matrix trace ``e [N, B, 2, H]`` of an LRU block:
+
+            boundary (``do_b``):  bnd[0, n] += sum_b Re(z e[n, b]),  bnd[1, n] -= sum_b Im(z e[n, b]),
+                                  z = lam_n conj(gh0[b, n])
+            carry (``do_c``):     out[n, b] = gamma_n q[n, :, b] + lam_n^K e[n, b]
+
+        on (Re, Im) rows; ``q [N, 2, B, H]`` is the GEMM ``sum_k lam^(K-1-k) x_k``, ``gh0 [B, N, 2]``."""
+        N, B, _, H = out.shape
+        zero = out.dtype.type(0)
+        if do_b:
+            bnd[:] = zero
         for n in range(N):
             gm, a, c = gam[n], Lr[n], Li[n]
             for b in range(B):
-                q0, q1, o0, o1 = q[n, 0, b], q[n, 1, b], out[n, b, 0], out[n, b, 1]
+                o0, o1 = out[n, b, 0], out[n, b, 1]
                 if has_e:
                     e0, e1 = e[n, b, 0], e[n, b, 1]
-                    for h in range(H):
-                        o0[h] = gm * q0[h] + (a * e0[h] - c * e1[h])
-                        o1[h] = gm * q1[h] + (a * e1[h] + c * e0[h])
-                else:
+                    if do_b:  # z = lam conj(g) = (lr g0 + li g1) + i (li g0 - lr g1)
+                        g0, g1 = gh0[b, n, 0], gh0[b, n, 1]
+                        zr = lr[n] * g0 + li[n] * g1
+                        zi = li[n] * g0 - lr[n] * g1
+                        r0, r1 = bnd[0, n], bnd[1, n]
+                        for h in range(H):
+                            r0[h] += zr * e0[h] - zi * e1[h]
+                            r1[h] -= zi * e0[h] + zr * e1[h]
+                    if do_c:
+                        q0, q1 = q[n, 0, b], q[n, 1, b]
+                        for h in range(H):
+                            o0[h] = gm * q0[h] + (a * e0[h] - c * e1[h])
+                            o1[h] = gm * q1[h] + (a * e1[h] + c * e0[h])
+                elif do_c:
+                    q0, q1 = q[n, 0, b], q[n, 1, b]
                     for h in range(H):
                         o0[h] = gm * q0[h]
                         o1[h] = gm * q1[h]
 
 
-def lru_matrix_carry_numba(q, gam, lamK, e):
-    """:func:`_lru_matrix_carry` on torch tensors (``e`` ``[N, B, 2, H]`` or ``None``); returns
-    the new trace ``[N, B, 2, H]``."""
-    N, _, B, H = q.shape
-    out = torch.empty((N, B, 2, H), dtype=q.dtype)
+def lru_matrix_carry_numba(q, gam, lamK, e, gh0=None, lr=None, li=None):
+    """:func:`_lru_matrix_carry` on torch tensors: ``q [N, 2, B, H]`` or ``None`` (no carry),
+    ``e [N, B, 2, H]`` or ``None``, ``gh0 [B, N]`` complex or ``None`` (no boundary term; needs
+    ``e``). Returns ``(new trace or None, boundary [2, N, H] or None)``."""
+    if q is None and (gh0 is None or e is None):
+        return None, None
+    N, B, _, H = e.shape if e is not None else (q.shape[0], q.shape[2], 2, q.shape[3])
+    dt = (e if e is not None else q).dtype
     c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
-    _lru_matrix_carry(c(q), c(gam), c(lamK.real), c(lamK.imag), out.numpy() if e is None else c(e), e is not None,
-                      out.numpy())
-    return out
+    out = torch.empty((N, B, 2, H), dtype=dt)
+    do_b = gh0 is not None and e is not None
+    bnd = torch.empty((2, N, H), dtype=dt) if do_b else torch.empty((2, 1, 1), dtype=dt)
+    dummy = out.numpy()
+    _lru_matrix_carry(dummy if q is None else c(q), q is not None, c(gam), c(lamK.real), c(lamK.imag),
+                      dummy if e is None else c(e), e is not None, out.numpy(),
+                      c(torch.view_as_real(gh0)) if do_b else dummy[0, :1, :, :1].reshape(1, 1, 2),
+                      c(lr) if do_b else c(gam), c(li) if do_b else c(gam), do_b, bnd.numpy())
+    return (out if q is not None else None), (bnd if do_b else None)
 
 
 def lru_block_scan_numba(u, lr, li, h0r, h0i):

@@ -260,6 +260,9 @@ class LRUTrace(LayerTrace):
             for n, f in (("B_re", 0), ("B_im", 1)):
                 if n in names:
                     ts.add(n, both[:, f])
+            if use_J and e is not None and self._compiled_block(x):  # with the carry, in one pass over e
+                self._block_matrix_compiled(ts, k, x, ghc[0], carry, PK, lamK, e, names, K, B, N, H)
+                return
             if use_J and e is not None:
                 z = (lam * ghc[0].conj_physical()).t()  # lam conj(gh0), [N, B]
                 zr, zi = z.real, z.imag
@@ -272,20 +275,38 @@ class LRUTrace(LayerTrace):
                         ts.add(n, both0[:, f])
         if not carry:
             return
-        X = x.reshape(K, B * H)
-        pk = k.get(("PK_rows", K))
-        if pk is None:  # (Re, Im) of lam^(K-1-k) side by side: one GEMM for both parts
-            pk = k[("PK_rows", K)] = torch.view_as_real(PK).reshape(K, 2 * N).t().contiguous()  # [2N, K]
         if self._compiled_block(x):  # gamma q + lam^K e in one compiled pass into the new layout
-            ts.mat["B_re"] = lru_matrix_carry_numba((pk @ X).view(N, 2, B, H), gam, lamK, e)
+            self._block_matrix_compiled(ts, k, x, None, carry, PK, lamK, e, names, K, B, N, H)
             return
-        q = (pk @ X).view(N, 2, B, H).mul_(gam[:, None, None, None]).transpose(1, 2).contiguous()  # [N, B, 2, H]
+        q = (self._carry_rows(k, x, PK, K, N) @ x.reshape(K, B * H)).view(N, 2, B, H).mul_(gam[:, None, None, None]).transpose(1, 2).contiguous()  # [N, B, 2, H]
         if e is not None:  # + lam^K e on (Re, Im) pairs
             er, ei = e[:, :, 0], e[:, :, 1]
             Lr, Li = lamK.real[:, None, None], lamK.imag[:, None, None]
             q[:, :, 0].addcmul_(Lr, er).addcmul_(Li, ei, value=-1.0)
             q[:, :, 1].addcmul_(Lr, ei).addcmul_(Li, er)
         ts.mat["B_re"] = q
+
+    @staticmethod
+    def _carry_rows(k, x, PK, K, N):
+        """The (Re, Im) parts of ``lam^(K-1-k)`` side by side, ``[2N, K]`` (one GEMM with the
+        block's inputs gives both parts of ``sum_k lam^(K-1-k) x_k``); cached per block length."""
+        pk = k.get(("PK_rows", K))
+        if pk is None:
+            pk = k[("PK_rows", K)] = torch.view_as_real(PK).reshape(K, 2 * N).t().contiguous()  # [2N, K]
+        return pk
+
+    def _block_matrix_compiled(self, ts, k, x, gh0, carry, PK, lamK, e, names, K, B, N, H) -> None:
+        """The boundary term (with ``gh0``, the first step's filtered error) and the carry of
+        :meth:`_block_matrix` in one compiled pass over the carried trace ``e``
+        (:func:`.numba_kernels.lru_matrix_carry_numba`); the same formulas."""
+        q = (self._carry_rows(k, x, PK, K, N) @ x.reshape(K, B * H)).view(N, 2, B, H) if carry else None
+        new_e, bnd = lru_matrix_carry_numba(q, k["gam"], lamK, e, gh0, k["lr"], k["li"])
+        if bnd is not None:
+            for n, f in (("B_re", 0), ("B_im", 1)):
+                if n in names:
+                    ts.add(n, bnd[f])
+        if carry:
+            ts.mat["B_re"] = new_e
 
     def partials(self, x, prev, new):
         k = self.consts(x.dtype)
