@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
-           "alif_block_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba"]
+           "alif_block_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba",
+           "lru_block_tail_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -603,6 +604,76 @@ def lru_matrix_carry_numba(q, gam, lamK, e, gh0=None, lr=None, li=None):
                       c(torch.view_as_real(gh0)) if do_b else dummy[0, :1, :, :1].reshape(1, 1, 2),
                       c(lr) if do_b else c(gam), c(li) if do_b else c(gam), do_b, bnd.numpy())
     return (out if q is not None else None), (bnd if do_b else None)
+
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lru_block_tail(Sh, Su, Qh, Qu, gh0, use_g, do_b, lr, li, W, kinds, E, has_e, carry, Lr, Li, dG,
+                        Eout):  # pragma: no cover - compiled
+        """The per-neuron traces' part of an LRU block after its sums (:func:`_lru_block_sums`), for
+        the trace columns ``kinds[j]`` (0 ``nu_log``, 1 ``theta_log`` with ``w = W[kind]``, 2
+        ``gamma_log``), complex numbers as (Re, Im):
+
+            dG[j, n]   = Re[w_n S_h[n]] (or Re S_u[n]) + sum_b Re[lam_n conj(gh0[b, n]) E[j, b, n]]   (``use_g``; the boundary with ``do_b``)
+            Eout[j, b, n] = w_n Q_h[b, n] (or Q_u[b, n]) + lam_n^K E[j, b, n]                       (``carry``)"""
+        m = kinds.shape[0]
+        B, N = Qh.shape[1], Qh.shape[2]
+        for j in range(m):
+            kind = kinds[j]
+            wk = W[min(kind, 1)]
+            if use_g:
+                d = dG[j]
+                for n in range(N):
+                    if kind == 2:
+                        d[n] = Su[0, n]
+                    else:
+                        d[n] = wk[0, n] * Sh[0, n] - wk[1, n] * Sh[1, n]
+                if do_b and has_e[j]:
+                    for b in range(B):
+                        for n in range(N):
+                            g0, g1 = gh0[b, n, 0], gh0[b, n, 1]
+                            zr = lr[n] * g0 + li[n] * g1
+                            zi = li[n] * g0 - lr[n] * g1
+                            d[n] += zr * E[j, b, n, 0] - zi * E[j, b, n, 1]
+            if carry:
+                for b in range(B):
+                    for n in range(N):
+                        if kind == 2:
+                            q0, q1 = Qu[0, b, n], Qu[1, b, n]
+                        else:
+                            q0 = wk[0, n] * Qh[0, b, n] - wk[1, n] * Qh[1, b, n]
+                            q1 = wk[0, n] * Qh[1, b, n] + wk[1, n] * Qh[0, b, n]
+                        if has_e[j]:
+                            e0, e1 = E[j, b, n, 0], E[j, b, n, 1]
+                            q0 += Lr[n] * e0 - Li[n] * e1
+                            q1 += Lr[n] * e1 + Li[n] * e0
+                        Eout[j, b, n, 0] = q0
+                        Eout[j, b, n, 1] = q1
+
+
+def lru_block_tail_numba(parts, gh0, lr, li, W, kinds, traces, carry, lamK):
+    """:func:`_lru_block_tail` on torch tensors: ``parts`` from :func:`lru_block_sums_numba`,
+    ``gh0 [B, N]`` complex or ``None`` (no loss in the block), ``traces`` the carried ``[B, N, 2]``
+    trace of each column or ``None``. Returns ``(dG [m, N] or None, new traces [m, B, N, 2] or None)``."""
+    S_h, S_u, Q_h, Q_u = parts
+    m = len(kinds)
+    B, N = Q_h.shape[1], Q_h.shape[2]
+    dt = S_h.dtype
+    has = np.array([t is not None for t in traces], dtype=np.bool_)
+    E = torch.zeros((m, B, N, 2), dtype=dt)
+    for j, t in enumerate(traces):
+        if t is not None:
+            E[j] = t
+    dG = torch.empty((m, N), dtype=dt)
+    Eout = torch.empty((m, B, N, 2), dtype=dt)
+    use_g = gh0 is not None
+    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    _lru_block_tail(S_h.numpy(), S_u.numpy(), Q_h.numpy(), Q_u.numpy(),
+                    c(torch.view_as_real(gh0)) if use_g else E[0].numpy(), use_g, use_g and bool(has.any()),
+                    c(lr), c(li), c(W), np.asarray(kinds, dtype=np.int64), E.numpy(), has, bool(carry),
+                    c(lamK.real), c(lamK.imag), dG.numpy(), Eout.numpy())
+    return (dG if use_g else None), (Eout if carry else None)
 
 
 def lru_block_scan_numba(u, lr, li, h0r, h0i):

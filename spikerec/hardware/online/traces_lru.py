@@ -24,8 +24,8 @@ import torch
 
 from ...kernels import scan_numba
 from ...scan import linear_scan
-from .numba_kernels import (lru_block_scan_numba, lru_block_sums_numba, lru_matrix_carry_numba, lru_trace_step_numba,
-                            numba_available)
+from .numba_kernels import (lru_block_scan_numba, lru_block_sums_numba, lru_block_tail_numba, lru_matrix_carry_numba,
+                            lru_trace_step_numba, numba_available)
 from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
@@ -205,12 +205,26 @@ class LRUTrace(LayerTrace):
             return
         w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
         need_u, carry = "gamma_log" in names, carry and use_J
-        if self._compiled_block(x):  # the block sums in one compiled pass (the same formulas)
+        if self._compiled_block(x):  # the block sums and the traces' part in two compiled passes
             parts = lru_block_sums_numba(
                 prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
                 new.x_im.reshape(K, B, N), None if ghc is None else torch.view_as_real(ghc), k["lr"], k["li"],
                 torch.view_as_real(PK) if carry else None, bool(w), need_u)
-            S_h, S_u, Q_h, Q_u = (torch.complex(p[0], p[1]) for p in parts)
+            W = k.get("w_rows")
+            if W is None:  # (Re, Im) of d lam / d nu_log and d lam / d theta_log, [2, 2, N]
+                zero = torch.zeros_like(k["lr"])
+                W = k["w_rows"] = torch.stack([torch.stack(k.get(key, (zero, zero))) for key in ("w_nu", "w_theta")])
+            kinds = [("nu_log", "theta_log", "gamma_log").index(n) for n in names]
+            dG, E = lru_block_tail_numba(parts, ghc[0] if ghc is not None and use_J else
+                                         (torch.zeros_like(ghc[0]) if ghc is not None else None),
+                                         k["lr"], k["li"], W, kinds, [ts.vec.get(n) if use_J else None for n in names],
+                                         carry, lamK)
+            for j, n in enumerate(names):
+                if dG is not None:
+                    ts.add(n, dG[j])
+                if E is not None:
+                    ts.vec[n] = E[j]
+            return
         else:
             hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
             u = torch.complex(new.x_re, new.x_im) - lam * hp
