@@ -175,6 +175,12 @@ if _HAVE_NUMBA:
             _lru_mat_trace(em, x, lr, li, gam, g, G_bre, G_bim, use_g and has_bre, use_g and has_bim)
 
 
+def _arr(t):
+    """A numpy view of ``t`` (a torch tensor, made contiguous; a numpy array as it is: the
+    callers pass per-sequence constants already converted)."""
+    return t if isinstance(t, np.ndarray) else t.detach().contiguous().numpy()
+
+
 def lru_trace_step_numba(prev, new, x, g, lam, gam, wnu, wth, cols, ev, em, G_vec, G_bre, G_bim):
     """The whole stream-mode trace step of one LRU layer (``full``/``snap1`` rule) in one pass,
     the recursions of :mod:`.traces_lru` on (Re, Im) pairs:
@@ -594,12 +600,13 @@ def lru_matrix_carry_numba(q, gam, lamK, e, gh0=None, lr=None, li=None):
         return None, None
     N, B, _, H = e.shape if e is not None else (q.shape[0], q.shape[2], 2, q.shape[3])
     dt = (e if e is not None else q).dtype
-    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    c = _arr
     out = torch.empty((N, B, 2, H), dtype=dt)
     do_b = gh0 is not None and e is not None
     bnd = torch.empty((2, N, H), dtype=dt) if do_b else torch.empty((2, 1, 1), dtype=dt)
     dummy = out.numpy()
-    _lru_matrix_carry(dummy if q is None else c(q), q is not None, c(gam), c(lamK.real), c(lamK.imag),
+    Lr, Li = lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag)
+    _lru_matrix_carry(dummy if q is None else c(q), q is not None, c(gam), c(Lr), c(Li),
                       dummy if e is None else c(e), e is not None, out.numpy(),
                       c(torch.view_as_real(gh0)) if do_b else dummy[0, :1, :, :1].reshape(1, 1, 2),
                       c(lr) if do_b else c(gam), c(li) if do_b else c(gam), do_b, bnd.numpy())
@@ -668,11 +675,13 @@ def lru_block_tail_numba(parts, gh0, lr, li, W, kinds, traces, carry, lamK):
     dG = torch.empty((m, N), dtype=dt)
     Eout = torch.empty((m, B, N, 2), dtype=dt)
     use_g = gh0 is not None
-    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    c = _arr
     _lru_block_tail(S_h.numpy(), S_u.numpy(), Q_h.numpy(), Q_u.numpy(),
                     c(torch.view_as_real(gh0)) if use_g else E[0].numpy(), use_g, use_g and bool(has.any()),
-                    c(lr), c(li), c(W), np.asarray(kinds, dtype=np.int64), E.numpy(), has, bool(carry),
-                    c(lamK.real), c(lamK.imag), dG.numpy(), Eout.numpy())
+                    c(lr), c(li), c(W), kinds if isinstance(kinds, np.ndarray) else np.asarray(kinds, dtype=np.int64),
+                    E.numpy(), has, bool(carry),
+                    *(c(v) for v in (lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag))),
+                    dG.numpy(), Eout.numpy())
     return (dG if use_g else None), (Eout if carry else None)
 
 
@@ -682,7 +691,7 @@ def lru_block_scan_numba(u, lr, li, h0r, h0i):
     K, B, _ = u.shape
     N = lr.shape[0]
     out = torch.empty((4, K, B, N), dtype=u.dtype)
-    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    c = _arr
     _lru_block_scan(c(u), c(lr), c(li), c(h0r), c(h0i), out[0].numpy(), out[1].numpy(), out[2].numpy(),
                     out[3].numpy())
     return out[0], out[1], out[2], out[3]
@@ -695,7 +704,7 @@ def lru_block_sums_numba(pr, pi, nr, ni, gh, lr, li, PK, need_h: bool, need_u: b
     dt = pr.dtype
     S = torch.empty((2, 2, N), dtype=dt)
     Q = torch.empty((2, 2, B, N), dtype=dt)
-    c = lambda t: t.detach().contiguous().numpy()  # noqa: E731
+    c = _arr
     dummy = np.zeros((1, 1, 2), dtype=S.numpy().dtype)
     _lru_block_sums(c(pr), c(pi), c(nr), c(ni), dummy[None] if gh is None else c(gh), gh is not None, c(lr), c(li),
                     dummy if PK is None else c(PK), bool(need_h), bool(need_u), PK is not None, S[0].numpy(),

@@ -155,6 +155,22 @@ class LRUTrace(LayerTrace):
         new = type(state)(hs.real.reshape(K * B, N), hs.imag.reshape(K * B, N))
         return type(state)(re, im), last, new
 
+    def _np_consts(self, k, K):
+        """Numpy views of the per-sequence constants the compiled block passes take (cached with
+        the constants): ``lr``, ``li``, ``gam``, the (Re, Im) rows ``W`` of ``d lam / d nu_log`` and
+        ``d lam / d theta_log``, and ``lam^K`` as ``(Re, Im)``."""
+        out = k.get(("np", K))
+        if out is None:
+            zero = torch.zeros_like(k["lr"])
+            W = torch.stack([torch.stack(k.get(key, (zero, zero))) for key in ("w_nu", "w_theta")]).contiguous()
+            lamK = k[("lam_powers", K)][1]
+            out = k[("np", K)] = {
+                "lr": k["lr"].contiguous().numpy(), "li": k["li"].contiguous().numpy(),
+                "gam": k["gam"].contiguous().numpy(), "W": W.numpy(),
+                "lamK": (lamK.real.contiguous().numpy(), lamK.imag.contiguous().numpy()),
+                "PK": torch.view_as_real(k[("lam_powers", K)][0]).contiguous().numpy()}
+        return out
+
     def _compiled_block(self, x) -> bool:
         """Whether the block's scan and sums run as compiled loops (:mod:`.numba_kernels`): CPU
         float32/float64 tensors of the parameters' dtype, numba installed."""
@@ -206,19 +222,18 @@ class LRUTrace(LayerTrace):
         w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
         need_u, carry = "gamma_log" in names, carry and use_J
         if self._compiled_block(x):  # the block sums and the traces' part in two compiled passes
+            kn = self._np_consts(k, K)
             parts = lru_block_sums_numba(
                 prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
-                new.x_im.reshape(K, B, N), None if ghc is None else torch.view_as_real(ghc), k["lr"], k["li"],
-                torch.view_as_real(PK) if carry else None, bool(w), need_u)
-            W = k.get("w_rows")
-            if W is None:  # (Re, Im) of d lam / d nu_log and d lam / d theta_log, [2, 2, N]
-                zero = torch.zeros_like(k["lr"])
-                W = k["w_rows"] = torch.stack([torch.stack(k.get(key, (zero, zero))) for key in ("w_nu", "w_theta")])
-            kinds = [("nu_log", "theta_log", "gamma_log").index(n) for n in names]
+                new.x_im.reshape(K, B, N), None if ghc is None else torch.view_as_real(ghc), kn["lr"], kn["li"],
+                kn["PK"] if carry else None, bool(w), need_u)
+            kinds = kn.get("kinds")
+            if kinds is None:
+                kinds = kn["kinds"] = np.asarray([("nu_log", "theta_log", "gamma_log").index(n) for n in names])
             dG, E = lru_block_tail_numba(parts, ghc[0] if ghc is not None and use_J else
                                          (torch.zeros_like(ghc[0]) if ghc is not None else None),
-                                         k["lr"], k["li"], W, kinds, [ts.vec.get(n) if use_J else None for n in names],
-                                         carry, lamK)
+                                         kn["lr"], kn["li"], kn["W"], kinds,
+                                         [ts.vec.get(n) if use_J else None for n in names], carry, kn["lamK"])
             for j, n in enumerate(names):
                 if dG is not None:
                     ts.add(n, dG[j])
@@ -314,7 +329,8 @@ class LRUTrace(LayerTrace):
         :meth:`_block_matrix` in one compiled pass over the carried trace ``e``
         (:func:`.numba_kernels.lru_matrix_carry_numba`); the same formulas."""
         q = (self._carry_rows(k, x, PK, K, N) @ x.reshape(K, B * H)).view(N, 2, B, H) if carry else None
-        new_e, bnd = lru_matrix_carry_numba(q, k["gam"], lamK, e, gh0, k["lr"], k["li"])
+        kn = self._np_consts(k, K)
+        new_e, bnd = lru_matrix_carry_numba(q, kn["gam"], kn["lamK"], e, gh0, kn["lr"], kn["li"])
         if bnd is not None:
             for n, f in (("B_re", 0), ("B_im", 1)):
                 if n in names:
