@@ -361,6 +361,7 @@ class FusedStack:
         self.rows = []  # per LRU layer: (dC_re, dC_im accumulators, rows of gy, Re h, Im h [DEFER, B, .])
         self.fill = 0  # rows written since the last flush
         self.restore = None  # rows from a checkpoint, copied in at the next bind
+        self.rbufs = {}  # the row buffers by layer
 
     # --- the deferred output-map gradient of the LRU layers -------------------------------------
     def flush_rows(self) -> None:
@@ -421,7 +422,10 @@ class FusedStack:
         accs = [self._acc(c.C_re), self._acc(c.C_im), self._acc(c.D)]
         K = c.C_re.shape[0]
         rows = accs[0] is not None or accs[1] is not None
-        rbuf = torch.empty((3, DEFER, B, max(K, N)), dtype=dt) if rows else torch.zeros((3, 1, 1, 1), dtype=dt)
+        shape = (3, DEFER, B, max(K, N)) if rows else (3, 1, 1, 1)
+        rbuf = self.rbufs.get(l)  # kept across rebinds: no new allocation per update or reset
+        if rbuf is None or rbuf.shape != shape or rbuf.dtype != dt:
+            rbuf = self.rbufs[l] = torch.empty(shape, dtype=dt)
         rGY, rHR, rHI = rbuf[0, :, :, :K], rbuf[1, :, :, :N], rbuf[2, :, :, :N]
         if rows:
             self.rows.append((accs[0], accs[1], rGY, rHR, rHI))
@@ -526,6 +530,7 @@ class FusedStack:
         dt = self.dtype
         self.flush_rows()  # into the accumulators bound so far
         self.rows = []
+        self.layers = self.fwd_args = self.bwd_args = None  # the old bindings' buffers go first
         states = lr_.states
         B = states[0][0].shape[0]
         for l, s in enumerate(states):  # own contiguous tensors, updated in place

@@ -708,8 +708,7 @@ class OnlineLearner:
         self._begin_traces(device)
         self.steps, self.since_update = 0, 0
         self._pending, self._block_start, self._target_shape = [], None, None
-        self._flush_rows()  # a previous stream's buffered rows belong to the accumulated estimate
-        self._fused_stack = None
+        self._fused_stack = None  # (with its buffered rows: the accumulators start empty above)
         if self._fast_kinds is not None and self.fused is not False and fused_supported(self, dtype, device):
             self._fused_stack = FusedStack(self, dtype)
         self._gen += 1
