@@ -22,9 +22,9 @@ It equals autograd through :meth:`ALIF.step` (tests check values and gradients i
 Two implementations:
 
 * on the CPU (float32/float64), the compiled kernel of
-  :mod:`spikerec.kernels.alif_sequence_numba` (one compiled loop over time, BLAS for the
-  recurrent products, surrogate derivative and parameter gradients inside the loop), when
-  numba is installed;
+  :mod:`spikerec.kernels.alif_sequence_numba` (compiled steps; the recurrent products by torch
+  matmuls between them, or summed inside one compiled loop for layers of up to 128 neurons;
+  surrogate derivative and parameter gradients inside the loop), when numba is installed;
 * otherwise (CUDA tensors, no numba) the torch loop below.
 
 ``impl`` picks one: ``"auto"`` (the default), ``"torch"`` or ``"numba"``.

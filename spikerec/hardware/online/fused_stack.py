@@ -13,11 +13,12 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   - theta_t z_{t-1}``, spikes ``z_t = H(v_t - theta_t)``; the states are updated in place (the
   previous state is kept in a scratch buffer for the traces);
 * the loss gradient ``d l_t / d y_t`` in closed form for the package's own losses (``mse`` and
-  ``cross_entropy`` forms, see :func:`.learner.mse_step_loss`); other losses use one autograd
-  call on a leaf ``y_t``;
+  ``cross_entropy`` forms, see :func:`.learner.mse_step_loss`; the MSE with the readout's forward
+  and backward in one compiled call); other losses use one autograd call on a leaf ``y_t``;
 * backward: the hand-written spatial backward of :mod:`.spatial` (readout: ``dW += gy^T h``,
   ``db += sum_b gy``, ``gh = gy W``; LRU: ``g_re = gy C_re``, ``g_im = -gy C_im``,
-  ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h``, ``dD += gy u``,
+  ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h`` (deferred: the rows are buffered for ``DEFER``
+  steps and added in one GEMM, :meth:`FusedStack.flush_rows`), ``dD += gy u``,
   ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``; ALIF: ``g_v = gz sigma'(v - theta)``,
   ``g_a = -beta g_v``, ``db -= sum g_v``, ``dbeta -= sum g_v a``, ``gx = g_v W``) and, in the same
   compiled call, the trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL

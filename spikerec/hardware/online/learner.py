@@ -681,7 +681,7 @@ class OnlineLearner:
             if x_t.shape[0] != B:
                 raise ValueError(f"{name}: batch size {x_t.shape[0]}, but the stream runs with batch {B} "
                                  f"(call reset() on a new learner for another batch size)")
-        if nan or self._fused_stack is None:
+        if nan:
             self._check_nan(x_t, name)
 
     def _check_target(self, target_t):

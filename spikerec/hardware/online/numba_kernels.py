@@ -1,6 +1,8 @@
-"""Compiled CPU kernel (numba) for the streaming hot path: the matrix eligibility trace of one layer.
+"""Compiled CPU kernels (numba) of the online learner: the matrix eligibility trace of one layer,
+the whole trace step of an LRU or ALIF layer (stream mode), and the passes of the LRU and ALIF
+chunked blocks (``*_block_*``), each beside the torch form it is tested against.
 
-The same operation as :mod:`.triton_kernels` (and its torch reference
+The matrix trace: the same operation as :mod:`.triton_kernels` (and its torch reference
 :func:`.triton_kernels.mat_trace_step_torch`), for every neuron ``n`` and presynaptic input ``h``
 with ``k`` in {1, 2} state fields per neuron::
 
@@ -592,7 +594,7 @@ if _HAVE_NUMBA:
                         o1[h] = gm * q1[h]
 
 
-def lru_matrix_carry_numba(q, gam, lamK, e, gh0=None, lr=None, li=None):
+def lru_matrix_carry_numba(q, gam, lamK, e, gh0, lr, li):
     """:func:`_lru_matrix_carry` on torch tensors: ``q [N, 2, B, H]`` or ``None`` (no carry),
     ``e [N, B, 2, H]`` or ``None``, ``gh0 [B, N]`` complex or ``None`` (no boundary term; needs
     ``e``). Returns ``(new trace or None, boundary [2, N, H] or None)``."""
@@ -608,8 +610,8 @@ def lru_matrix_carry_numba(q, gam, lamK, e, gh0=None, lr=None, li=None):
     Lr, Li = lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag)
     _lru_matrix_carry(dummy if q is None else c(q), q is not None, c(gam), c(Lr), c(Li),
                       dummy if e is None else c(e), e is not None, out.numpy(),
-                      c(torch.view_as_real(gh0)) if do_b else dummy[0, :1, :, :1].reshape(1, 1, 2),
-                      c(lr) if do_b else c(gam), c(li) if do_b else c(gam), do_b, bnd.numpy())
+                      c(torch.view_as_real(gh0)) if do_b else np.zeros((1, 1, 2), dtype=dummy.dtype),
+                      c(lr), c(li), do_b, bnd.numpy())
     return (out if q is not None else None), (bnd if do_b else None)
 
 

@@ -230,8 +230,8 @@ class LRUTrace(LayerTrace):
             kinds = kn.get("kinds")
             if kinds is None:
                 kinds = kn["kinds"] = np.asarray([("nu_log", "theta_log", "gamma_log").index(n) for n in names])
-            dG, E = lru_block_tail_numba(parts, ghc[0] if ghc is not None and use_J else
-                                         (torch.zeros_like(ghc[0]) if ghc is not None else None),
+            # without J (trunc1) no trace is carried, so no boundary term is formed
+            dG, E = lru_block_tail_numba(parts, None if ghc is None else ghc[0],
                                          kn["lr"], kn["li"], kn["W"], kinds,
                                          [ts.vec.get(n) if use_J else None for n in names], carry, kn["lamK"])
             for j, n in enumerate(names):
