@@ -21,7 +21,9 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
 All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
 runs under the same load); the time is the best of ``--repeat`` rounds. With ``--processes N``
 that subprocess runs N times and each method keeps its best time over them (the range is
-printed): the BPTT reference's time moves by 10-30 % from one process to another. Peak memory is taken on
+printed): the BPTT reference's time moves by 10-30 % from one process to another. For the ALIF
+network the hidden layers' spike rate is printed (the same network for every method, so no method
+does less work by spiking less). Peak memory is taken on
 the C allocator: glibc's ``mallinfo2`` (bytes in use in the heap plus mmapped blocks, which is
 where torch's CPU tensors live) sampled after every step of ``stream`` and after the call for
 the others, and every millisecond by a polling thread, minus the value just before; ``tracemalloc`` would not see torch's allocations and
@@ -164,6 +166,11 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     g = torch.Generator().manual_seed(1)
     x = (torch.rand(T, B, H, generator=g) < 0.2).float() if net == "alif" else torch.randn(T, B, H, generator=g)
     tgt = torch.randn(T, B, 10, generator=g)
+    rate = None
+    if net == "alif":  # every method runs this network on this input: one spike rate for all
+        with torch.no_grad():
+            _, _, hidden = model(x, record=True)
+        rate = float(torch.stack([h.mean() for h in hidden]).mean())
 
     def steps():  # the stream: one step at a time from a generator
         for t in range(T):
@@ -208,7 +215,7 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     for m in methods:
         rows.append({"net": net, "method": m, "T": T, "peak_mib": mem[m][0], "memory": mem[m][1],
                      "seq_s": best[m], "step_ms": best[m] / T * 1e3,
-                     "x_bptt": best[m] / best["bptt"] if "bptt" in best else None})
+                     "x_bptt": best[m] / best["bptt"] if "bptt" in best else None, "spike_rate": rate})
     return rows
 
 
@@ -304,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
                     spread = (f"  {row['seq_s_min']:.3f}-{row['seq_s_max']:.3f}" if args.processes > 1 else "")
                     print(f"{net:<5} {T:>5} {row['method']:<16} {row['peak_mib']:>9.2f} "
                           f"{row['seq_s']:>8.3f} {row['step_ms']:>8.3f} {ratio}{spread}", flush=True)
+                if rows and rows[-1].get("spike_rate") is not None:
+                    print(f"{net:<5} {T:>5} spike rate of the hidden layers (every method runs this network): "
+                          f"{rows[-1]['spike_rate']:.4f}", flush=True)
     if rows:
         print(f"peak memory: growth during the call, measured on the {rows[0]['memory']}; "
               + ("'x BPTT': time per sequence over the vectorised-loss BPTT of the same process" if args.processes == 1
