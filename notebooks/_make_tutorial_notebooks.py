@@ -242,7 +242,8 @@ before the task training starts.
     new_markdown_cell("""## Radius histories of a 2-layer ALIF stack
 
 Inputs: a batch of latency-coded digits `x[T, B, C]` (labels are not used). One update per time step,
-the state carried forward; the report holds, per step, every term's batch-mean radius (`time/l`,
+each taken in the state the current weights reach on the input so far (`state="replay"`, the default;
+`"carry"` keeps the state across updates, as the official code does); the report holds, per step, every term's batch-mean radius (`time/l`,
 `depth/l`, `input/0`), the LSC loss and the clipped weight multipliers. `report.plot` draws the
 histories (dashed: the target). Afterwards `mean_radii` measures the radii at fixed weights on fresh
 data. Shuffling of the weights is switched off here: at these small widths its random-matrix fluctuation

@@ -230,7 +230,8 @@ def mean_radii(model, data, config: LSCConfig | dict | None = None, *, max_batch
     """Radius statistics of every LSC term over the data: ``{key: {"mean", "std", "target"}}``.
 
     The LSC is a condition on expectations (Sec. II-B): the mean is over samples and time
-    steps, walking each sequence with the state carried as in pre-training. No gradients.
+    steps, walking each sequence from its initial state at the current (fixed) weights, the
+    network's own states (what ``state="replay"`` pre-trains on). No gradients.
     ``max_points`` measures at most that many evenly spaced time steps per sequence (the
     state still walks every step).
     """
