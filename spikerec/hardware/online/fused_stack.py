@@ -91,36 +91,34 @@ if _nb is not None:
         return loss
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cr, Ci, D, dvec, y):  # pragma: no cover - compiled
+    def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cs, D, dvec, w, hu, y):  # pragma: no cover - compiled
+        """One LRU step in place: ``w = u Bg`` (one GEMM, ``Bg = [gamma B_re^T | gamma B_im^T]``),
+        ``h = lam h + w`` on (Re, Im) pairs (the previous state kept in ``pr, pi``), then
+        ``y = [Re h | Im h | u] Cs`` (one GEMM, ``Cs = [C_re^T; -C_im^T; D^T]``; a diagonal ``D``
+        is added elementwise instead)."""
         B, H = u.shape
         N = hr.shape[1]
         K = y.shape[1]
-        w = np.empty(2 * N, dtype=hr.dtype)
+        np.dot(u, Bg, w)
         for b in range(B):
-            for n in range(2 * N):
-                w[n] = 0.0
-            for h in range(H):
-                uh = u[b, h]
-                row = Bg[h]
-                for n in range(2 * N):
-                    w[n] += uh * row[n]
             for n in range(N):
                 p0, p1 = hr[b, n], hi[b, n]
                 pr[b, n] = p0
                 pi[b, n] = p1
-                hr[b, n] = (lr[n] * p0 - li[n] * p1) + w[n]
-                hi[b, n] = (lr[n] * p1 + li[n] * p0) + w[N + n]
-            for k in range(K):
-                acc = y.dtype.type(0)  # of the arrays' dtype (a float64 literal would promote)
-                cr, ci = Cr[k], Ci[k]
-                for n in range(N):
-                    acc += cr[n] * hr[b, n] - ci[n] * hi[b, n]
-                if dvec:
-                    acc += D[k, 0] * u[b, k]
-                else:
-                    for h in range(H):
-                        acc += D[k, h] * u[b, h]
-                y[b, k] = acc
+                a = (lr[n] * p0 - li[n] * p1) + w[b, n]
+                c = (lr[n] * p1 + li[n] * p0) + w[b, N + n]
+                hr[b, n] = a
+                hi[b, n] = c
+                hu[b, n] = a
+                hu[b, N + n] = c
+            if not dvec:
+                for h in range(H):
+                    hu[b, 2 * N + h] = u[b, h]
+        np.dot(hu, Cs, y)
+        if dvec:
+            for b in range(B):
+                for k in range(K):
+                    y[b, k] += D[k, 0] * u[b, k]
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
     def _linear_fwd(h, W, bias, has_b, y):  # pragma: no cover - compiled
@@ -159,12 +157,16 @@ if _nb is not None:
                     gh[b, j] += q * wk[j]
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _lru_bwd(gy, use_g, u, slot, hr, hi, pr, pi, Cr, Ci, D, dvec, Br, Bi, gam, lr, li, dCr, dCi, dD, has_cr,
-                 has_ci, has_d, g, gu, need_gu, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim,
-                 has_bre, has_bim, rows, rGY, rHR, rHI):  # pragma: no cover - compiled
+    def _lru_bwd(gy, use_g, u, slot, hr, hi, pr, pi, Cst, D, dvec, Bs, gam, lr, li, dD, has_d, t, a, g, gu, need_gu,
+                 wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre, has_bim, rows, rGY, rHR,
+                 rHI):  # pragma: no cover - compiled
+        """An LRU layer's spatial backward, then its trace step (:func:`.numba_kernels._lru_trace`):
+        ``[g_re | g_im] = gy Cst`` (one GEMM, ``Cst = [C_re | -C_im]``), ``dD += gy u``,
+        ``gu = [gamma g_re | gamma g_im | gy] Bs`` (one GEMM, ``Bs = [B_re; B_im; D]``; a diagonal
+        ``D`` elementwise instead); the C gradient's rows are buffered (``FusedStack.flush_rows``)."""
         B, H = u.shape
         N = hr.shape[1]
-        K = Cr.shape[0]
+        K = gy.shape[1]
         if use_g and rows:  # the rows of the deferred C gradient (FusedStack.flush_rows)
             for b in range(B):
                 for k in range(K):
@@ -173,33 +175,15 @@ if _nb is not None:
                     rHR[slot, b, n] = hr[b, n]
                     rHI[slot, b, n] = hi[b, n]
         if use_g:
-            tr = np.empty(N, dtype=hr.dtype)  # contiguous rows (g's fields are interleaved)
-            ti = np.empty(N, dtype=hr.dtype)
+            np.dot(gy, Cst, t)
             for b in range(B):
-                tr[:] = 0.0
-                ti[:] = 0.0
-                for k in range(K):
-                    q = gy[b, k]
-                    cr, ci = Cr[k], Ci[k]
-                    for n in range(N):
-                        tr[n] += q * cr[n]
-                    for n in range(N):
-                        ti[n] -= q * ci[n]
                 for n in range(N):
-                    g[b, n, 0] = tr[n]
-                    g[b, n, 1] = ti[n]
-            for k in range(K):
-                for b in range(B):
-                    q = gy[b, k]
-                    if has_cr:
-                        row = dCr[k]
-                        for n in range(N):
-                            row[n] += q * hr[b, n]
-                    if has_ci:
-                        row = dCi[k]
-                        for n in range(N):
-                            row[n] -= q * hi[b, n]
-                    if has_d:
+                    g[b, n, 0] = t[b, n]
+                    g[b, n, 1] = t[b, N + n]
+            if has_d:
+                for k in range(K):
+                    for b in range(B):
+                        q = gy[b, k]
                         if dvec:
                             dD[k, 0] += q * u[b, k]
                         else:
@@ -208,22 +192,17 @@ if _nb is not None:
                                 row[h] += q * u[b, h]
             if need_gu:
                 for b in range(B):
-                    for h in range(H):
-                        gu[b, h] = 0.0
-                    for k in range(K):
-                        q = gy[b, k]
-                        if dvec:
-                            gu[b, k] += q * D[k, 0]
-                        else:
-                            dk = D[k]
-                            for h in range(H):
-                                gu[b, h] += q * dk[h]
                     for n in range(N):
-                        a0 = gam[n] * g[b, n, 0]
-                        a1 = gam[n] * g[b, n, 1]
-                        br, bi = Br[n], Bi[n]
-                        for h in range(H):
-                            gu[b, h] += a0 * br[h] + a1 * bi[h]
+                        a[b, n] = gam[n] * t[b, n]
+                        a[b, N + n] = gam[n] * t[b, N + n]
+                    if not dvec:
+                        for k in range(K):
+                            a[b, 2 * N + k] = gy[b, k]
+                np.dot(a, Bs, gu)
+                if dvec:
+                    for b in range(B):
+                        for k in range(K):
+                            gu[b, k] += gy[b, k] * D[k, 0]
         _lru_trace(pr, pi, hr, hi, u, g, use_g, lr, li, gam, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga,
                    G_bre, G_bim, has_bre, has_bim)
 
@@ -234,26 +213,14 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True)
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
-                  p1, p2, z):  # pragma: no cover - compiled
+                  p1, p2, cur, z):  # pragma: no cover - compiled
         """One ALIF step in place (the equations of :meth:`.traces_lif.ALIFTrace.step`): keeps the
         previous state in ``pv, pa``, the previous spikes in ``zp`` and their surrogate derivative
-        in ``psi`` (for the trace step), writes the new spikes ``z = H(v - b - beta a)``."""
-        B, H = x.shape
-        N = v.shape[1]
+        in ``psi`` (for the trace step), writes the new spikes ``z = H(v - b - beta a)``. The input
+        current ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
+        B, N = v.shape
         zero, one = v.dtype.type(0), v.dtype.type(1)
-        cur = np.empty(N, dtype=v.dtype)
         for b in range(B):
-            for n in range(N):
-                if has_bias:
-                    cur[n] = bias[n]
-                else:
-                    cur[n] = zero
-            for h in range(H):
-                xh = x[b, h]
-                if xh != zero:
-                    row = Wt[h]
-                    for n in range(N):
-                        cur[n] += xh * row[n]
             for n in range(N):
                 p0, q0 = v[b, n], a[b, n]
                 pv[b, n] = p0
@@ -261,48 +228,48 @@ if _nb is not None:
                 u = p0 - (bb[n] + beta[n] * q0)
                 zp[b, n] = one if u > zero else zero
                 psi[b, n] = sd_fn(u, sur, p1, p2)
-            if has_r:
-                for j in range(N):
-                    if zp[b, j] != zero:
-                        row = Rt[j]
-                        for n in range(N):
-                            cur[n] += row[n]
+        if has_r:
+            np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
+            np.dot(x, Wt, cur)
+            for b in range(B):
+                for n in range(N):
+                    cur[b, n] += z[b, n]
+        else:
+            np.dot(x, Wt, cur)
+        for b in range(B):
             for n in range(N):
+                c = cur[b, n] + bias[n] if has_bias else cur[b, n]
                 zz = zp[b, n]
                 an = rho[n] * pa[b, n] + omr[n] * zz
                 theta = bb[n] + beta[n] * an
-                vn = (alpha[n] * pv[b, n] + cur[n]) - theta * zz
+                vn = (alpha[n] * pv[b, n] + c) - theta * zz
                 a[b, n] = an
                 v[b, n] = vn
                 z[b, n] = one if vn - theta > zero else zero
 
     @_nb.njit(cache=True, nogil=True)
-    def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, g, gin, need_gin,
-                  pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
+    def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
+                  need_gin, pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
                   detach_reset):  # pragma: no cover - compiled
         """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
         ``g = (gp, -beta gp)`` on ``(v, a)`` with ``gp = gout sigma'(v - theta)``; ``db -= sum gp``,
-        ``dbeta -= sum gp a``; ``gin = gp W``), then the layer's trace step (:func:`_alif_trace`)."""
+        ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step
+        (:func:`_alif_trace`)."""
         B, N = v.shape
-        H = W.shape[1]
         if use_g:
             for b in range(B):
-                if need_gin:
-                    for h in range(H):
-                        gin[b, h] = 0.0
                 for n in range(N):
                     an = a[b, n]
-                    gp = gout[b, n] * sd_fn(v[b, n] - (bb[n] + beta[n] * an), sur, p1, p2)
-                    g[b, n, 0] = gp
-                    g[b, n, 1] = -beta[n] * gp
+                    q = gout[b, n] * sd_fn(v[b, n] - (bb[n] + beta[n] * an), sur, p1, p2)
+                    gp[b, n] = q
+                    g[b, n, 0] = q
+                    g[b, n, 1] = -beta[n] * q
                     if has_b:
-                        acc_b[n] -= gp
+                        acc_b[n] -= q
                     if has_beta:
-                        acc_beta[n] -= gp * an
-                    if need_gin and gp != 0.0:
-                        row = W[n]
-                        for h in range(H):
-                            gin[b, h] += gp * row[h]
+                        acc_beta[n] -= q * an
+            if need_gin:
+                np.dot(gp, W, gin)
         _alif_trace(pv, pa, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
                     detach_reset)
 
@@ -432,38 +399,36 @@ class FusedStack:
             self.rows.append((accs[0], accs[1], rGY, rHR, rHI))
         st = states[l]
         pr, pi = torch.empty_like(st.x_re), torch.empty_like(st.x_im)
-        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam, rbuf)  # noqa: F841 (views below)
         dD = accs[2]
-        fwd = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
-               _np(c.C_re.detach().to(dt).contiguous()), _np(c.C_im.detach().to(dt).contiguous()),
-               Dm.contiguous().numpy(), dvec)
+        C_re, C_im = c.C_re.detach().to(dt), c.C_im.detach().to(dt)
+        B_re, B_im = c.B_re.detach().to(dt), c.B_im.detach().to(dt)
+        # the stacked operands of the step's GEMMs (a full D rides along; a diagonal one is elementwise)
+        Cs = torch.cat([C_re.t(), -C_im.t()] + ([] if dvec else [Dm.t()])).contiguous()  # [2N (+H), K]
+        Cst = torch.cat([C_re, -C_im], 1).contiguous()  # [K, 2N]
+        Bs = torch.cat([B_re, B_im] + ([] if dvec else [Dm])).contiguous()  # [2N (+K), H]
+        w = torch.empty((B, 2 * N), dtype=dt)
+        hu = torch.empty((B, Cs.shape[0]), dtype=dt)
+        tbuf = torch.empty((B, 2 * N), dtype=dt)
+        abuf = torch.empty((B, Bs.shape[0]), dtype=dt)
         gbuf = torch.zeros((B, N, 2), dtype=dt)
         gu = torch.zeros((B, H), dtype=dt)
-        Gv = [G.get(n) for n in ("nu_log", "theta_log", "gamma_log")]
-        bwd = dict(
-            hr=fwd[0], hi=fwd[1], pr=fwd[2], pi=fwd[3], Cr=fwd[7], Ci=fwd[8], D=fwd[9], dvec=dvec,
-            Br=_np(c.B_re.detach().to(dt).contiguous()), Bi=_np(c.B_im.detach().to(dt).contiguous()),
-            gam=_np(gam), lr=_np(lam[0]), li=_np(lam[1]),
-            dCr=dummy2 if accs[0] is None else accs[0].numpy(), dCi=dummy2 if accs[1] is None else accs[1].numpy(),
-            dD=dummy2 if dD is None else dD.view(-1, 1).numpy() if dvec else dD.numpy(),
-            has_cr=False, has_ci=False, has_d=dD is not None,  # C: deferred rows (flush_rows)
-            g=gbuf.numpy(), gu=gu.numpy(), need_gu=l > 0,
-            wnu=dummy2 if wnu is None else wnu.numpy(), wth=dummy2 if wth is None else wth.numpy(), cols=cols,
-            ev=ev.numpy(), em=em.numpy() if mat else ev[:1, :1, :1, :1].numpy(), has_mat=mat,
-            G_nu=dummy1 if Gv[0] is None else Gv[0].numpy(), G_th=dummy1 if Gv[1] is None else Gv[1].numpy(),
-            G_ga=dummy1 if Gv[2] is None else Gv[2].numpy(),
-            G_bre=dummy2 if "B_re" not in G else G["B_re"].numpy(),
-            G_bim=dummy2 if "B_im" not in G else G["B_im"].numpy(),
-            has_bre="B_re" in G, has_bim="B_im" in G)
         y = torch.empty((B, K), dtype=dt)
-        fargs = fwd + (y.numpy(),)
-        a = bwd
-        bargs = (a["hr"], a["hi"], a["pr"], a["pi"], a["Cr"], a["Ci"], a["D"], a["dvec"], a["Br"], a["Bi"], a["gam"],
-                 a["lr"], a["li"], a["dCr"], a["dCi"], a["dD"], a["has_cr"], a["has_ci"], a["has_d"], a["g"], a["gu"],
-                 a["need_gu"], a["wnu"], a["wth"], a["cols"], a["ev"], a["em"], a["has_mat"], a["G_nu"], a["G_th"],
-                 a["G_ga"], a["G_bre"], a["G_bim"], a["has_bre"], a["has_bim"], rows, rGY.numpy(), rHR.numpy(),
-                 rHI.numpy())
-        return _lru_fwd, fargs, _lru_bwd, bargs, 20, (keep, y, gu)
+        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam, rbuf, Cs, Cst, Bs, w, hu, tbuf, abuf,
+                gbuf)  # noqa: F841 (the numpy views below)
+        Dn = Dm.contiguous().numpy()
+        fargs = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
+                 Cs.numpy(), Dn, dvec, w.numpy(), hu.numpy(), y.numpy())
+        Gv = [G.get(n) for n in ("nu_log", "theta_log", "gamma_log")]
+        bargs = (fargs[0], fargs[1], fargs[2], fargs[3], Cst.numpy(), Dn, dvec, Bs.numpy(), _np(gam), _np(lam[0]),
+                 _np(lam[1]), dummy2 if dD is None else dD.view(-1, 1).numpy() if dvec else dD.numpy(),
+                 dD is not None, tbuf.numpy(), abuf.numpy(), gbuf.numpy(), gu.numpy(), l > 0,
+                 dummy2 if wnu is None else wnu.numpy(), dummy2 if wth is None else wth.numpy(), cols, ev.numpy(),
+                 em.numpy() if mat else ev[:1, :1, :1, :1].numpy(), mat,
+                 dummy1 if Gv[0] is None else Gv[0].numpy(), dummy1 if Gv[1] is None else Gv[1].numpy(),
+                 dummy1 if Gv[2] is None else Gv[2].numpy(),
+                 dummy2 if "B_re" not in G else G["B_re"].numpy(), dummy2 if "B_im" not in G else G["B_im"].numpy(),
+                 "B_re" in G, "B_im" in G, rows, rGY.numpy(), rHR.numpy(), rHI.numpy())
+        return _lru_fwd, fargs, _lru_bwd, bargs, 16, (keep, y, gu)
 
     def _bind_alif(self, l, tr, B, dummy1, dummy2):
         """An ALIF layer's compiled calls (as :meth:`_bind_lru`): the step of
@@ -495,25 +460,25 @@ class FusedStack:
         W = c.weight.detach().to(dt).contiguous()
         sur, p1, p2 = surrogate_code(c.surrogate)
         st = lr_.states[l]
-        pv, pa, zp, psi, z = (torch.empty_like(st.v) for _ in range(5))
+        pv, pa, zp, psi, z, cur, gp = (torch.empty_like(st.v) for _ in range(7))
         acc_b, acc_beta = self._acc(c.b), self._acc(c.beta)
         g = torch.zeros((B, N, 2), dtype=dt)
         gin = torch.zeros((B, H), dtype=dt)
         dummy4 = ev[:1, :1, :1, :1] if ev.numel() else torch.zeros((1, 1, 1, 1), dtype=dt)
         fargs = (_np(st.v), _np(st.a), pv.numpy(), pa.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(),
                  k["bias"] is not None, Rt.numpy(), k["Rt"] is not None, alpha.numpy(), rho.numpy(), omr.numpy(),
-                 bb.numpy(), beta.numpy(), sur, p1, p2, z.numpy())
+                 bb.numpy(), beta.numpy(), sur, p1, p2, cur.numpy(), z.numpy())
         bargs = (fargs[0], fargs[1], bb.numpy(), beta.numpy(), sur, p1, p2, W.numpy(),
                  dummy1 if acc_b is None else acc_b.numpy(), dummy1 if acc_beta is None else acc_beta.numpy(),
-                 acc_b is not None, acc_beta is not None, g.numpy(), gin.numpy(), l > 0,
+                 acc_b is not None, acc_beta is not None, gp.numpy(), g.numpy(), gin.numpy(), l > 0,
                  pv.numpy(), pa.numpy(), psi.numpy(), zp.numpy(), cn.numpy(), cols, ev.numpy(),
                  dummy4.numpy() if mats[0] is None else mats[0].numpy(),
                  dummy4.numpy() if mats[1] is None else mats[1].numpy(), mats[0] is not None, mats[1] is not None,
                  Gv.numpy(), dummy2 if Gw is None else Gw.numpy(), dummy2 if Gr is None else Gr.numpy(),
                  dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset))
-        keep = (st, pv, pa, zp, psi, z, Wt, bias, Rt, W, alpha, rho, omr, bb, beta, g, gin, ev, mats, Gv, Gw, Gr,
+        keep = (st, pv, pa, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, rho, omr, bb, beta, g, gin, ev, mats, Gv, Gw, Gr,
                 acc_b, acc_beta, cn, Rd, dummy4)
-        return _alif_fwd, fargs, _alif_bwd, bargs, 13, keep
+        return _alif_fwd, fargs, _alif_bwd, bargs, 14, keep
 
     def _acc(self, p):
         """The spatial accumulator of ``p`` (created as zeros), or ``None`` if ``p`` is not trained."""
