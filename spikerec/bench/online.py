@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import gc
 import json
 import os
 import platform
@@ -124,6 +125,7 @@ class _Peak:
         self.how = "allocator (glibc mallinfo2)" if _MALLINFO2 is not None else "VmHWM (resident set)"
 
     def __enter__(self):
+        gc.collect()  # earlier garbage freed inside the region would hide growth below the baseline
         if _MALLINFO2 is not None:
             self.base = self.peak = alloc_in_use()
             self.stop = threading.Event()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
-           "alif_block_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba",
+           "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba",
            "lru_block_tail_numba"]
 
 try:  # numba is optional
@@ -335,7 +335,7 @@ if _HAVE_NUMBA:
         ``gh_k = g_k + J_{k+1}^T gh_{k+1}`` into ``GH``, the per-neuron contraction
         ``Gvec[j, n] += sum_k gh_k . imm_k`` plus the boundary term with the carried traces
         (``b0 = J_0^T gh_0``), and for the carry the advanced per-neuron traces ``ev_out``, the first
-        columns ``P0[k]`` of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` and ``Phi = Phi_{K-1,-1}`` (the
+        columns ``P0[b, k]`` of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` and ``Phi = Phi_{K-1,-1}`` (the
         matrix traces' carry, which the caller contracts with the inputs in GEMMs). One sample at a
         time, neurons innermost (contiguous rows)."""
         K, B, N = v0.shape
@@ -406,7 +406,7 @@ if _HAVE_NUMBA:
                     Jk = J[k]
                     for n in range(N):
                         p00, p01, p10, p11 = p[0, n], p[1, n], p[2, n], p[3, n]
-                        P0[k, b, n, 0], P0[k, b, n, 1] = p00, p10
+                        P0[b, k, n, 0], P0[b, k, n, 1] = p00, p10
                         j00, j01, j10, j11 = Jk[0, n], Jk[1, n], Jk[2, n], Jk[3, n]
                         p[0, n], p[1, n] = p00 * j00 + p01 * j10, p00 * j01 + p01 * j11
                         p[2, n], p[3, n] = p10 * j00 + p11 * j10, p10 * j01 + p11 * j11
@@ -416,13 +416,13 @@ if _HAVE_NUMBA:
 
 def alif_block_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset, G, carry, ev_in):
     """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, ``G [K, B, N, 2]`` or ``None``,
-    ``ev_in [m, B, N, 2]`` or ``None``); returns ``(GH, P0, Phi [B, N, 2, 2], Gvec [m, N] float64,
+    ``ev_in [m, B, N, 2]`` or ``None``); returns ``(GH, P0 [B, K, N, 2], Phi [B, N, 2, 2], Gvec [m, N] float64,
     b0, ev_out)`` (unused ones hold garbage)."""
     K, B, N = v0.shape
     dt = v0.dtype
     m = int(cols.shape[0])
     GH = torch.empty((K, B, N, 2), dtype=dt)
-    P0 = torch.empty((K, B, N, 2), dtype=dt)
+    P0 = torch.empty((B, K, N, 2), dtype=dt)
     Phi = torch.empty((B, N, 4), dtype=dt)
     Gvec = torch.zeros((max(m, 1), N), dtype=torch.float64)
     b0 = torch.empty((B, N, 2), dtype=dt)
@@ -434,6 +434,82 @@ def alif_block_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset, G, carry, ev_i
                 dummy.numpy() if ev_in is None else ev_in.numpy(), ev_in is not None, GH.numpy(), P0.numpy(),
                 Phi.numpy(), Gvec.numpy(), b0.numpy(), ev_out.numpy())
     return GH, P0, Phi.view(B, N, 2, 2), Gvec, b0, ev_out
+
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_matrix_carry(P0, pre, Phi, e, has_e, b0, do_b, carry, out, bnd, pb, tmp):  # pragma: no cover - compiled
+        """One pass over the carried matrix trace ``e [N, B, 2, H]`` of an ALIF block, per sample:
+
+            boundary (``do_b``):  bnd[n] += b0[b, n, 0] e[n, b, 0] + b0[b, n, 1] e[n, b, 1]
+            carry:                out[n, b] = sum_k P0[b, k, n] pre[k, b]^T + Phi[b, n] e[n, b]
+
+        the sum over the block's steps as one GEMM per sample (``P0 [B, K, 2N]`` the first
+        columns of ``Phi_{K-1,k}``, ``pre [K, B, H]``, ``Phi [B, N, 2, 2]``); ``out`` may be ``e``
+        (each element is read before it is written). ``pb [K, H]``, ``tmp [2N, H]``: scratch."""
+        B, K, N2 = P0.shape
+        N = N2 // 2
+        H = pre.shape[2]
+        zero = bnd.dtype.type(0)
+        if do_b:
+            bnd[:, :] = zero
+        for b in range(B):
+            if carry:
+                for k in range(K):
+                    for h in range(H):
+                        pb[k, h] = pre[k, b, h]
+                np.dot(P0[b].T, pb, tmp)  # rows (n, v / a)
+            for n in range(N):
+                if has_e:
+                    e0, e1 = e[n, b, 0], e[n, b, 1]
+                    c0, c1 = (b0[b, n, 0], b0[b, n, 1]) if do_b else (zero, zero)
+                    r = bnd[n] if do_b else bnd[0]
+                    if carry:
+                        p00, p01, p10, p11 = Phi[b, n, 0, 0], Phi[b, n, 0, 1], Phi[b, n, 1, 0], Phi[b, n, 1, 1]
+                        o0, o1, t0, t1 = out[n, b, 0], out[n, b, 1], tmp[2 * n], tmp[2 * n + 1]
+                        if do_b:
+                            for h in range(H):
+                                x0, x1 = e0[h], e1[h]
+                                r[h] += c0 * x0 + c1 * x1
+                                o0[h] = t0[h] + (x0 * p00 + x1 * p01)
+                                o1[h] = t1[h] + (x0 * p10 + x1 * p11)
+                        else:
+                            for h in range(H):
+                                x0, x1 = e0[h], e1[h]
+                                o0[h] = t0[h] + (x0 * p00 + x1 * p01)
+                                o1[h] = t1[h] + (x0 * p10 + x1 * p11)
+                    elif do_b:
+                        for h in range(H):
+                            r[h] += c0 * e0[h] + c1 * e1[h]
+                elif carry:
+                    o0, o1, t0, t1 = out[n, b, 0], out[n, b, 1], tmp[2 * n], tmp[2 * n + 1]
+                    for h in range(H):
+                        o0[h] = t0[h]
+                        o1[h] = t1[h]
+
+
+def alif_matrix_carry_numba(P0, pre, Phi, e, b0, carry: bool):
+    """:func:`_alif_matrix_carry` on torch tensors: ``P0 [B, K, N, 2]``, ``pre [K, B, H]``, ``Phi
+    [B, N, 2, 2]``, ``e [N, B, 2, H]`` or ``None``, ``b0 [B, N, 2]`` or ``None`` (no boundary
+    term). The carried trace is advanced in place (a new one when ``e`` is ``None``). Returns
+    ``(new trace or None, boundary [N, H] or None)``."""
+    B, K, N, _ = P0.shape
+    H = pre.shape[-1]
+    dt = P0.dtype
+    do_b = b0 is not None and e is not None
+    if not carry and not do_b:
+        return None, None
+    out = e if e is not None else torch.empty((N, B, 2, H), dtype=dt)
+    bnd = torch.empty((N, H), dtype=dt) if do_b else torch.empty((1, 1), dtype=dt)
+    c = _arr
+    npdt = out.numpy().dtype
+    pb = np.empty((K, H) if carry else (1, 1), dtype=npdt)
+    tmp = np.empty((2 * N, H) if carry else (2, 1), dtype=npdt)
+    _alif_matrix_carry(c(P0).reshape(B, K, 2 * N), c(pre), c(Phi), out.numpy(), e is not None,
+                       c(b0) if do_b else np.zeros((1, 1, 2), dtype=npdt), do_b, bool(carry), out.numpy(),
+                       bnd.numpy(), pb, tmp)
+    return (out if carry else None), (bnd if do_b else None)
 
 
 def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_w, G_r, Rd, detach_reset):

@@ -24,7 +24,7 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import alif_block_numba, alif_trace_step_numba, numba_available
+from .numba_kernels import alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, numba_available
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -331,15 +331,11 @@ class ALIFTrace(LayerTrace):
             e = ts.mat.get(name)
             if G is not None:
                 ts.add(name, GH[..., 0].reshape(K * B, N).t() @ pre.reshape(K * B, -1))
-                if e is not None:
-                    ts.add(name, torch.einsum("bnf,nbfh->nh", b0, e))
-            if carry:
-                new_e = torch.einsum("kbnf,kbh->nbfh", P0, pre).contiguous()
-                if e is not None:  # + Phi e, element-wise (a batched matmul of 2 x 2 blocks is slower)
-                    ph = Phi.permute(1, 0, 2, 3)  # [N, B, 2, 2]
-                    e0, e1 = e[:, :, 0], e[:, :, 1]
-                    new_e[:, :, 0].addcmul_(e0, ph[..., 0, 0, None]).addcmul_(e1, ph[..., 0, 1, None])
-                    new_e[:, :, 1].addcmul_(e0, ph[..., 1, 0, None]).addcmul_(e1, ph[..., 1, 1, None])
+            # the boundary term and the carry in one compiled pass (the trace advanced in place)
+            new_e, bnd = alif_matrix_carry_numba(P0, pre, Phi, e, b0 if G is not None else None, carry)
+            if bnd is not None:
+                ts.add(name, bnd)
+            if new_e is not None:
                 ts.mat[name] = new_e
         if carry:
             for j, n in enumerate(names):
