@@ -348,19 +348,41 @@ if _HAVE_NUMBA:
         h0 = np.empty(N, dtype=GH.dtype)
         h1 = np.empty(N, dtype=GH.dtype)
         p = np.empty((4, N), dtype=GH.dtype)
+        pp = np.empty((6, N), dtype=GH.dtype)  # one step's immediate partials, by kind (below)
         for b in range(B):
             for k in range(K):
                 Jk, ik = J[k], imm[k]
-                for n in range(N):
-                    v = v0[k, b, n]
+                for n in range(N):  # branch-free over neurons (vectorised)
                     rd = Rd[n] if has_rd else zero
                     dv_v, dv_a, da_v, da_a, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho = _alif_partials(
-                        v, a0[k, b, n], psi[k, b, n], zp[k, b, n], cn[0, n], cn[2, n], cn[4, n], cn[5, n], cn[6, n],
-                        rd, has_rd, detach_reset, zero)
+                        v0[k, b, n], a0[k, b, n], psi[k, b, n], zp[k, b, n], cn[0, n], cn[2, n], cn[4, n], cn[5, n],
+                        cn[6, n], rd, has_rd, detach_reset, zero)
                     Jk[0, n], Jk[1, n], Jk[2, n], Jk[3, n] = dv_v, dv_a, da_v, da_a
-                    for j in range(m):
-                        ik[j, 0, n], ik[j, 1, n] = _alif_imm(cols[j], v, cn[1, n], cn[3, n], dv_b, da_b, dv_beta,
-                                                             da_beta, da_rho, dR_rho, zero, one)
+                    pp[0, n], pp[1, n], pp[2, n], pp[3, n], pp[4, n], pp[5, n] = (dv_b, da_b, dv_beta, da_beta,
+                                                                                  da_rho, dR_rho)
+                for j in range(m):  # the kinds of :func:`_alif_imm`, one loop over neurons each
+                    kind = cols[j]
+                    i0, i1 = ik[j, 0], ik[j, 1]
+                    if kind == 0:
+                        for n in range(N):
+                            i0[n] = v0[k, b, n] * cn[1, n]
+                            i1[n] = zero
+                    elif kind == 1:
+                        for n in range(N):
+                            i0[n] = -pp[5, n] * cn[3, n]
+                            i1[n] = pp[4, n] * cn[3, n]
+                    elif kind == 2:
+                        for n in range(N):
+                            i0[n] = pp[0, n]
+                            i1[n] = pp[1, n]
+                    elif kind == 3:
+                        for n in range(N):
+                            i0[n] = pp[2, n]
+                            i1[n] = pp[3, n]
+                    else:
+                        for n in range(N):
+                            i0[n] = one
+                            i1[n] = zero
             if use_g:
                 for n in range(N):
                     h0[n], h1[n] = G[K - 1, b, n, 0], G[K - 1, b, n, 1]
