@@ -357,3 +357,44 @@ def test_deferred_c_rows_across_flushes_and_checkpoints(tmp_path):
                 assert torch.equal(got[n], want[n]), n
             else:
                 assert torch.allclose(got[n], want[n], rtol=1e-10, atol=1e-12), n
+
+
+@pytest.mark.parametrize("cells", ["lru", "alif"])
+def test_dropout_switched_on_mid_stream_leaves_the_fast_paths(cells):
+    """A stream started in eval mode takes the whole-stack step, which has no dropout; a model
+    put in training mode in the middle of the stream gets its dropout from the next step on (the
+    learner continues on the reference path), with the same outputs and gradients as a learner
+    that was on the reference path throughout (the same dropout masks, by seed)."""
+    torch.manual_seed(3)
+    kw = dict(tau_mem=3.0, tau_adapt=15.0, b=0.2, beta=0.6)
+    layers = [LRU(5, 6), LRU(5, 6)] if cells == "lru" else [ALIF(5, 6, **kw), ALIF(6, 6, **kw)]
+    model = RecurrentStack(layers, LeakyReadout(layers[-1].output_size, 3), dropout=0.4)
+    model.eval()
+    T, B = 12, 3
+    x = torch.randn(T, B, 5) if cells == "lru" else (torch.rand(T, B, 5) < 0.5).double() * 1.5
+    tgt = torch.randn(T, B, 3)
+    learners = [OnlineLearner(model, loss=mse_step_loss), OnlineLearner(model, loss=mse_step_loss, fast=False)]
+    no_drop = []
+    for t in range(T):
+        if t == 6:
+            assert learners[0]._fused_stack is not None  # the eval-mode steps took the whole-stack step
+            model.train()
+        outs = []
+        for lr in learners:
+            torch.manual_seed(100 + t)
+            outs.append(lr.step(x[t], tgt[t]).output)
+        assert torch.allclose(outs[0], outs[1], rtol=0, atol=1e-12), t
+        no_drop.append(outs[0])
+    assert learners[0]._fused_stack is None
+    with torch.no_grad():  # the training-mode steps did apply dropout: eval mode gives other outputs
+        model.eval()
+        y_eval = model(x)[0]
+    assert not torch.allclose(torch.stack(no_drop[6:]), y_eval[6:], atol=1e-6)
+    grads = []
+    for lr in learners:
+        model.zero_grad()
+        lr.update()
+        grads.append({n: p.grad.clone() for n, p in named(model) if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-9, atol=1e-12), n

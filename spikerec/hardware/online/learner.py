@@ -273,7 +273,8 @@ class OnlineLearner:
             ``parallel`` mode, the cells' closed-form block scans and the losses' ``block``
             forms. ``False`` = the reference path (a per-step autograd backward, torch partials,
             step loops). ``True`` = like ``None``, but in ``stream`` mode an error says why the
-            fast path cannot be used.
+            fast path cannot be used. A model switched to training mode with dropout in the
+            middle of a stream continues on the reference path (which applies the dropout).
         fused: ``None`` = on the fast stream path, the whole-stack compiled step of
             :mod:`.fused_stack` (one compiled forward and one backward call per layer; LRU layers
             under a linear readout, CPU, numba) where it applies; ``False`` = not used.
@@ -357,6 +358,10 @@ class OnlineLearner:
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
+        drop = getattr(self.model, "dropout", None)
+        if drop is not None and drop.training and (self._fused_stack is not None
+                                                   or getattr(self, "_fast_kinds", None) is not None):
+            self._leave_fast_paths()  # dropout switched on mid-stream: those paths do not apply it
         fused = self._fused_stack if self.mode == "stream" else None
         # the whole-stack step checks x_t for NaN in its own compiled pass (same error)
         self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t", nan=fused is None)
@@ -365,7 +370,6 @@ class OnlineLearner:
                 raise ValueError("OnlineLearner.step: a target was given but the learner has no loss; "
                                  "pass loss=fn(y_t, target_t) to OnlineLearner(...)")
             self._check_target(target_t)
-        drop = getattr(self.model, "dropout", None)
         if self.mode == "stream" or (drop is not None and drop.training):
             # active dropout: step by step, so the output returned and the gradient share one mask
             if self._pending:
@@ -747,6 +751,16 @@ class OnlineLearner:
             elif self.use_numba:
                 raise RuntimeError("OnlineLearner: use_numba=True but numba is not installed "
                                    "(pip install 'spikerec[fast]')")
+
+    def _leave_fast_paths(self):
+        """Continue the stream on the reference path (it applies the model's dropout): the
+        whole-stack step's buffered rows go into the accumulators first; states and traces are
+        shared, so nothing else moves. The fast paths are chosen again when a stream starts."""
+        if self._fused_stack is not None:
+            self._fused_stack.flush_rows()
+        self._fused_stack = None
+        self._fast_kinds = None
+        self._gen += 1
 
     def _prepare(self):
         self._gen = getattr(self, "_gen", 0) + 1
