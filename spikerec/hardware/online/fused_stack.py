@@ -90,15 +90,31 @@ if _nb is not None:
         _linear_bwd(gy, u, W, dW, db, has_w, has_db, gh)
         return loss
 
+    @_nb.njit(cache=True, fastmath=_FM, nogil=True, inline="always")
+    def _skip_gemm(left, v, M, D, dvec, out):  # pragma: no cover - compiled
+        """``out = [left | v] M`` with the LRU's skip matrix ``D`` in the last rows of ``M`` (``v``
+        is copied into the last columns of ``left``); for a diagonal ``D [K, 1]``,
+        ``out = left M + v diag(D)``."""
+        B, W = left.shape
+        if not dvec:
+            off = W - v.shape[1]
+            for b in range(B):
+                for j in range(v.shape[1]):
+                    left[b, off + j] = v[b, j]
+        np.dot(left, M, out)
+        if dvec:
+            for b in range(B):
+                for k in range(out.shape[1]):
+                    out[b, k] += D[k, 0] * v[b, k]
+
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
     def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cs, D, dvec, w, hu, y):  # pragma: no cover - compiled
         """One LRU step in place: ``w = u Bg`` (one GEMM, ``Bg = [gamma B_re^T | gamma B_im^T]``),
         ``h = lam h + w`` on (Re, Im) pairs (the previous state kept in ``pr, pi``), then
         ``y = [Re h | Im h | u] Cs`` (one GEMM, ``Cs = [C_re^T; -C_im^T; D^T]``; a diagonal ``D``
         is added elementwise instead)."""
-        B, H = u.shape
+        B = u.shape[0]
         N = hr.shape[1]
-        K = y.shape[1]
         np.dot(u, Bg, w)
         for b in range(B):
             for n in range(N):
@@ -111,14 +127,7 @@ if _nb is not None:
                 hi[b, n] = c
                 hu[b, n] = a
                 hu[b, N + n] = c
-            if not dvec:
-                for h in range(H):
-                    hu[b, 2 * N + h] = u[b, h]
-        np.dot(hu, Cs, y)
-        if dvec:
-            for b in range(B):
-                for k in range(K):
-                    y[b, k] += D[k, 0] * u[b, k]
+        _skip_gemm(hu, u, Cs, D, dvec, y)
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
     def _linear_fwd(h, W, bias, has_b, y):  # pragma: no cover - compiled
@@ -195,14 +204,7 @@ if _nb is not None:
                     for n in range(N):
                         a[b, n] = gam[n] * t[b, n]
                         a[b, N + n] = gam[n] * t[b, N + n]
-                    if not dvec:
-                        for k in range(K):
-                            a[b, 2 * N + k] = gy[b, k]
-                np.dot(a, Bs, gu)
-                if dvec:
-                    for b in range(B):
-                        for k in range(K):
-                            gu[b, k] += gy[b, k] * D[k, 0]
+                _skip_gemm(a, gy, Bs, D, dvec, gu)
         _lru_trace(pr, pi, hr, hi, u, g, use_g, lr, li, gam, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga,
                    G_bre, G_bim, has_bre, has_bim)
 
