@@ -398,3 +398,48 @@ def test_dropout_switched_on_mid_stream_leaves_the_fast_paths(cells):
     assert grads[0].keys() == grads[1].keys()
     for n in grads[0]:
         assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-9, atol=1e-12), n
+
+
+def test_deferred_alif_matrix_traces_are_bit_identical(monkeypatch):
+    """The whole-stack step applies the ALIF layers' matrix-trace steps in passes of
+    ``MAT_DEFER`` steps; the result is bit-identical to a pass per step (float32), wherever the
+    passes fall: traces read mid-stream (``learner.traces`` applies the pending steps), per-sample
+    resets, ``truncate``, steps without a loss, an optimiser step and a checkpoint's
+    ``state_tensors`` between passes."""
+    import spikerec.hardware.online.fused_stack as fsm
+
+    model = build_alif("rec").float()
+    T, B = 29, 3
+    x = (torch.rand(T, B, 5) < 0.4).float() * 1.5
+    tgt = torch.randn(T, B, 3).float()
+    snaps = {}
+    for defer in (1, 8):
+        monkeypatch.setattr(fsm, "MAT_DEFER", defer)
+        m = __import__("copy").deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        lr = OnlineLearner(m, loss=mse_step_loss, optimizer=opt)
+        seen = []
+        for t in range(T):
+            if t == 9:
+                lr.reset(torch.tensor([True, False, True]))
+            if t == 17:
+                lr.truncate(torch.tensor([False, True, False]))
+            y, _ = lr.step(x[t], None if t % 5 == 4 else tgt[t])
+            if t in (5, 13, 22):  # mid-pass for MAT_DEFER = 8
+                seen.append({f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces)
+                             for n, v in list(ts.mat.items()) + list(ts.G.items())})
+            if t == 14:
+                lr.update()
+            if t == 20:
+                tensors, _ = lr.state_tensors()
+                seen.append({k: v.clone() for k, v in tensors.items()})
+            seen.append({"y": y.clone()})
+        assert lr._fused_stack is not None and lr._fused_stack.mats
+        lr.update()
+        seen.append({n: p.detach().clone() for n, p in named(m)})
+        snaps[defer] = seen
+    assert len(snaps[1]) == len(snaps[8])
+    for a, b in zip(snaps[1], snaps[8]):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), k

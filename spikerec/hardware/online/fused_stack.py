@@ -24,7 +24,8 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   compiled call, the trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL
   recursions of :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) or of
   :func:`.numba_kernels.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
-  ``G += g . eps``.
+  ``G += g . eps``; the ALIF layers' matrix traces are advanced every ``MAT_DEFER`` steps in one
+  pass (:meth:`FusedStack.flush_mats`, bit-identical to a pass per step).
 
 It equals the torch reference (``fast=False``) in float64 to rounding
 (tests/test_online_fused.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
@@ -44,6 +45,7 @@ from .traces_lru import LRUTrace
 __all__ = ["fused_supported", "FusedStack", "any_nan"]
 
 DEFER = 32  # steps of the LRU layers' C gradient buffered before one GEMM (FusedStack.flush_rows)
+MAT_DEFER = 8  # steps of the ALIF layers' matrix traces applied in one pass (FusedStack.flush_mats)
 
 try:
     import numba as _nb
@@ -211,7 +213,7 @@ if _nb is not None:
 
 if _nb is not None:
     from ...kernels.lif_sequence_numba_kernels import sd_fn
-    from .numba_kernels import _alif_trace
+    from .numba_kernels import _alif_vec_step, _mat_nest_steps
 
     @_nb.njit(cache=True, nogil=True)
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
@@ -252,11 +254,14 @@ if _nb is not None:
     @_nb.njit(cache=True, nogil=True)
     def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
                   need_gin, pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
-                  detach_reset):  # pragma: no cover - compiled
+                  detach_reset, Jcs, gs, xs, zs, use_gs):  # pragma: no cover - compiled
         """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
         ``g = (gp, -beta gp)`` on ``(v, a)`` with ``gp = gout sigma'(v - theta)``; ``db -= sum gp``,
-        ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step
-        (:func:`_alif_trace`)."""
+        ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step: the
+        per-neuron part now (:func:`.numba_kernels._alif_vec_step`); the matrix traces' step is
+        deferred: its inputs (Jacobians, ``g``, the layer input and previous spikes) go into slot
+        ``slot`` of the step buffers, and when the last slot is filled all of them are applied in
+        one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
         B, N = v.shape
         if use_g:
             for b in range(B):
@@ -272,8 +277,25 @@ if _nb is not None:
                         acc_beta[n] -= q * an
             if need_gin:
                 np.dot(gp, W, gin)
-        _alif_trace(pv, pa, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
-                    detach_reset)
+        _alif_vec_step(pv, pa, psi, zp, g, use_g, cn, cols, ev, G_vec, Rd, has_rd, detach_reset, Jcs[slot])
+        if has_w or has_r:
+            use_gs[slot] = use_g
+            if use_g:
+                gs[slot] = g
+            if has_w:
+                xs[slot] = x
+            if has_r:
+                zs[slot] = zp
+            if slot == Jcs.shape[0] - 1:
+                _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, slot + 1)
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, S):  # pragma: no cover - compiled
+        """The ``S`` deferred steps of an ALIF layer's input and lateral matrix traces."""
+        if has_w:
+            _mat_nest_steps(ew, xs, Jcs, gs, use_gs, G_w, S)
+        if has_r:
+            _mat_nest_steps(er, zs, Jcs, gs, use_gs, G_r, S)
 
 
 def any_nan(x: torch.Tensor) -> bool | None:
@@ -332,6 +354,9 @@ class FusedStack:
         self.fill = 0  # rows written since the last flush
         self.restore = None  # rows from a checkpoint, copied in at the next bind
         self.rbufs = {}  # the row buffers by layer
+        self.mats = []  # per ALIF layer with matrix traces: the arguments of _alif_mats
+        self.mbufs = {}  # their step buffers by layer
+        self.mfill = 0  # matrix-trace steps deferred since the last pass (flush_mats)
 
     # --- the deferred output-map gradient of the LRU layers -------------------------------------
     def flush_rows(self) -> None:
@@ -349,6 +374,16 @@ class FusedStack:
             if dCi is not None:
                 dCi.addmm_(gyt, HI[:f].reshape(-1, HI.shape[-1]), alpha=-1.0)
         self.fill = 0
+
+    def flush_mats(self) -> None:
+        """Apply the deferred steps of the ALIF layers' matrix traces (``mfill`` of them, at most
+        ``MAT_DEFER - 1``) in one pass per trace. The same operations in the same order as one
+        pass per step, so when this runs does not change any result (a checkpoint flushes
+        first: :attr:`.learner.OnlineLearner.traces`)."""
+        if self.mfill:
+            for args in self.mats:
+                _alif_mats(*args, self.mfill)
+        self.mfill = 0
 
     def saved_rows(self) -> list:
         """The buffered rows not yet flushed, ``[(GY, Re h, Im h)]`` per LRU layer (copies)."""
@@ -467,6 +502,11 @@ class FusedStack:
         g = torch.zeros((B, N, 2), dtype=dt)
         gin = torch.zeros((B, H), dtype=dt)
         dummy4 = ev[:1, :1, :1, :1] if ev.numel() else torch.zeros((1, 1, 1, 1), dtype=dt)
+        mb = self.mbufs.get(l)  # the deferred matrix-trace steps' inputs; kept across rebinds
+        shapes = ((MAT_DEFER, N, B, 4), (MAT_DEFER, B, N, 2), (MAT_DEFER, B, H), (MAT_DEFER, B, N))
+        if mb is None or tuple(t.shape for t in mb[:4]) != shapes or mb[0].dtype != dt:
+            mb = self.mbufs[l] = tuple(torch.zeros(sh, dtype=dt) for sh in shapes) + (np.zeros(MAT_DEFER, np.bool_),)
+        Jcs, gsb, xsb, zsb, use_gs = mb
         fargs = (_np(st.v), _np(st.a), pv.numpy(), pa.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(),
                  k["bias"] is not None, Rt.numpy(), k["Rt"] is not None, alpha.numpy(), rho.numpy(), omr.numpy(),
                  bb.numpy(), beta.numpy(), sur, p1, p2, cur.numpy(), z.numpy())
@@ -477,7 +517,11 @@ class FusedStack:
                  dummy4.numpy() if mats[0] is None else mats[0].numpy(),
                  dummy4.numpy() if mats[1] is None else mats[1].numpy(), mats[0] is not None, mats[1] is not None,
                  Gv.numpy(), dummy2 if Gw is None else Gw.numpy(), dummy2 if Gr is None else Gr.numpy(),
-                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset))
+                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset),
+                 Jcs.numpy(), gsb.numpy(), xsb.numpy(), zsb.numpy(), use_gs)
+        if mats[0] is not None or mats[1] is not None:
+            self.mats.append((bargs[23], bargs[24], bargs[25], bargs[26], xsb.numpy(), zsb.numpy(), Jcs.numpy(),
+                              gsb.numpy(), use_gs, bargs[28], bargs[29]))  # the arguments of _alif_mats
         keep = (st, pv, pa, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, rho, omr, bb, beta, g, gin, ev, mats, Gv, Gw, Gr,
                 acc_b, acc_beta, cn, Rd, dummy4)
         return _alif_fwd, fargs, _alif_bwd, bargs, 14, keep
@@ -497,7 +541,9 @@ class FusedStack:
         lr_ = self.learner
         dt = self.dtype
         self.flush_rows()  # into the accumulators bound so far
+        self.flush_mats()  # into the traces bound so far
         self.rows = []
+        self.mats = []
         self.layers = self.fwd_args = self.bwd_args = None  # the old bindings' buffers go first
         states = lr_.states
         B = states[0][0].shape[0]
@@ -522,6 +568,8 @@ class FusedStack:
         self.ystate = states[-1]
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
+        # the step-buffer slot each layer's backward takes: the LRU's C rows, the ALIF's matrix traces
+        self.slot_kind = [0 if isinstance(tr, LRUTrace) else 1 for tr in lr_.tracers[:-1]]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         self.gen = lr_._gen
@@ -561,12 +609,13 @@ class FusedStack:
                                                     *self.ro_bwd[1:], self.gh_np), dtype=self.dtype)
             y_t = self.ystate[0].clone()
             gcur = self.gh_np
-            slot = self.fill
+            slots = (self.fill, self.mfill)
             for l in range(len(self.layers) - 1, -1, -1):
                 f, ba, gi = self.bwd_args[l]
-                f(gcur, True, ins[l], slot, *ba)
+                f(gcur, True, ins[l], slots[self.slot_kind[l]], *ba)
                 gcur = ba[gi]
             self._row_written()
+            self._mats_written()
             return y_t, loss
         _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
@@ -595,14 +644,21 @@ class FusedStack:
             gcur = self.gh_np
         else:
             gcur = self.ro_args[0][:0]  # unused
-        slot = self.fill
+        slots = (self.fill, self.mfill)
         for l in range(len(self.layers) - 1, -1, -1):
             f, ba, gi = self.bwd_args[l]
-            f(gcur, use_g, ins[l], slot, *ba)
+            f(gcur, use_g, ins[l], slots[self.slot_kind[l]], *ba)
             gcur = ba[gi]  # the error reaching the layer's input
         if use_g:
             self._row_written()
+        self._mats_written()
         return y_t, loss
+
+    def _mats_written(self):
+        if self.mats:
+            self.mfill += 1
+            if self.mfill == MAT_DEFER:  # the backward calls of this step applied them
+                self.mfill = 0
 
     def _row_written(self):
         if self.rows:

@@ -323,6 +323,20 @@ class OnlineLearner:
         self.closed_form_block = True
         self.block_closed_traces = True  # on that path, the LRU's per-neuron traces in closed form (LRUTrace.block_contract)
 
+    @property
+    def traces(self) -> list:
+        """The layers' trace states (``TraceState``: traces and their gradient accumulators), with
+        any matrix-trace steps the whole-stack step has deferred applied first (bit-identical to
+        applying them step by step; :meth:`.fused_stack.FusedStack.flush_mats`)."""
+        fs = self.__dict__.get("_fused_stack")
+        if fs is not None and fs.mfill:
+            fs.flush_mats()
+        return self._trace_states  # AttributeError before the first stream
+
+    @traces.setter
+    def traces(self, value: list) -> None:
+        self._trace_states = value
+
     # --- what is exact ------------------------------------------------------------------------
     def exactness(self) -> list[tuple[int, str, str]]:
         """``(layer index, cell kind, how its gradient is estimated)`` for every layer.
@@ -758,6 +772,7 @@ class OnlineLearner:
         shared, so nothing else moves. The fast paths are chosen again when a stream starts."""
         if self._fused_stack is not None:
             self._fused_stack.flush_rows()
+            self._fused_stack.flush_mats()
         self._fused_stack = None
         self._fast_kinds = None
         self._gen += 1

@@ -293,12 +293,14 @@ if _HAVE_NUMBA:
         return one, zero
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _alif_trace(v0, a0, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
-                    detach_reset):  # pragma: no cover - compiled
+    def _alif_vec_step(v0, a0, psi, zp, g, use_g, cn, cols, ev, G_vec, Rd, has_rd, detach_reset,
+                       Jc):  # pragma: no cover - compiled
+        """The per-neuron part of one ALIF trace step: the partials, the stacked per-neuron traces
+        ``ev [B, N, 2, m]`` and their contraction into ``G_vec``; writes the 2x2 Jacobians into
+        ``Jc [N, B, 4]`` for the matrix traces (:func:`_mat_nest`)."""
         B, N = v0.shape
         m = cols.shape[0]
         zero, one = ev.dtype.type(0), ev.dtype.type(1)  # of the arrays' dtype (no float64 promotion)
-        Jc = np.empty((N, B, 4), dtype=ev.dtype)  # the 2x2 Jacobians, for the matrix traces
         for n in range(N):
             alpha, dalpha, rho, drho, omr, bb, beta = cn[0, n], cn[1, n], cn[2, n], cn[3, n], cn[4, n], cn[5, n], cn[6, n]
             rd = Rd[n] if has_rd else zero
@@ -319,10 +321,49 @@ if _HAVE_NUMBA:
                     if use_g:
                         G_vec[kind, n] += q0 * f0 + q1 * f1
                 Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3] = dv_v, dv_a, da_v, da_a
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _alif_trace(v0, a0, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
+                    detach_reset):  # pragma: no cover - compiled
+        """One ALIF trace step (:func:`alif_trace_step_numba`): :func:`_alif_vec_step`, then the
+        input and lateral matrix traces (:func:`_mat_nest`)."""
+        B, N = v0.shape
+        Jc = np.empty((N, B, 4), dtype=ev.dtype)  # the 2x2 Jacobians, for the matrix traces
+        _alif_vec_step(v0, a0, psi, zp, g, use_g, cn, cols, ev, G_vec, Rd, has_rd, detach_reset, Jc)
         if has_w:
             _mat_nest(ew, x, Jc, g, G_w, use_g)
         if has_r:
             _mat_nest(er, zp, Jc, g, G_r, use_g)
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _mat_nest_steps(em, pres, Jcs, gs, use_gs, G, S):  # pragma: no cover - compiled
+        """``S`` steps of :func:`_mat_nest` in one pass over the matrix trace ``em [N, B, 2, H]``
+        (``pres [S, B, H]``, ``Jcs [S, N, B, 4]``, ``gs [S, B, N, 2]``, ``use_gs [S]``): each
+        neuron's rows stay in cache for all ``S`` steps, so the trace is read and written once
+        instead of ``S`` times. Every element and every accumulator sees the same operations in
+        the same order as ``S`` calls of :func:`_mat_nest` (bit-identical)."""
+        N, B, _, H = em.shape
+        for n in range(N):
+            Gn = G[n]
+            for s in range(S):
+                Jc, pre, use_g = Jcs[s], pres[s], use_gs[s]
+                for b in range(B):
+                    j00, j01, j10, j11 = Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3]
+                    e0r, e1r, xr = em[n, b, 0], em[n, b, 1], pre[b]
+                    if use_g:
+                        q0, q1 = gs[s, b, n, 0], gs[s, b, n, 1]
+                        for h in range(H):
+                            e0, e1 = e0r[h], e1r[h]
+                            f0 = j00 * e0 + j01 * e1 + xr[h]
+                            f1 = j10 * e0 + j11 * e1
+                            e0r[h] = f0
+                            e1r[h] = f1
+                            Gn[h] += q0 * f0 + q1 * f1
+                    else:
+                        for h in range(H):
+                            e0, e1 = e0r[h], e1r[h]
+                            e0r[h] = j00 * e0 + j01 * e1 + xr[h]
+                            e1r[h] = j10 * e0 + j11 * e1
 
 
 if _HAVE_NUMBA:
