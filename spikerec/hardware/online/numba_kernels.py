@@ -219,37 +219,21 @@ _EMPTY: dict = {}
 
 if _HAVE_NUMBA:
 
-    @_nb.njit(cache=True, fastmath=False, nogil=True, inline="always")
-    def _mat_row(e0r, e1r, xr, j00, j01, j10, j11, use_g, q0, q1, Gn):  # pragma: no cover - compiled
-        """One (neuron, sample) row of a matrix trace step: ``(e0, e1) <- J (e0, e1) + (x, 0)``
-        and, with ``use_g``, ``Gn += q0 e0 + q1 e1`` (a branch-free loop LLVM vectorises)."""
-        if use_g:
-            for h in range(e0r.shape[0]):
-                e0, e1 = e0r[h], e1r[h]
-                f0 = j00 * e0 + j01 * e1 + xr[h]
-                f1 = j10 * e0 + j11 * e1
-                e0r[h] = f0
-                e1r[h] = f1
-                Gn[h] += q0 * f0 + q1 * f1
-        else:
-            for h in range(e0r.shape[0]):
-                e0, e1 = e0r[h], e1r[h]
-                e0r[h] = j00 * e0 + j01 * e1 + xr[h]
-                e1r[h] = j10 * e0 + j11 * e1
-
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _mat_nest(em, pre, Jc, g, G, use_g):  # pragma: no cover - compiled
         """A matrix trace ``eps[n, b] <- J[n, b] eps[n, b] + (pre[b], 0)`` (``em [N, B, 2, H]``,
-        ``Jc [N, B, 4]`` the 2x2 Jacobians) and ``G[n] += sum_b g[b, n] . eps[n, b]``: one branch-free
-        loop over contiguous rows per (n, b), in a loop nest of its own (vectorised; the trace and the
-        accumulation in one pass rather than two)."""
-        N, B, _, H = em.shape
-        zero = em.dtype.type(0)
-        for n in range(N):
-            for b in range(B):
-                q0, q1 = (g[b, n, 0], g[b, n, 1]) if use_g else (zero, zero)
-                _mat_row(em[n, b, 0], em[n, b, 1], pre[b], Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3],
-                         use_g, q0, q1, G[n])
+        ``Jc [N, B, 4]`` the 2x2 Jacobians) and ``G[n] += sum_b g[b, n] . eps[n, b]``: one step of
+        :func:`_mat_nest_steps`."""
+        use = np.empty(1, dtype=np.bool_)
+        use[0] = use_g
+        B, H = pre.shape
+        N = Jc.shape[0]
+        if use_g:
+            gs = np.ascontiguousarray(g).reshape((1, B, N, 2))
+        else:  # (g may be a placeholder)
+            gs = np.zeros((1, B, N, 2), dtype=em.dtype)
+        _mat_nest_steps(em, np.ascontiguousarray(pre).reshape((1, B, H)),
+                        np.ascontiguousarray(Jc).reshape((1, N, B, 4)), gs, use, G, 1)
 
     @_nb.njit(cache=True, fastmath=False, nogil=True, inline="always")
     def _alif_partials(v, a, ps, z, alpha, rho, omr, bb, beta, rd, has_rd, detach_reset, zero):
@@ -342,20 +326,35 @@ if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _mat_nest_steps(em, pres, Jcs, gs, use_gs, G, S):  # pragma: no cover - compiled
-        """``S`` steps of :func:`_mat_nest` in one pass over the matrix trace ``em [N, B, 2, H]``
-        (``pres [S, B, H]``, ``Jcs [S, N, B, 4]``, ``gs [S, B, N, 2]``, ``use_gs [S]``): each
-        neuron's rows stay in cache for all ``S`` steps, so the trace is read and written once
-        instead of ``S`` times. Every element and every accumulator sees the same operations in
-        the same order as ``S`` calls of :func:`_mat_nest` (bit-identical)."""
+        """``S`` steps of the matrix trace ``eps[n, b] <- J_s[n, b] eps[n, b] + (pre_s[b], 0)`` and
+        ``G[n] += sum_b g_s[b, n] . eps[n, b]`` in one pass over ``em [N, B, 2, H]`` (``pres [S, B,
+        H]``, ``Jcs [S, N, B, 4]`` the 2x2 Jacobians, ``gs [S, B, N, 2]``, ``use_gs [S]``; no
+        accumulation where ``use_gs[s]`` is false). Each neuron's rows stay in cache for all ``S``
+        steps, so the trace is read and written once instead of ``S`` times; every element and
+        every accumulator sees the same operations in the same order as ``S`` passes of one step
+        (bit-identical). The inner loops run over contiguous rows without branches (vectorised)."""
         N, B, _, H = em.shape
-        zero = em.dtype.type(0)
         for n in range(N):
+            Gn = G[n]
             for s in range(S):
                 Jc, pre, use_g = Jcs[s], pres[s], use_gs[s]
                 for b in range(B):
-                    q0, q1 = (gs[s, b, n, 0], gs[s, b, n, 1]) if use_g else (zero, zero)
-                    _mat_row(em[n, b, 0], em[n, b, 1], pre[b], Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3],
-                             use_g, q0, q1, G[n])
+                    j00, j01, j10, j11 = Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3]
+                    e0r, e1r, xr = em[n, b, 0], em[n, b, 1], pre[b]
+                    if use_g:
+                        q0, q1 = gs[s, b, n, 0], gs[s, b, n, 1]
+                        for h in range(H):
+                            e0, e1 = e0r[h], e1r[h]
+                            f0 = j00 * e0 + j01 * e1 + xr[h]
+                            f1 = j10 * e0 + j11 * e1
+                            e0r[h] = f0
+                            e1r[h] = f1
+                            Gn[h] += q0 * f0 + q1 * f1
+                    else:
+                        for h in range(H):
+                            e0, e1 = e0r[h], e1r[h]
+                            e0r[h] = j00 * e0 + j01 * e1 + xr[h]
+                            e1r[h] = j10 * e0 + j11 * e1
 
 
 if _HAVE_NUMBA:
