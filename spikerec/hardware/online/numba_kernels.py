@@ -1,6 +1,8 @@
 """Compiled CPU kernels (numba) of the online learner: the matrix eligibility trace of one layer,
-the whole trace step of an LRU or ALIF layer (stream mode), and the passes of the LRU and ALIF
-chunked blocks (``*_block_*``), each beside the torch form it is tested against.
+the whole trace step of an LRU or ALIF layer (stream mode; the ALIF matrix traces also as one
+pass over several buffered steps, ``_mat_nest_steps``, for the whole-stack step), and the passes
+of the LRU and ALIF chunked blocks (``*_block_*``, ``*_matrix_carry_*``), each beside the torch
+form it is tested against.
 
 The matrix trace: the same operation as :mod:`.triton_kernels` (and its torch reference
 :func:`.triton_kernels.mat_trace_step_torch`), for every neuron ``n`` and presynaptic input ``h``
