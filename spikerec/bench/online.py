@@ -5,8 +5,8 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
 
 * ``stream``: :meth:`~spikerec.hardware.online.OnlineLearner.step` fed one step at a time from a
   generator (the input is never held whole), with the package's ``mse_step_loss``, then
-  ``update()``; the fastest path that applies (LRU: the whole-stack compiled step of
-  ``fused_stack``; ALIF: hand-written spatial backward, one compiled trace kernel per layer);
+  ``update()``; the fastest path that applies (for these LRU and ALIF stacks the whole-stack
+  compiled step of ``fused_stack``);
 * ``stream_layer``: the same with ``fused=False`` (torch forward and spatial backward, one compiled
   trace kernel per layer);
 * ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:

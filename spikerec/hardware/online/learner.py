@@ -276,8 +276,8 @@ class OnlineLearner:
             fast path cannot be used. A model switched to training mode with dropout in the
             middle of a stream continues on the reference path (which applies the dropout).
         fused: ``None`` = on the fast stream path, the whole-stack compiled step of
-            :mod:`.fused_stack` (one compiled forward and one backward call per layer; LRU layers
-            under a linear readout, CPU, numba) where it applies; ``False`` = not used.
+            :mod:`.fused_stack` (one compiled forward and one backward call per layer; LRU and
+            ALIF layers under a linear readout, CPU, numba) where it applies; ``False`` = not used.
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None,

@@ -291,7 +291,9 @@ class ALIFTrace(LayerTrace):
         """The chunked block's contraction (the sums of :func:`.traces_base.chunk_contract` on
         :meth:`partials`) with the per-step work in one compiled pass
         (:func:`.numba_kernels.alif_block_numba`: partials, reverse filter, per-neuron sums, the
-        carried per-neuron traces) and the matrix parts as GEMMs. The immediate partial of an input
+        carried per-neuron traces), the weights' first sum below as one GEMM, and the boundary term
+        and the carry of each matrix trace in one compiled pass (:func:`.numba_kernels.alif_matrix_carry_numba`,
+        one GEMM per sample, the trace advanced in place). The immediate partial of an input
         or lateral weight is ``(pre, 0)``, so with ``gh`` the reverse-filtered error, ``pre`` the
         block's inputs (or previous spikes), ``e`` the carried matrix trace ``[N, B, 2, H]``,
         ``b0 = J_0^T gh_0`` and ``p_k`` the first column of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}``:
