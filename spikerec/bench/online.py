@@ -16,7 +16,9 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
   ``chunked_autograd``: the same with one autograd backward per block (the earlier fast block,
   ``closed_form_block = False``); ``chunked_ref``: with ``fast=False``, the step-loop block scans;
 * ``bptt``: autograd through the model's fast sequence path with the loss computed in one
-  vectorised op, ``0.5 * ((y - target) ** 2).sum()``.
+  vectorised op, ``0.5 * ((y - target) ** 2).sum()``, with subnormal floats flushed to zero as
+  in the online learner's steps (:mod:`spikerec.hardware.online.subnormal`; BPTT keeps no
+  decaying traces, and its time did not change with it).
 
 All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
 runs under the same load); the time is the best of ``--repeat`` rounds. With ``--processes N``
@@ -162,6 +164,7 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
 
     from spikerec.hardware.online import OnlineLearner, mse_loss
     from spikerec.hardware.online.learner import mse_step_loss
+    from spikerec.hardware.online.subnormal import flush_subnormals
 
     torch.set_num_threads(int(os.environ.get("SPIKEREC_BENCH_THREADS", "1")))
     model = _build(net, H, N)
@@ -180,9 +183,10 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
 
     def run(m, peak):
         model.zero_grad()
-        if m == "bptt":
-            y, _ = model(x)
-            (0.5 * ((y - tgt) ** 2).sum()).backward()
+        if m == "bptt":  # under the online learner's subnormal setting too (no change measured)
+            with flush_subnormals():
+                y, _ = model(x)
+                (0.5 * ((y - tgt) ** 2).sum()).backward()
         elif m in ("stream", "stream_layer", "stream_ref"):
             lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, fast=False if m == "stream_ref" else None,
                                fused=False if m == "stream_layer" else None)

@@ -63,6 +63,7 @@ from ...layers.readout import LeakyReadout
 from .block import block_supported, closed_form_block
 from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
+from .subnormal import flush_subnormals, with_flushed_subnormals
 from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
@@ -330,7 +331,8 @@ class OnlineLearner:
         applying them step by step; :meth:`.fused_stack.FusedStack.flush_mats`)."""
         fs = self.__dict__.get("_fused_stack")
         if fs is not None and fs.mfill:
-            fs.flush_mats()
+            with flush_subnormals():  # as in the steps (:mod:`.subnormal`)
+                fs.flush_mats()
         return self._trace_states  # AttributeError before the first stream
 
     @traces.setter
@@ -365,10 +367,12 @@ class OnlineLearner:
         return out
 
     # --- the streaming interface ----------------------------------------------------------------
+    @with_flushed_subnormals
     def step(self, x_t: torch.Tensor, target_t=None) -> StepResult:
         """Advance the stream by one step ``x_t [B, C]``; with ``target_t`` the step's loss
         ``loss(y_t, target_t)`` adds its gradient estimate to the accumulators. Returns
-        ``StepResult(output, loss)``."""
+        ``StepResult(output, loss)``. Runs with subnormal floats flushed to zero, the caller's
+        setting restored after (:mod:`.subnormal`), as do :meth:`backward` and trace reads."""
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
@@ -476,6 +480,7 @@ class OnlineLearner:
         self._gen += 1
 
     # --- the batch convenience ------------------------------------------------------------------
+    @with_flushed_subnormals
     def backward(self, x: torch.Tensor, target, loss_fn: Callable) -> float:
         """Accumulate the rule's gradient estimate of ``L = sum_t loss_fn(y_t, target, t)`` into
         ``.grad`` over a fresh stream of the whole ``x [T, B, C]``; returns ``L`` as a float."""

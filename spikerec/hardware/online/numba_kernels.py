@@ -334,29 +334,34 @@ if _HAVE_NUMBA:
         accumulation where ``use_gs[s]`` is false). Each neuron's rows stay in cache for all ``S``
         steps, so the trace is read and written once instead of ``S`` times; every element and
         every accumulator sees the same operations in the same order as ``S`` passes of one step
-        (bit-identical). The inner loops run over contiguous rows without branches (vectorised)."""
+        (bit-identical). The inner loops run over contiguous rows without branches, index the trace
+        directly and add into a local copy of the neuron's accumulator row (so the compiler can tell
+        the rows apart and vectorise them)."""
         N, B, _, H = em.shape
+        acc = np.empty(H, dtype=G.dtype)  # the neuron's accumulator row, kept apart from the trace
         for n in range(N):
-            Gn = G[n]
+            for h in range(H):
+                acc[h] = G[n, h]
             for s in range(S):
-                Jc, pre, use_g = Jcs[s], pres[s], use_gs[s]
+                use_g = use_gs[s]
                 for b in range(B):
-                    j00, j01, j10, j11 = Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3]
-                    e0r, e1r, xr = em[n, b, 0], em[n, b, 1], pre[b]
+                    j00, j01, j10, j11 = Jcs[s, n, b, 0], Jcs[s, n, b, 1], Jcs[s, n, b, 2], Jcs[s, n, b, 3]
                     if use_g:
                         q0, q1 = gs[s, b, n, 0], gs[s, b, n, 1]
                         for h in range(H):
-                            e0, e1 = e0r[h], e1r[h]
-                            f0 = j00 * e0 + j01 * e1 + xr[h]
+                            e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
+                            f0 = j00 * e0 + j01 * e1 + pres[s, b, h]
                             f1 = j10 * e0 + j11 * e1
-                            e0r[h] = f0
-                            e1r[h] = f1
-                            Gn[h] += q0 * f0 + q1 * f1
+                            em[n, b, 0, h] = f0
+                            em[n, b, 1, h] = f1
+                            acc[h] += q0 * f0 + q1 * f1
                     else:
                         for h in range(H):
-                            e0, e1 = e0r[h], e1r[h]
-                            e0r[h] = j00 * e0 + j01 * e1 + xr[h]
-                            e1r[h] = j10 * e0 + j11 * e1
+                            e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
+                            em[n, b, 0, h] = j00 * e0 + j01 * e1 + pres[s, b, h]
+                            em[n, b, 1, h] = j10 * e0 + j11 * e1
+            for h in range(H):
+                G[n, h] = acc[h]
 
 
 if _HAVE_NUMBA:
@@ -496,53 +501,55 @@ if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True)
     def _alif_matrix_carry(P0, pre, Phi, e, has_e, b0, do_b, carry, out, bnd, pb, tmp):  # pragma: no cover - compiled
-        """One pass over the carried matrix trace ``e [N, B, 2, H]`` of an ALIF block, per sample:
+        """One pass over the carried matrix trace ``e [N, B, 2, H]`` of an ALIF block:
 
             boundary (``do_b``):  bnd[n] += b0[b, n, 0] e[n, b, 0] + b0[b, n, 1] e[n, b, 1]
             carry:                out[n, b] = sum_k P0[b, k, n] pre[k, b]^T + Phi[b, n] e[n, b]
 
-        the sum over the block's steps as one GEMM per sample (``P0 [B, K, 2N]`` the first
-        columns of ``Phi_{K-1,k}``, ``pre [K, B, H]``, ``Phi [B, N, 2, 2]``); ``out`` may be ``e``
-        (each element is read before it is written). ``pb [K, H]``, ``tmp [2N, H]``: scratch."""
-        B, K, N2 = P0.shape
-        N = N2 // 2
-        H = pre.shape[2]
+        the sum over the block's steps as one GEMM per sample into ``tmp [B, 2N, H]`` (``P0 [B,
+        K, 2N]`` the first columns of ``Phi_{K-1,k}``, ``pre [K, B, H]``, ``Phi [B, N, 2, 2]``), then
+        one pass over the trace in memory order. With ``has_e`` the trace is advanced in place
+        (``out`` is written only without one); the loops index the arrays directly (no row
+        views), so the compiler can tell the rows apart and vectorise them. ``pb [K, H]``: scratch."""
+        B, K = P0.shape[0], P0.shape[1]
         zero = bnd.dtype.type(0)
         if do_b:
             bnd[:, :] = zero
-        for b in range(B):
-            if carry:
+        if carry:
+            for b in range(B):
                 for k in range(K):
-                    for h in range(H):
+                    for h in range(pb.shape[1]):
                         pb[k, h] = pre[k, b, h]
-                np.dot(P0[b].T, pb, tmp)  # rows (n, v / a)
+                np.dot(P0[b].T, pb, tmp[b])  # rows (n, v / a)
+        if has_e:
+            _alif_carry_pass(e, Phi, tmp, b0, do_b, carry, bnd)
+        elif carry:
+            N, B, _, H = out.shape  # the loop bounds of the array written (see _alif_carry_pass)
             for n in range(N):
-                if has_e:
-                    e0, e1 = e[n, b, 0], e[n, b, 1]
-                    c0, c1 = (b0[b, n, 0], b0[b, n, 1]) if do_b else (zero, zero)
-                    r = bnd[n] if do_b else bnd[0]
-                    if carry:
-                        p00, p01, p10, p11 = Phi[b, n, 0, 0], Phi[b, n, 0, 1], Phi[b, n, 1, 0], Phi[b, n, 1, 1]
-                        o0, o1, t0, t1 = out[n, b, 0], out[n, b, 1], tmp[2 * n], tmp[2 * n + 1]
-                        if do_b:
-                            for h in range(H):
-                                x0, x1 = e0[h], e1[h]
-                                r[h] += c0 * x0 + c1 * x1
-                                o0[h] = t0[h] + (x0 * p00 + x1 * p01)
-                                o1[h] = t1[h] + (x0 * p10 + x1 * p11)
-                        else:
-                            for h in range(H):
-                                x0, x1 = e0[h], e1[h]
-                                o0[h] = t0[h] + (x0 * p00 + x1 * p01)
-                                o1[h] = t1[h] + (x0 * p10 + x1 * p11)
-                    elif do_b:
-                        for h in range(H):
-                            r[h] += c0 * e0[h] + c1 * e1[h]
-                elif carry:
-                    o0, o1, t0, t1 = out[n, b, 0], out[n, b, 1], tmp[2 * n], tmp[2 * n + 1]
+                for b in range(B):
                     for h in range(H):
-                        o0[h] = t0[h]
-                        o1[h] = t1[h]
+                        out[n, b, 0, h] = tmp[b, 2 * n, h]
+                        out[n, b, 1, h] = tmp[b, 2 * n + 1, h]
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_carry_pass(e, Phi, tmp, b0, do_b, carry, bnd):  # pragma: no cover - compiled
+        """The pass of :func:`_alif_matrix_carry` over a carried trace ``e``, advanced in place. The
+        loop bounds are ``e``'s own shape and the rows are indexed directly (no row views): with
+        both, the compiler can prove that the two rows of a (neuron, sample) pair do not overlap
+        and vectorises the loops (about 3x faster than bounds taken from another array)."""
+        N, B, _, H = e.shape
+        for n in range(N):
+            for b in range(B):
+                if do_b:
+                    c0, c1 = b0[b, n, 0], b0[b, n, 1]
+                    for h in range(H):
+                        bnd[n, h] += c0 * e[n, b, 0, h] + c1 * e[n, b, 1, h]
+                if carry:
+                    p00, p01, p10, p11 = Phi[b, n, 0, 0], Phi[b, n, 0, 1], Phi[b, n, 1, 0], Phi[b, n, 1, 1]
+                    for h in range(H):
+                        x0, x1 = e[n, b, 0, h], e[n, b, 1, h]
+                        e[n, b, 0, h] = tmp[b, 2 * n, h] + (x0 * p00 + x1 * p01)
+                        e[n, b, 1, h] = tmp[b, 2 * n + 1, h] + (x0 * p10 + x1 * p11)
 
 
 def alif_matrix_carry_numba(P0, pre, Phi, e, b0, carry: bool):
@@ -561,7 +568,7 @@ def alif_matrix_carry_numba(P0, pre, Phi, e, b0, carry: bool):
     c = _arr
     npdt = out.numpy().dtype
     pb = np.empty((K, H) if carry else (1, 1), dtype=npdt)
-    tmp = np.empty((2 * N, H) if carry else (2, 1), dtype=npdt)
+    tmp = np.empty((B, 2 * N, H) if carry else (1, 2, 1), dtype=npdt)
     _alif_matrix_carry(c(P0).reshape(B, K, 2 * N), c(pre), c(Phi), out.numpy(), e is not None,
                        c(b0) if do_b else np.zeros((1, 1, 2), dtype=npdt), do_b, bool(carry), out.numpy(),
                        bnd.numpy(), pb, tmp)
@@ -695,35 +702,36 @@ if _HAVE_NUMBA:
                                   z = lam_n conj(gh0[b, n])
             carry (``do_c``):     out[n, b] = gamma_n q[n, :, b] + lam_n^K e[n, b]
 
-        on (Re, Im) rows; ``q [N, 2, B, H]`` is the GEMM ``sum_k lam^(K-1-k) x_k``, ``gh0 [B, N, 2]``."""
-        N, B, _, H = out.shape
+        on (Re, Im) rows; ``q [N, 2, B, H]`` is the GEMM ``sum_k lam^(K-1-k) x_k``, ``gh0 [B, N, 2]``.
+        Each loop takes its bounds from the array it writes and indexes the arrays directly (no
+        row views), so the compiler can tell the rows apart and vectorises it (2x faster)."""
         zero = out.dtype.type(0)
-        if do_b:
+        if do_b and has_e:
             bnd[:] = zero
-        for n in range(N):
-            gm, a, c = gam[n], Lr[n], Li[n]
-            for b in range(B):
-                o0, o1 = out[n, b, 0], out[n, b, 1]
-                if has_e:
-                    e0, e1 = e[n, b, 0], e[n, b, 1]
-                    if do_b:  # z = lam conj(g) = (lr g0 + li g1) + i (li g0 - lr g1)
-                        g0, g1 = gh0[b, n, 0], gh0[b, n, 1]
-                        zr = lr[n] * g0 + li[n] * g1
-                        zi = li[n] * g0 - lr[n] * g1
-                        r0, r1 = bnd[0, n], bnd[1, n]
-                        for h in range(H):
-                            r0[h] += zr * e0[h] - zi * e1[h]
-                            r1[h] -= zi * e0[h] + zr * e1[h]
-                    if do_c:
-                        q0, q1 = q[n, 0, b], q[n, 1, b]
-                        for h in range(H):
-                            o0[h] = gm * q0[h] + (a * e0[h] - c * e1[h])
-                            o1[h] = gm * q1[h] + (a * e1[h] + c * e0[h])
-                elif do_c:
-                    q0, q1 = q[n, 0, b], q[n, 1, b]
+            _, N, H = bnd.shape
+            B = gh0.shape[0]
+            for n in range(N):
+                for b in range(B):  # z = lam conj(g) = (lr g0 + li g1) + i (li g0 - lr g1)
+                    g0, g1 = gh0[b, n, 0], gh0[b, n, 1]
+                    zr = lr[n] * g0 + li[n] * g1
+                    zi = li[n] * g0 - lr[n] * g1
                     for h in range(H):
-                        o0[h] = gm * q0[h]
-                        o1[h] = gm * q1[h]
+                        bnd[0, n, h] += zr * e[n, b, 0, h] - zi * e[n, b, 1, h]
+                        bnd[1, n, h] -= zi * e[n, b, 0, h] + zr * e[n, b, 1, h]
+        if do_c:
+            N, B, _, H = out.shape
+            for n in range(N):
+                gm, a, c = gam[n], Lr[n], Li[n]
+                for b in range(B):
+                    if has_e:
+                        for h in range(H):
+                            e0, e1 = e[n, b, 0, h], e[n, b, 1, h]
+                            out[n, b, 0, h] = gm * q[n, 0, b, h] + (a * e0 - c * e1)
+                            out[n, b, 1, h] = gm * q[n, 1, b, h] + (a * e1 + c * e0)
+                    else:
+                        for h in range(H):
+                            out[n, b, 0, h] = gm * q[n, 0, b, h]
+                            out[n, b, 1, h] = gm * q[n, 1, b, h]
 
 
 def lru_matrix_carry_numba(q, gam, lamK, e, gh0, lr, li):
