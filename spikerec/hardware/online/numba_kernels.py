@@ -376,74 +376,74 @@ if _HAVE_NUMBA:
         (``b0 = J_0^T gh_0``), and for the carry the advanced per-neuron traces ``ev_out``, the first
         columns ``P0[b, k]`` of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` and ``Phi = Phi_{K-1,-1}`` (the
         matrix traces' carry, which the caller contracts with the inputs in GEMMs). One sample at a
-        time, neurons innermost (contiguous rows)."""
+        time, neurons innermost (contiguous rows). The reverse filter runs on a planar local copy
+        (``gp [K, 2, N]``, written to the interleaved ``GH`` after the sums), which the compiler
+        vectorises (the sums read strided ``GH`` rows before: 1.7x slower)."""
         K, B, N = v0.shape
         m = cols.shape[0]
         mm = max(m, 1)
         zero, one = GH.dtype.type(0), GH.dtype.type(1)
-        J = np.empty((K, 4, N), dtype=GH.dtype)
+        W = np.empty((K, 10, N), dtype=GH.dtype)  # per step: the Jacobian (rows 0-3), the six partials (4-9)
         imm = np.empty((K, mm, 2, N), dtype=GH.dtype)
+        gp = np.empty((K, 2, N), dtype=GH.dtype)  # the reverse-filtered error, (v, a) rows
         acc = np.zeros((mm, N), dtype=np.float64)
         h0 = np.empty(N, dtype=GH.dtype)
         h1 = np.empty(N, dtype=GH.dtype)
         p = np.empty((4, N), dtype=GH.dtype)
-        pp = np.empty((6, N), dtype=GH.dtype)  # one step's immediate partials, by kind (below)
         for b in range(B):
             for k in range(K):
-                Jk, ik = J[k], imm[k]
-                for n in range(N):  # branch-free over neurons (vectorised)
+                for n in range(W.shape[2]):  # branch-free over neurons (vectorised)
                     rd = Rd[n] if has_rd else zero
                     dv_v, dv_a, da_v, da_a, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho = _alif_partials(
                         v0[k, b, n], a0[k, b, n], psi[k, b, n], zp[k, b, n], cn[0, n], cn[2, n], cn[4, n], cn[5, n],
                         cn[6, n], rd, has_rd, detach_reset, zero)
-                    Jk[0, n], Jk[1, n], Jk[2, n], Jk[3, n] = dv_v, dv_a, da_v, da_a
-                    pp[0, n], pp[1, n], pp[2, n], pp[3, n], pp[4, n], pp[5, n] = (dv_b, da_b, dv_beta, da_beta,
-                                                                                  da_rho, dR_rho)
+                    W[k, 0, n], W[k, 1, n], W[k, 2, n], W[k, 3, n] = dv_v, dv_a, da_v, da_a
+                    W[k, 4, n], W[k, 5, n], W[k, 6, n], W[k, 7, n] = dv_b, da_b, dv_beta, da_beta
+                    W[k, 8, n], W[k, 9, n] = da_rho, dR_rho
+            for k in range(K):
                 for j in range(m):  # the kinds of :func:`_alif_imm`, one loop over neurons each
                     kind = cols[j]
-                    i0, i1 = ik[j, 0], ik[j, 1]
                     if kind == 0:
-                        for n in range(N):
-                            i0[n] = v0[k, b, n] * cn[1, n]
-                            i1[n] = zero
+                        for n in range(imm.shape[3]):
+                            imm[k, j, 0, n] = v0[k, b, n] * cn[1, n]
+                            imm[k, j, 1, n] = zero
                     elif kind == 1:
-                        for n in range(N):
-                            i0[n] = -pp[5, n] * cn[3, n]
-                            i1[n] = pp[4, n] * cn[3, n]
+                        for n in range(imm.shape[3]):
+                            imm[k, j, 0, n] = -W[k, 9, n] * cn[3, n]
+                            imm[k, j, 1, n] = W[k, 8, n] * cn[3, n]
                     elif kind == 2:
-                        for n in range(N):
-                            i0[n] = pp[0, n]
-                            i1[n] = pp[1, n]
+                        for n in range(imm.shape[3]):
+                            imm[k, j, 0, n] = W[k, 4, n]
+                            imm[k, j, 1, n] = W[k, 5, n]
                     elif kind == 3:
-                        for n in range(N):
-                            i0[n] = pp[2, n]
-                            i1[n] = pp[3, n]
+                        for n in range(imm.shape[3]):
+                            imm[k, j, 0, n] = W[k, 6, n]
+                            imm[k, j, 1, n] = W[k, 7, n]
                     else:
-                        for n in range(N):
-                            i0[n] = one
-                            i1[n] = zero
+                        for n in range(imm.shape[3]):
+                            imm[k, j, 0, n] = one
+                            imm[k, j, 1, n] = zero
             if use_g:
-                for n in range(N):
-                    h0[n], h1[n] = G[K - 1, b, n, 0], G[K - 1, b, n, 1]
-                    GH[K - 1, b, n, 0], GH[K - 1, b, n, 1] = h0[n], h1[n]
+                for n in range(gp.shape[2]):
+                    gp[K - 1, 0, n] = G[K - 1, b, n, 0]
+                    gp[K - 1, 1, n] = G[K - 1, b, n, 1]
                 for k in range(K - 2, -1, -1):
-                    Jn = J[k + 1]
-                    for n in range(N):
-                        q0, q1 = h0[n], h1[n]
-                        r0 = G[k, b, n, 0] + (Jn[0, n] * q0 + Jn[2, n] * q1)
-                        r1 = G[k, b, n, 1] + (Jn[1, n] * q0 + Jn[3, n] * q1)
-                        h0[n], h1[n] = r0, r1
-                        GH[k, b, n, 0], GH[k, b, n, 1] = r0, r1
+                    for n in range(gp.shape[2]):
+                        q0, q1 = gp[k + 1, 0, n], gp[k + 1, 1, n]
+                        gp[k, 0, n] = G[k, b, n, 0] + (W[k + 1, 0, n] * q0 + W[k + 1, 2, n] * q1)
+                        gp[k, 1, n] = G[k, b, n, 1] + (W[k + 1, 1, n] * q0 + W[k + 1, 3, n] * q1)
                 acc[:, :] = 0.0
                 for k in range(K):
-                    ik = imm[k]
                     for j in range(m):
-                        aj = acc[j]
-                        for n in range(N):
-                            aj[n] += GH[k, b, n, 0] * ik[j, 0, n] + GH[k, b, n, 1] * ik[j, 1, n]
+                        for n in range(acc.shape[1]):
+                            acc[j, n] += gp[k, 0, n] * imm[k, j, 0, n] + gp[k, 1, n] * imm[k, j, 1, n]
+                for k in range(K):
+                    for n in range(N):
+                        GH[k, b, n, 0] = gp[k, 0, n]
+                        GH[k, b, n, 1] = gp[k, 1, n]
                 for n in range(N):
-                    g0, g1 = GH[0, b, n, 0], GH[0, b, n, 1]
-                    c0, c1 = J[0, 0, n] * g0 + J[0, 2, n] * g1, J[0, 1, n] * g0 + J[0, 3, n] * g1
+                    g0, g1 = gp[0, 0, n], gp[0, 1, n]
+                    c0, c1 = W[0, 0, n] * g0 + W[0, 2, n] * g1, W[0, 1, n] * g0 + W[0, 3, n] * g1
                     b0[b, n, 0], b0[b, n, 1] = c0, c1
                     for j in range(m):
                         extra = (c0 * ev_in[j, b, n, 0] + c1 * ev_in[j, b, n, 1]) if has_ev else 0.0
@@ -454,7 +454,7 @@ if _HAVE_NUMBA:
                         h0[n] = ev_in[j, b, n, 0] if has_ev else zero
                         h1[n] = ev_in[j, b, n, 1] if has_ev else zero
                     for k in range(K):
-                        Jk, ik = J[k], imm[k]
+                        Jk, ik = W[k], imm[k]
                         for n in range(N):
                             e0, e1 = h0[n], h1[n]
                             h0[n] = Jk[0, n] * e0 + Jk[1, n] * e1 + ik[j, 0, n]
@@ -464,7 +464,7 @@ if _HAVE_NUMBA:
                 for n in range(N):
                     p[0, n], p[1, n], p[2, n], p[3, n] = one, zero, zero, one
                 for k in range(K - 1, -1, -1):
-                    Jk = J[k]
+                    Jk = W[k]
                     for n in range(N):
                         p00, p01, p10, p11 = p[0, n], p[1, n], p[2, n], p[3, n]
                         P0[b, k, n, 0], P0[b, k, n, 1] = p00, p10
