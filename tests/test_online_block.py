@@ -114,11 +114,12 @@ def test_lru_compiled_block_equals_its_torch_form(rule, monkeypatch):
     assert g1["cells.0.nu_log"].abs().sum() > 0 and g1["cells.0.B_re"].abs().sum() > 0
 
 
-@pytest.mark.parametrize("detach,surrogate", [(True, SURR), (False, "atan")])
+@pytest.mark.parametrize("detach,surrogate", [(True, SURR), (False, "atan"), (True, "sigmoid")])
 def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surrogate, monkeypatch):
     """Recurrent ALIF layers: the compiled block contraction (ALIFTrace.block_contract) equals the
     torch form (chunk_contract on the stacked partials) and the reference stream, traces and
-    gradients, with lateral weights, both reset-gradient forms and a per-sample reset."""
+    gradients, with lateral weights, both reset-gradient forms and a per-sample reset; the
+    surrogate's derivative inside the kernel (fast sigmoid, arc-tangent) or from torch (sigmoid)."""
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     kw = dict(surrogate=surrogate, tau_mem=5.0, tau_adapt=12.0, b=0.3, beta=0.5, recurrent=True,
               detach_reset=detach)

@@ -20,9 +20,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...kernels.lif_sequence_numba import surrogate_code
+from ...surrogate import heaviside
+
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
            "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba",
-           "lru_block_tail_numba"]
+           "lru_block_tail_numba", "alif_spatial_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -37,6 +40,7 @@ def numba_available() -> bool:
 
 
 if _HAVE_NUMBA:
+    from ...kernels.lif_sequence_numba_kernels import sd_fn
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _mat_trace(eps, J, c, x, g1, g2, G1, G2, use_g, two):  # pragma: no cover - compiled
@@ -367,30 +371,41 @@ if _HAVE_NUMBA:
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _alif_block(v0, a0, psi, zp, cn, cols, Rd, has_rd, detach_reset, G, use_g, carry, ev_in, has_ev, GH, P0,
-                    Phi, Gvec, b0, ev_out):  # pragma: no cover - compiled
+    def _alif_block(v0, a0, psi, zp, sur, p1, p2, cn, cols, Rd, has_rd, detach_reset, G, use_g, carry, ev_in, has_ev,
+                    GHv, P0, Phi, Gvec, b0, ev_out):  # pragma: no cover - compiled
         """The chunked block of one ALIF layer (``full``/``snap1``) for every sample and neuron:
-        the partials of each step (:func:`_alif_partials`), the reverse filter
-        ``gh_k = g_k + J_{k+1}^T gh_{k+1}`` into ``GH``, the per-neuron contraction
+        the previous spikes ``zp = H(u)`` and their surrogate derivative ``psi`` at
+        ``u = v - (b + beta a)`` (written here when the surrogate has an inline form, ``sur != 0``;
+        else ``psi`` and ``zp`` are inputs), the partials of each step (:func:`_alif_partials`), the
+        reverse filter ``gh_k = g_k + J_{k+1}^T gh_{k+1}`` (its ``v`` row into ``GHv [K, B, N]``, the
+        operand of the weights' GEMM), the per-neuron contraction
         ``Gvec[j, n] += sum_k gh_k . imm_k`` plus the boundary term with the carried traces
         (``b0 = J_0^T gh_0``), and for the carry the advanced per-neuron traces ``ev_out``, the first
         columns ``P0[b, k]`` of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` and ``Phi = Phi_{K-1,-1}`` (the
         matrix traces' carry, which the caller contracts with the inputs in GEMMs). One sample at a
-        time, neurons innermost (contiguous rows). The reverse filter runs on a planar local copy
-        (``gp [K, 2, N]``, written to the interleaved ``GH`` after the sums), which the compiler
-        vectorises (the sums read strided ``GH`` rows before: 1.7x slower)."""
+        time, neurons innermost (contiguous rows). The reverse filter runs on a planar local array
+        (``gp [K, 2, N]``), which the compiler vectorises (the sums read strided rows of an
+        interleaved output before: 1.7x slower)."""
         K, B, N = v0.shape
         m = cols.shape[0]
         mm = max(m, 1)
-        zero, one = GH.dtype.type(0), GH.dtype.type(1)
-        W = np.empty((K, 10, N), dtype=GH.dtype)  # per step: the Jacobian (rows 0-3), the six partials (4-9)
-        imm = np.empty((K, mm, 2, N), dtype=GH.dtype)
-        gp = np.empty((K, 2, N), dtype=GH.dtype)  # the reverse-filtered error, (v, a) rows
+        zero, one = v0.dtype.type(0), v0.dtype.type(1)
+        W = np.empty((K, 10, N), dtype=v0.dtype)  # per step: the Jacobian (rows 0-3), the six partials (4-9)
+        imm = np.empty((K, mm, 2, N), dtype=v0.dtype)
+        gp = np.empty((K, 2, N), dtype=v0.dtype)  # the reverse-filtered error, (v, a) rows
         acc = np.zeros((mm, N), dtype=np.float64)
-        h0 = np.empty(N, dtype=GH.dtype)
-        h1 = np.empty(N, dtype=GH.dtype)
-        p = np.empty((4, N), dtype=GH.dtype)
+        h0 = np.empty(N, dtype=v0.dtype)
+        h1 = np.empty(N, dtype=v0.dtype)
+        p = np.empty((4, N), dtype=v0.dtype)
         for b in range(B):
+            if sur != 0:
+                for k in range(K):
+                    for n in range(psi.shape[2]):
+                        u = v0[k, b, n] - (cn[5, n] + cn[6, n] * a0[k, b, n])
+                        psi[k, b, n] = sd_fn(u, sur, p1, p2)
+                    for n in range(zp.shape[2]):
+                        u = v0[k, b, n] - (cn[5, n] + cn[6, n] * a0[k, b, n])
+                        zp[k, b, n] = one if u > zero else zero
             for k in range(K):
                 for n in range(W.shape[2]):  # branch-free over neurons (vectorised)
                     rd = Rd[n] if has_rd else zero
@@ -438,9 +453,8 @@ if _HAVE_NUMBA:
                         for n in range(acc.shape[1]):
                             acc[j, n] += gp[k, 0, n] * imm[k, j, 0, n] + gp[k, 1, n] * imm[k, j, 1, n]
                 for k in range(K):
-                    for n in range(N):
-                        GH[k, b, n, 0] = gp[k, 0, n]
-                        GH[k, b, n, 1] = gp[k, 1, n]
+                    for n in range(GHv.shape[2]):
+                        GHv[k, b, n] = gp[k, 0, n]
                 for n in range(N):
                     g0, g1 = gp[0, 0, n], gp[0, 1, n]
                     c0, c1 = W[0, 0, n] * g0 + W[0, 2, n] * g1, W[0, 1, n] * g0 + W[0, 3, n] * g1
@@ -475,26 +489,70 @@ if _HAVE_NUMBA:
                     Phi[b, n, 0], Phi[b, n, 1], Phi[b, n, 2], Phi[b, n, 3] = p[0, n], p[1, n], p[2, n], p[3, n]
 
 
-def alif_block_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset, G, carry, ev_in):
-    """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, ``G [K, B, N, 2]`` or ``None``,
-    ``ev_in [m, B, N, 2]`` or ``None``); returns ``(GH, P0 [B, K, N, 2], Phi [B, N, 2, 2], Gvec [m, N] float64,
-    b0, ev_out)`` (unused ones hold garbage)."""
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_spatial(gout, v, a, bb, beta, sur, p1, p2, gp, gl, sums):  # pragma: no cover - compiled
+        """The spatial backward of an ALIF layer's spikes over ``[rows, N]``: ``gp = gout
+        sigma'(v - (b + beta a))``, ``gl = (gp, -beta gp)`` (the error on ``(v, a)``), and the
+        per-neuron sums ``sums[0] = sum gp``, ``sums[1] = sum gp a`` in float64."""
+        R, N = v.shape
+        for r in range(R):
+            for n in range(gp.shape[1]):
+                gp[r, n] = gout[r, n] * sd_fn(v[r, n] - (bb[n] + beta[n] * a[r, n]), sur, p1, p2)
+            for n in range(gl.shape[1]):
+                gl[r, n, 0] = gp[r, n]
+                gl[r, n, 1] = -beta[n] * gp[r, n]
+            for n in range(sums.shape[1]):
+                sums[0, n] += gp[r, n]
+                sums[1, n] += gp[r, n] * a[r, n]
+
+
+def alif_spatial_numba(gout, v, a, bb, beta, sur):
+    """:func:`_alif_spatial` on torch tensors (``[rows, N]``; ``bb``, ``beta`` ``[N]``) for a
+    surrogate with an inline form; returns ``(gp, gl [rows, N, 2], sum gp, sum gp a)`` or ``None``
+    (another surrogate: the caller uses torch)."""
+    code, p1, p2 = surrogate_code(sur)
+    if not code:
+        return None
+    R, N = v.shape
+    dt = v.dtype
+    gp = torch.empty((R, N), dtype=dt)
+    gl = torch.empty((R, N, 2), dtype=dt)
+    sums = torch.zeros((2, N), dtype=torch.float64)
+    c = _arr
+    _alif_spatial(c(gout), c(v), c(a), c(bb.expand(N)), c(beta.expand(N)), code, p1, p2, gp.numpy(), gl.numpy(),
+                  sums.numpy())
+    return gp, gl, sums[0].to(dt), sums[1].to(dt)
+
+
+def alif_block_numba(v0, a0, sur, cn, cols, Rd, detach_reset, G, carry, ev_in):
+    """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, the cell's surrogate ``sur``,
+    ``G [K, B, N, 2]`` or ``None``, ``ev_in [m, B, N, 2]`` or ``None``); returns ``(zp, GHv [K, B,
+    N], P0 [B, K, N, 2], Phi [B, N, 2, 2], Gvec [m, N] float64, b0, ev_out)`` (unused ones hold
+    garbage). A surrogate without an inline form has its derivative taken by torch first."""
     K, B, N = v0.shape
     dt = v0.dtype
     m = int(cols.shape[0])
-    GH = torch.empty((K, B, N, 2), dtype=dt)
+    code, p1, p2 = surrogate_code(sur)
+    if code:
+        psi, zp = torch.empty((K, B, N), dtype=dt), torch.empty((K, B, N), dtype=dt)
+    else:
+        u = v0 - (cn[5] + cn[6] * a0)
+        psi, zp = sur.derivative(u).contiguous(), heaviside(u)
+    GHv = torch.empty((K, B, N), dtype=dt)
     P0 = torch.empty((B, K, N, 2), dtype=dt)
     Phi = torch.empty((B, N, 4), dtype=dt)
     Gvec = torch.zeros((max(m, 1), N), dtype=torch.float64)
     b0 = torch.empty((B, N, 2), dtype=dt)
     ev_out = torch.empty((max(m, 1), B, N, 2), dtype=dt)
     dummy = torch.zeros((1, 1, 1, 2), dtype=dt)
-    _alif_block(v0.numpy(), a0.numpy(), psi.numpy(), zp.numpy(), cn.numpy(), cols,
+    _alif_block(v0.numpy(), a0.numpy(), psi.numpy(), zp.numpy(), code, p1, p2, cn.numpy(), cols,
                 torch.zeros(1, dtype=dt).numpy() if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset),
                 dummy.numpy() if G is None else G.numpy(), G is not None, bool(carry),
-                dummy.numpy() if ev_in is None else ev_in.numpy(), ev_in is not None, GH.numpy(), P0.numpy(),
+                dummy.numpy() if ev_in is None else ev_in.numpy(), ev_in is not None, GHv.numpy(), P0.numpy(),
                 Phi.numpy(), Gvec.numpy(), b0.numpy(), ev_out.numpy())
-    return GH, P0, Phi.view(B, N, 2, 2), Gvec, b0, ev_out
+    return zp, GHv, P0, Phi.view(B, N, 2, 2), Gvec, b0, ev_out
 
 
 if _HAVE_NUMBA:

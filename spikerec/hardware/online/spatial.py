@@ -27,6 +27,7 @@ import torch
 
 from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
+from .numba_kernels import alif_spatial_numba, numba_available
 from .traces_base import stream_step
 from .traces_lif import ALIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
@@ -199,6 +200,13 @@ def _lru_interleaved(tr, dtype):
     return out
 
 
+def _compiled_rows(*ts) -> bool:
+    """Whether the compiled ALIF spatial pass applies to these ``[rows, N]`` tensors (numba, CPU,
+    float32/float64, no autograd)."""
+    return numba_available() and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+                                     and not t.requires_grad and t.dim() == 2 for t in ts)
+
+
 def _spatial_backward(learner, kinds, recs, gy):
     """``g^l_t`` ``[B, N, k]`` per layer (``None`` without a loss) and the output-map gradients
     added to ``learner.spatial``."""
@@ -237,12 +245,19 @@ def _spatial_backward(learner, kinds, recs, gy):
                 g_out = torch.addmm(gu, g, Bi)
         else:  # alif
             b, beta = c.b.detach(), c.beta.detach()
-            gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
-            _acc(sp, c.b, gp.sum(0), -1.0)
-            _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
-            gl = gs[l] = torch.empty((*gp.shape, 2), dtype=gp.dtype, device=gp.device)
-            gl[..., 0] = gp
-            torch.mul(gp, -beta, out=gl[..., 1])
+            comp = (alif_spatial_numba(g_out, new.v, new.a, b, beta, c.surrogate)
+                    if _compiled_rows(g_out, new.v, new.a) else None)
+            if comp is not None:  # one compiled pass (a surrogate with an inline form)
+                gp, gs[l], s_b, s_beta = comp
+                _acc(sp, c.b, s_b, -1.0)
+                _acc(sp, c.beta, s_beta, -1.0)
+            else:
+                gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
+                _acc(sp, c.b, gp.sum(0), -1.0)
+                _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
+                gl = gs[l] = torch.empty((*gp.shape, 2), dtype=gp.dtype, device=gp.device)
+                gl[..., 0] = gp
+                torch.mul(gp, -beta, out=gl[..., 1])
             if l > 0:
                 g_out = gp @ c.weight.detach()
     return gs

@@ -290,8 +290,9 @@ class ALIFTrace(LayerTrace):
     def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
         """The chunked block's contraction (the sums of :func:`.traces_base.chunk_contract` on
         :meth:`partials`) with the per-step work in one compiled pass
-        (:func:`.numba_kernels.alif_block_numba`: partials, reverse filter, per-neuron sums, the
-        carried per-neuron traces), the weights' first sum below as one GEMM, and the boundary term
+        (:func:`.numba_kernels.alif_block_numba`: the previous spikes and their surrogate
+        derivative, partials, reverse filter, per-neuron sums, the carried per-neuron traces), the
+        weights' first sum below as one GEMM on the filtered error's ``v`` row, and the boundary term
         and the carry of each matrix trace in one compiled pass (:func:`.numba_kernels.alif_matrix_carry_numba`,
         one GEMM per sample, the trace advanced in place). The immediate partial of an input
         or lateral weight is ``(pre, 0)``, so with ``gh`` the reverse-filtered error, ``pre`` the
@@ -308,23 +309,20 @@ class ALIFTrace(LayerTrace):
             chunk_contract(ts, stack_partials(self.partials(x, prev, new), K, B), G, carry)
             return
         c = self.cell
-        k = self.consts(dt)
         names, cols, cn, Rd = self.fused_setup(dt)
         N = prev.v.shape[-1]
         v0, a0 = prev.v.reshape(K, B, N).contiguous(), prev.a.reshape(K, B, N).contiguous()
-        u = v0 - (k["b"] + k["beta"] * a0)
-        zp = heaviside(u)
-        psi = c.surrogate.derivative(u).contiguous()
         olds = [ts.vec.get(n) for n in names]
         ev_in = torch.stack(olds).contiguous() if names and all(e is not None for e in olds) else None
         if ev_in is None and any(e is not None for e in olds):  # some carried, some not (never by this path)
             ev_in = torch.stack([torch.zeros((B, N, 2), dtype=dt) if e is None else e for e in olds]).contiguous()
         Gc = None if G is None else G.reshape(K, B, N, 2).to(dt).contiguous()
-        GH, P0, Phi, Gvec, b0, ev_out = alif_block_numba(v0, a0, psi, zp, cn, cols, Rd, c.detach_reset, Gc,
-                                                         carry, ev_in)
+        zp, GHv, P0, Phi, Gvec, b0, ev_out = alif_block_numba(v0, a0, c.surrogate, cn, cols, Rd, c.detach_reset, Gc,
+                                                              carry, ev_in)
         if G is not None:
+            Gv = Gvec.to(dt)  # the float64 sums, converted once
             for j, n in enumerate(names):
-                ts.add(n, Gvec[j])
+                ts.add(n, Gv[j])
         pres = {"weight": x.reshape(K, B, -1), "recurrent_weight": zp}
         for name in ("weight", "recurrent_weight"):
             if name not in self.traced:
@@ -332,7 +330,7 @@ class ALIFTrace(LayerTrace):
             pre = pres[name]
             e = ts.mat.get(name)
             if G is not None:
-                ts.add(name, GH[..., 0].reshape(K * B, N).t() @ pre.reshape(K * B, -1))
+                ts.add(name, GHv.reshape(K * B, N).t() @ pre.reshape(K * B, -1))
             # the boundary term and the carry in one compiled pass (the trace advanced in place)
             new_e, bnd = alif_matrix_carry_numba(P0, pre, Phi, e, b0 if G is not None else None, carry)
             if bnd is not None:
