@@ -49,15 +49,18 @@ def _vec(p: torch.Tensor, N: int, dtype):
 INLINE_MAX_N = 128  # up to this many neurons the recurrent input is summed inside the compiled loop
 
 
-def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec, rec_inline=None):
+def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec, rec_inline=None, V=None, A=None):
     """Forward loop: returns ``(Z, Z as bool, V, A, v_T, a_T)``. ``rec_inline``: compute the
     recurrent input inside the compiled loop (sums of the spiking neurons' weight rows; one call
     for all steps) instead of a torch matmul between single-step calls; ``None``: for layers of at
-    most ``INLINE_MAX_N`` neurons."""
+    most ``INLINE_MAX_N`` neurons. ``V``, ``A``: contiguous ``[T, B, N]`` tensors (or views) to
+    write the states into (new ones by default)."""
     k = _kernels()
     T, B, N = I.shape
     dt = I.dtype
-    V, A, Z = torch.empty_like(I), torch.empty_like(I), torch.empty_like(I)
+    V = torch.empty_like(I) if V is None else V
+    A = torch.empty_like(I) if A is None else A
+    Z = torch.empty_like(I)
     Zb = torch.empty(T, B, N, dtype=torch.bool)
     v, a = v0.detach().clone(), a0.detach().clone()
     z = torch.gt(v, b.detach() + beta.detach() * a).to(dt)

@@ -167,18 +167,19 @@ class ALIFTrace(LayerTrace):
                 return prev, last
             return prev, last, self.step(x.reshape(K * B, *x.shape[2:]), prev)
         k = self.consts(x.dtype)
-        I = x @ k["Wt"]
-        if k["bias"] is not None:
-            I = I + k["bias"]
+        x2 = x.reshape(K * B, x.shape[-1])
+        I = (torch.addmm(k["bias"], x2, k["Wt"]) if k["bias"] is not None else x2 @ k["Wt"]).view(K, B, -1)
         w_rec = None if k["Rt"] is None else k["Rt"].t()
-        _, _, V, A, vT, aT = alif_sequence_numba.alif_forward(I, state.v, state.a, k["alpha_s"], k["rho_s"],
-                                                               k["b"], k["beta"], w_rec)
-        N = V.shape[-1]
-        prev = ALIFState(torch.cat([state.v[None], V[:-1]]).reshape(K * B, N),
-                         torch.cat([state.a[None], A[:-1]]).reshape(K * B, N))
+        N = I.shape[-1]
+        # the states before and after every step as views of one [K + 1] buffer per field (no copies)
+        Vf, Af = torch.empty((K + 1, B, N), dtype=x.dtype), torch.empty((K + 1, B, N), dtype=x.dtype)
+        Vf[0], Af[0] = state.v, state.a
+        _, _, _, _, vT, aT = alif_sequence_numba.alif_forward(I, state.v, state.a, k["alpha_s"], k["rho_s"],
+                                                               k["b"], k["beta"], w_rec, V=Vf[1:], A=Af[1:])
+        prev = ALIFState(Vf[:K].view(K * B, N), Af[:K].view(K * B, N))
         if not with_new:
             return prev, ALIFState(vT, aT)
-        return prev, ALIFState(vT, aT), ALIFState(V.reshape(K * B, N), A.reshape(K * B, N))
+        return prev, ALIFState(vT, aT), ALIFState(Vf[1:].view(K * B, N), Af[1:].view(K * B, N))
 
     def partials(self, x, prev, new):
         c = self.cell
