@@ -391,7 +391,7 @@ if _HAVE_NUMBA:
         mm = max(m, 1)
         zero, one = v0.dtype.type(0), v0.dtype.type(1)
         W = np.empty((K, 10, N), dtype=v0.dtype)  # per step: the Jacobian (rows 0-3), the six partials (4-9)
-        imm = np.empty((K, mm, 2, N), dtype=v0.dtype)
+        imm = np.empty((K, 2, N), dtype=v0.dtype)  # the immediate partials of one column
         gp = np.empty((K, 2, N), dtype=v0.dtype)  # the reverse-filtered error, (v, a) rows
         acc = np.zeros((mm, N), dtype=np.float64)
         h0 = np.empty(N, dtype=v0.dtype)
@@ -415,29 +415,6 @@ if _HAVE_NUMBA:
                     W[k, 0, n], W[k, 1, n], W[k, 2, n], W[k, 3, n] = dv_v, dv_a, da_v, da_a
                     W[k, 4, n], W[k, 5, n], W[k, 6, n], W[k, 7, n] = dv_b, da_b, dv_beta, da_beta
                     W[k, 8, n], W[k, 9, n] = da_rho, dR_rho
-            for k in range(K):
-                for j in range(m):  # the kinds of :func:`_alif_imm`, one loop over neurons each
-                    kind = cols[j]
-                    if kind == 0:
-                        for n in range(imm.shape[3]):
-                            imm[k, j, 0, n] = v0[k, b, n] * cn[1, n]
-                            imm[k, j, 1, n] = zero
-                    elif kind == 1:
-                        for n in range(imm.shape[3]):
-                            imm[k, j, 0, n] = -W[k, 9, n] * cn[3, n]
-                            imm[k, j, 1, n] = W[k, 8, n] * cn[3, n]
-                    elif kind == 2:
-                        for n in range(imm.shape[3]):
-                            imm[k, j, 0, n] = W[k, 4, n]
-                            imm[k, j, 1, n] = W[k, 5, n]
-                    elif kind == 3:
-                        for n in range(imm.shape[3]):
-                            imm[k, j, 0, n] = W[k, 6, n]
-                            imm[k, j, 1, n] = W[k, 7, n]
-                    else:
-                        for n in range(imm.shape[3]):
-                            imm[k, j, 0, n] = one
-                            imm[k, j, 1, n] = zero
             if use_g:
                 for n in range(gp.shape[2]):
                     gp[K - 1, 0, n] = G[K - 1, b, n, 0]
@@ -448,10 +425,46 @@ if _HAVE_NUMBA:
                         gp[k, 0, n] = G[k, b, n, 0] + (W[k + 1, 0, n] * q0 + W[k + 1, 2, n] * q1)
                         gp[k, 1, n] = G[k, b, n, 1] + (W[k + 1, 1, n] * q0 + W[k + 1, 3, n] * q1)
                 acc[:, :] = 0.0
+            for j in range(m):  # one column at a time: its immediate partials (by kind), its sums, its carry
+                kind = cols[j]
                 for k in range(K):
-                    for j in range(m):
+                    if kind == 0:
+                        for n in range(imm.shape[2]):
+                            imm[k, 0, n] = v0[k, b, n] * cn[1, n]
+                            imm[k, 1, n] = zero
+                    elif kind == 1:
+                        for n in range(imm.shape[2]):
+                            imm[k, 0, n] = -W[k, 9, n] * cn[3, n]
+                            imm[k, 1, n] = W[k, 8, n] * cn[3, n]
+                    elif kind == 2:
+                        for n in range(imm.shape[2]):
+                            imm[k, 0, n] = W[k, 4, n]
+                            imm[k, 1, n] = W[k, 5, n]
+                    elif kind == 3:
+                        for n in range(imm.shape[2]):
+                            imm[k, 0, n] = W[k, 6, n]
+                            imm[k, 1, n] = W[k, 7, n]
+                    else:
+                        for n in range(imm.shape[2]):
+                            imm[k, 0, n] = one
+                            imm[k, 1, n] = zero
+                if use_g:
+                    for k in range(K):
                         for n in range(acc.shape[1]):
-                            acc[j, n] += gp[k, 0, n] * imm[k, j, 0, n] + gp[k, 1, n] * imm[k, j, 1, n]
+                            acc[j, n] += gp[k, 0, n] * imm[k, 0, n] + gp[k, 1, n] * imm[k, 1, n]
+                if carry:
+                    for n in range(N):
+                        h0[n] = ev_in[j, b, n, 0] if has_ev else zero
+                        h1[n] = ev_in[j, b, n, 1] if has_ev else zero
+                    for k in range(K):
+                        Jk, ik = W[k], imm[k]
+                        for n in range(N):
+                            e0, e1 = h0[n], h1[n]
+                            h0[n] = Jk[0, n] * e0 + Jk[1, n] * e1 + ik[0, n]
+                            h1[n] = Jk[2, n] * e0 + Jk[3, n] * e1 + ik[1, n]
+                    for n in range(N):
+                        ev_out[j, b, n, 0], ev_out[j, b, n, 1] = h0[n], h1[n]
+            if use_g:
                 for k in range(K):
                     for n in range(GHv.shape[2]):
                         GHv[k, b, n] = gp[k, 0, n]
@@ -463,18 +476,6 @@ if _HAVE_NUMBA:
                         extra = (c0 * ev_in[j, b, n, 0] + c1 * ev_in[j, b, n, 1]) if has_ev else 0.0
                         Gvec[j, n] += acc[j, n] + extra
             if carry:
-                for j in range(m):
-                    for n in range(N):
-                        h0[n] = ev_in[j, b, n, 0] if has_ev else zero
-                        h1[n] = ev_in[j, b, n, 1] if has_ev else zero
-                    for k in range(K):
-                        Jk, ik = W[k], imm[k]
-                        for n in range(N):
-                            e0, e1 = h0[n], h1[n]
-                            h0[n] = Jk[0, n] * e0 + Jk[1, n] * e1 + ik[j, 0, n]
-                            h1[n] = Jk[2, n] * e0 + Jk[3, n] * e1 + ik[j, 1, n]
-                    for n in range(N):
-                        ev_out[j, b, n, 0], ev_out[j, b, n, 1] = h0[n], h1[n]
                 for n in range(N):
                     p[0, n], p[1, n], p[2, n], p[3, n] = one, zero, zero, one
                 for k in range(K - 1, -1, -1):
