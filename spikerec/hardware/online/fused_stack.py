@@ -418,9 +418,7 @@ class FusedStack:
                 a = ts.G[name] = (torch.zeros_like(tr.params[name], memory_format=torch.contiguous_format)
                                   if a is None else a.contiguous())
             G[name] = a
-        Bg = k.get("Bt_gamma")
-        if Bg is None:
-            Bg = k["Bt_gamma"] = (k["Bt"] * k["gam2"]).contiguous()
+        Bg = k["Bt_gamma"]
         D = c.D.detach().to(dt)
         dvec = D.dim() == 1
         Dm = D.reshape(-1, 1) if dvec else D

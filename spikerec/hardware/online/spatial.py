@@ -168,11 +168,8 @@ def _lru_state(tr, u, prev):
     """``h = lam h' + gamma B u`` on (Re, Im) pairs, with ``gamma`` folded into ``B`` once per
     sequence (the same values as ``LRUTrace.step``, to float rounding)."""
     k = tr.consts(u.dtype)
-    Bg = k.get("Bt_gamma")
-    if Bg is None:
-        Bg = k["Bt_gamma"] = (k["Bt"] * k["gam2"]).contiguous()
     N, lr, li = k["N"], k["lr"], k["li"]
-    w = u @ Bg
+    w = u @ k["Bt_gamma"]
     h_re = torch.addcmul(w[:, :N], lr, prev.x_re).addcmul_(li, prev.x_im, value=-1.0)
     h_im = torch.addcmul(w[:, N:], lr, prev.x_im).addcmul_(li, prev.x_re)
     return type(prev)(h_re, h_im)

@@ -87,11 +87,11 @@ class LRUTrace(LayerTrace):
         gam = _gamma(c).to(dtype)
         lr, li = lam.real.to(dtype), lam.imag.to(dtype)
         N = gam.shape[0]
+        gam2 = torch.cat([gam, gam])
+        Bt = torch.cat([c.B_re.detach(), c.B_im.detach()]).t().to(dtype)  # one GEMM for Re and Im: x @ [B_re; B_im]^T
         out = {
-            "lr": lr, "li": li, "gam": gam, "N": N,
-            "gam2": torch.cat([gam, gam]),
-            # one GEMM for Re and Im: x @ [B_re; B_im]^T
-            "Bt": torch.cat([c.B_re.detach(), c.B_im.detach()]).t().to(dtype),
+            "lr": lr, "li": li, "gam": gam, "N": N, "gam2": gam2, "Bt": Bt,
+            "Bt_gamma": (Bt * gam2).contiguous(),  # [gamma B_re^T | gamma B_im^T]: the fast paths' input matrix
             "J": torch.stack([torch.stack([lr, -li], -1), torch.stack([li, lr], -1)], -2)[None],  # [1, N, 2, 2]
             "cvec": torch.stack([gam, torch.zeros_like(gam)], -1),
         }
@@ -136,7 +136,7 @@ class LRUTrace(LayerTrace):
         N = k["N"]
         if self._compiled_block(x):
             K, B = x.shape[0], x.shape[1]
-            u = torch.mm(x.reshape(K * B, -1), k["Bt"]).mul_(k["gam2"]).view(K, B, 2 * N)
+            u = torch.mm(x.reshape(K * B, -1), k["Bt_gamma"]).view(K, B, 2 * N)
             pr, pi, nr, ni = lru_block_scan_numba(u, k["lr"], k["li"], state.x_re, state.x_im)
             prev = type(state)(pr.view(K * B, N), pi.view(K * B, N))
             last = type(state)(nr[-1].clone(), ni[-1].clone())
