@@ -224,32 +224,36 @@ if _nb is not None:
         current ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
         B, N = v.shape
         zero, one = v.dtype.type(0), v.dtype.type(1)
+        # each loop writes one array, with that array's bounds (so the compiler vectorises it;
+        # a value two arrays need is computed in both loops, by the same expression)
         for b in range(B):
-            for n in range(N):
-                p0, q0 = v[b, n], a[b, n]
-                pv[b, n] = p0
-                pa[b, n] = q0
-                u = p0 - (bb[n] + beta[n] * q0)
-                zp[b, n] = one if u > zero else zero
-                psi[b, n] = sd_fn(u, sur, p1, p2)
+            for n in range(pv.shape[1]):
+                pv[b, n] = v[b, n]
+            for n in range(pa.shape[1]):
+                pa[b, n] = a[b, n]
+            for n in range(zp.shape[1]):
+                zp[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
+            for n in range(psi.shape[1]):
+                psi[b, n] = sd_fn(v[b, n] - (bb[n] + beta[n] * a[b, n]), sur, p1, p2)
         if has_r:
             np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
             np.dot(x, Wt, cur)
             for b in range(B):
-                for n in range(N):
+                for n in range(cur.shape[1]):
                     cur[b, n] += z[b, n]
         else:
             np.dot(x, Wt, cur)
+        if has_bias:
+            for b in range(B):
+                for n in range(cur.shape[1]):
+                    cur[b, n] = cur[b, n] + bias[n]
         for b in range(B):
-            for n in range(N):
-                c = cur[b, n] + bias[n] if has_bias else cur[b, n]
-                zz = zp[b, n]
-                an = rho[n] * pa[b, n] + omr[n] * zz
-                theta = bb[n] + beta[n] * an
-                vn = (alpha[n] * pv[b, n] + c) - theta * zz
-                a[b, n] = an
-                v[b, n] = vn
-                z[b, n] = one if vn - theta > zero else zero
+            for n in range(a.shape[1]):
+                a[b, n] = rho[n] * pa[b, n] + omr[n] * zp[b, n]
+            for n in range(v.shape[1]):
+                v[b, n] = (alpha[n] * pv[b, n] + cur[b, n]) - (bb[n] + beta[n] * a[b, n]) * zp[b, n]
+            for n in range(z.shape[1]):
+                z[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
 
     @_nb.njit(cache=True, nogil=True)
     def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
@@ -263,18 +267,19 @@ if _nb is not None:
         ``slot`` of the step buffers, and when the last slot is filled all of them are applied in
         one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
         B, N = v.shape
-        if use_g:
+        if use_g:  # one written array per loop (vectorised), as in _alif_fwd
             for b in range(B):
-                for n in range(N):
-                    an = a[b, n]
-                    q = gout[b, n] * sd_fn(v[b, n] - (bb[n] + beta[n] * an), sur, p1, p2)
-                    gp[b, n] = q
-                    g[b, n, 0] = q
-                    g[b, n, 1] = -beta[n] * q
-                    if has_b:
-                        acc_b[n] -= q
-                    if has_beta:
-                        acc_beta[n] -= q * an
+                for n in range(gp.shape[1]):
+                    gp[b, n] = gout[b, n] * sd_fn(v[b, n] - (bb[n] + beta[n] * a[b, n]), sur, p1, p2)
+                for n in range(g.shape[1]):
+                    g[b, n, 0] = gp[b, n]
+                    g[b, n, 1] = -beta[n] * gp[b, n]
+                if has_b:
+                    for n in range(acc_b.shape[0]):
+                        acc_b[n] -= gp[b, n]
+                if has_beta:
+                    for n in range(acc_beta.shape[0]):
+                        acc_beta[n] -= gp[b, n] * a[b, n]
             if need_gin:
                 np.dot(gp, W, gin)
         _alif_vec_step(pv, pa, psi, zp, g, use_g, cn, cols, ev, G_vec, Rd, has_rd, detach_reset, Jcs[slot])
