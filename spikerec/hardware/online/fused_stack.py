@@ -213,7 +213,7 @@ if _nb is not None:
 
 if _nb is not None:
     from ...kernels.lif_sequence_numba_kernels import sd_fn
-    from .numba_kernels import _alif_vec_step, _mat_nest_steps
+    from .numba_kernels import _alif_spatial_error, _alif_vec_step, _mat_nest_steps
 
     @_nb.njit(cache=True, nogil=True)
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
@@ -267,13 +267,9 @@ if _nb is not None:
         ``slot`` of the step buffers, and when the last slot is filled all of them are applied in
         one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
         B, N = v.shape
-        if use_g:  # one written array per loop (vectorised), as in _alif_fwd
+        if use_g:
             for b in range(B):
-                for n in range(gp.shape[1]):
-                    gp[b, n] = gout[b, n] * sd_fn(v[b, n] - (bb[n] + beta[n] * a[b, n]), sur, p1, p2)
-                for n in range(g.shape[1]):
-                    g[b, n, 0] = gp[b, n]
-                    g[b, n, 1] = -beta[n] * gp[b, n]
+                _alif_spatial_error(gout, v, a, bb, beta, sur, p1, p2, gp, g, b)
                 if has_b:
                     for n in range(acc_b.shape[0]):
                         acc_b[n] -= gp[b, n]

@@ -492,18 +492,23 @@ if _HAVE_NUMBA:
 
 if _HAVE_NUMBA:
 
+    @_nb.njit(cache=True, nogil=True, inline="always")
+    def _alif_spatial_error(gout, v, a, bb, beta, sur, p1, p2, gp, gl, r):  # pragma: no cover - compiled
+        """Row ``r`` of the spatial backward of an ALIF layer's spikes ``z = H(v - b - beta a)``:
+        ``gp = gout sigma'(v - (b + beta a))`` and the error on ``(v, a)``, ``gl = (gp, -beta gp)``
+        (one written array per loop, with its own bounds: vectorised)."""
+        for n in range(gp.shape[1]):
+            gp[r, n] = gout[r, n] * sd_fn(v[r, n] - (bb[n] + beta[n] * a[r, n]), sur, p1, p2)
+        for n in range(gl.shape[1]):
+            gl[r, n, 0] = gp[r, n]
+            gl[r, n, 1] = -beta[n] * gp[r, n]
+
     @_nb.njit(cache=True, nogil=True)
     def _alif_spatial(gout, v, a, bb, beta, sur, p1, p2, gp, gl, sums):  # pragma: no cover - compiled
-        """The spatial backward of an ALIF layer's spikes over ``[rows, N]``: ``gp = gout
-        sigma'(v - (b + beta a))``, ``gl = (gp, -beta gp)`` (the error on ``(v, a)``), and the
-        per-neuron sums ``sums[0] = sum gp``, ``sums[1] = sum gp a`` in float64."""
-        R, N = v.shape
-        for r in range(R):
-            for n in range(gp.shape[1]):
-                gp[r, n] = gout[r, n] * sd_fn(v[r, n] - (bb[n] + beta[n] * a[r, n]), sur, p1, p2)
-            for n in range(gl.shape[1]):
-                gl[r, n, 0] = gp[r, n]
-                gl[r, n, 1] = -beta[n] * gp[r, n]
+        """:func:`_alif_spatial_error` over ``[rows, N]`` and the per-neuron sums ``sums[0] = sum
+        gp``, ``sums[1] = sum gp a`` in float64."""
+        for r in range(v.shape[0]):
+            _alif_spatial_error(gout, v, a, bb, beta, sur, p1, p2, gp, gl, r)
             for n in range(sums.shape[1]):
                 sums[0, n] += gp[r, n]
                 sums[1, n] += gp[r, n] * a[r, n]
