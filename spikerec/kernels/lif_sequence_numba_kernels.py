@@ -67,13 +67,33 @@ def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT):  # prag
 
 
 @njit(cache=True, nogil=True)
+def sd_consts(code, p1, p2):  # pragma: no cover - compiled
+    """The constants ``(c1, c2)`` of :func:`sd_typed` for surrogate ``code`` with slope ``p1`` and
+    scale ``p2``: fast sigmoid ``(slope, scale)``, arc-tangent ``(pi/2 slope, scale slope / 2)``."""
+    if code == 1:
+        return p1, p2
+    return (math.pi / 2.0) * p1, p2 * (p1 / 2.0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def sd_typed(x, code, c1, c2, one):  # pragma: no cover - compiled
+    """The surrogate derivative in the type of its arguments (``c1, c2`` from :func:`sd_consts`,
+    ``one`` = 1, all of ``x``'s type: float32 stays float32, so a loop over it vectorises):
+    fast sigmoid ``scale / (1 + slope |x|)^2``, arc-tangent ``scale (slope / 2) / (1 + (pi/2 slope
+    x)^2)``. Compiled with ``error_model="numpy"``: no division-by-zero branch (the denominators
+    are >= 1), so the compiler inlines it into a caller's loop and vectorises that."""
+    if code == 1:
+        d = one + c1 * abs(x)
+        return c2 / (d * d)
+    u = c1 * x
+    return c2 / (one + u * u)
+
+
+@njit(cache=True, nogil=True)
 def sd_fn(x, code, p1, p2):  # pragma: no cover - compiled
-    if code == 1:  # FastSigmoid: scale / (1 + slope |x|)^2
-        d = 1.0 + p1 * abs(x)
-        return p2 / (d * d)
-    # ATan: scale (slope / 2) / (1 + (pi/2 slope x)^2)
-    u = (math.pi / 2.0) * p1 * x
-    return p2 * (p1 / 2.0) / (1.0 + u * u)
+    """:func:`sd_typed` in float64 from slope ``p1`` and scale ``p2`` (the model kernels)."""
+    c1, c2 = sd_consts(code, p1, p2)
+    return sd_typed(x, code, c1, c2, 1.0)
 
 
 @njit(parallel=True, cache=True, nogil=True)

@@ -212,10 +212,10 @@ if _nb is not None:
 
 
 if _nb is not None:
-    from ...kernels.lif_sequence_numba_kernels import sd_fn
+    from ...kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
     from .numba_kernels import _alif_spatial_error, _alif_vec_step, _mat_nest_steps
 
-    @_nb.njit(cache=True, nogil=True)
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
                   p1, p2, cur, z):  # pragma: no cover - compiled
         """One ALIF step in place (the equations of :meth:`.traces_lif.ALIFTrace.step`): keeps the
@@ -224,6 +224,8 @@ if _nb is not None:
         current ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
         B, N = v.shape
         zero, one = v.dtype.type(0), v.dtype.type(1)
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)  # the surrogate in the state's dtype (vectorised)
         # each loop writes one array, with that array's bounds (so the compiler vectorises it;
         # a value two arrays need is computed in both loops, by the same expression)
         for b in range(B):
@@ -234,7 +236,7 @@ if _nb is not None:
             for n in range(zp.shape[1]):
                 zp[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
             for n in range(psi.shape[1]):
-                psi[b, n] = sd_fn(v[b, n] - (bb[n] + beta[n] * a[b, n]), sur, p1, p2)
+                psi[b, n] = sd_typed(v[b, n] - (bb[n] + beta[n] * a[b, n]), sur, sg1, sg2, one)
         if has_r:
             np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
             np.dot(x, Wt, cur)
@@ -255,7 +257,7 @@ if _nb is not None:
             for n in range(z.shape[1]):
                 z[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
 
-    @_nb.njit(cache=True, nogil=True)
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
                   need_gin, pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
                   detach_reset, Jcs, gs, xs, zs, use_gs):  # pragma: no cover - compiled
@@ -268,8 +270,10 @@ if _nb is not None:
         one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
         B, N = v.shape
         if use_g:
+            s1, s2 = sd_consts(sur, p1, p2)
+            sg1, sg2, one = v.dtype.type(s1), v.dtype.type(s2), v.dtype.type(1)
             for b in range(B):
-                _alif_spatial_error(gout, v, a, bb, beta, sur, p1, p2, gp, g, b)
+                _alif_spatial_error(gout, v, a, bb, beta, sur, sg1, sg2, one, gp, g, b)
                 if has_b:
                     for n in range(acc_b.shape[0]):
                         acc_b[n] -= gp[b, n]

@@ -40,7 +40,7 @@ def numba_available() -> bool:
 
 
 if _HAVE_NUMBA:
-    from ...kernels.lif_sequence_numba_kernels import sd_fn
+    from ...kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _mat_trace(eps, J, c, x, g1, g2, G1, G2, use_g, two):  # pragma: no cover - compiled
@@ -375,7 +375,7 @@ if _HAVE_NUMBA:
 
 if _HAVE_NUMBA:
 
-    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    @_nb.njit(cache=True, fastmath=False, nogil=True, error_model="numpy")
     def _alif_block(v0, a0, psi, zp, sur, p1, p2, cn, cols, Rd, has_rd, detach_reset, G, use_g, carry, ev_in, has_ev,
                     GHv, P0, Phi, Gvec, b0, ev_out):  # pragma: no cover - compiled
         """The chunked block of one ALIF layer (``full``/``snap1``) for every sample and neuron:
@@ -402,12 +402,14 @@ if _HAVE_NUMBA:
         h0 = np.empty(N, dtype=v0.dtype)
         h1 = np.empty(N, dtype=v0.dtype)
         p = np.empty((4, N), dtype=v0.dtype)
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2 = v0.dtype.type(s1), v0.dtype.type(s2)  # the surrogate in the states' dtype (vectorised)
         for b in range(B):
             if sur != 0:
                 for k in range(K):
                     for n in range(psi.shape[2]):
                         u = v0[k, b, n] - (cn[5, n] + cn[6, n] * a0[k, b, n])
-                        psi[k, b, n] = sd_fn(u, sur, p1, p2)
+                        psi[k, b, n] = sd_typed(u, sur, sg1, sg2, one)
                     for n in range(zp.shape[2]):
                         u = v0[k, b, n] - (cn[5, n] + cn[6, n] * a0[k, b, n])
                         zp[k, b, n] = one if u > zero else zero
@@ -498,22 +500,26 @@ if _HAVE_NUMBA:
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True, inline="always")
-    def _alif_spatial_error(gout, v, a, bb, beta, sur, p1, p2, gp, gl, r):  # pragma: no cover - compiled
+    def _alif_spatial_error(gout, v, a, bb, beta, sur, sg1, sg2, one, gp, gl, r):  # pragma: no cover - compiled
         """Row ``r`` of the spatial backward of an ALIF layer's spikes ``z = H(v - b - beta a)``:
         ``gp = gout sigma'(v - (b + beta a))`` and the error on ``(v, a)``, ``gl = (gp, -beta gp)``
-        (one written array per loop, with its own bounds: vectorised)."""
+        (one written array per loop, with its own bounds; the surrogate's constants ``sg1, sg2, one``
+        of :func:`sd_typed` in the arrays' dtype: vectorised in a caller compiled with
+        ``error_model="numpy"``)."""
         for n in range(gp.shape[1]):
-            gp[r, n] = gout[r, n] * sd_fn(v[r, n] - (bb[n] + beta[n] * a[r, n]), sur, p1, p2)
+            gp[r, n] = gout[r, n] * sd_typed(v[r, n] - (bb[n] + beta[n] * a[r, n]), sur, sg1, sg2, one)
         for n in range(gl.shape[1]):
             gl[r, n, 0] = gp[r, n]
             gl[r, n, 1] = -beta[n] * gp[r, n]
 
-    @_nb.njit(cache=True, nogil=True)
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_spatial(gout, v, a, bb, beta, sur, p1, p2, gp, gl, sums):  # pragma: no cover - compiled
         """:func:`_alif_spatial_error` over ``[rows, N]`` and the per-neuron sums ``sums[0] = sum
         gp``, ``sums[1] = sum gp a`` in float64."""
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2, one = gp.dtype.type(s1), gp.dtype.type(s2), gp.dtype.type(1)
         for r in range(v.shape[0]):
-            _alif_spatial_error(gout, v, a, bb, beta, sur, p1, p2, gp, gl, r)
+            _alif_spatial_error(gout, v, a, bb, beta, sur, sg1, sg2, one, gp, gl, r)
             for n in range(sums.shape[1]):
                 sums[0, n] += gp[r, n]
                 sums[1, n] += gp[r, n] * a[r, n]
