@@ -77,6 +77,25 @@ def test_compiled_surrogate_formulas_match(name):
     assert nb.surrogate_code(get_surrogate("triangle"))[0] == 0
 
 
+@pytest.mark.parametrize("name", ["fast_sigmoid", "atan"])
+def test_compiled_surrogate_in_float32_matches_torch_float32(name):
+    """The online kernels evaluate the surrogate in the arrays' dtype (``sd_typed``): in float32 it
+    agrees with torch's float32 formula to float32 rounding, and its results are float32 values."""
+    if not nb.available():
+        pytest.skip("numba not installed")
+    import numpy as np
+
+    from spikerec.kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
+
+    sur = get_surrogate(name, slope=3.0, scale=0.7)
+    code, p1, p2 = nb.surrogate_code(sur)
+    c1, c2 = (np.float32(c) for c in sd_consts(code, p1, p2))
+    x = torch.randn(1000, dtype=torch.float32) * 2
+    got = [sd_typed(np.float32(v), code, c1, c2, np.float32(1)) for v in x.tolist()]
+    assert all(float(np.float32(v)) == v for v in got)  # float32 values (boxed as Python floats)
+    torch.testing.assert_close(torch.tensor(got), sur.derivative(x), rtol=2e-6, atol=1e-7)
+
+
 def _saved_bytes(fn):
     total = [0]
 
