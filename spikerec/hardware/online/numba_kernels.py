@@ -432,29 +432,13 @@ if _HAVE_NUMBA:
                         gp[k, 0, n] = G[k, b, n, 0] + (W[k + 1, 0, n] * q0 + W[k + 1, 2, n] * q1)
                         gp[k, 1, n] = G[k, b, n, 1] + (W[k + 1, 1, n] * q0 + W[k + 1, 3, n] * q1)
                 acc[:, :] = 0.0
-            for j in range(m):  # one column at a time: its immediate partials (by kind), its sums, its carry
+            for j in range(m):  # one column at a time: its immediate partials (_alif_imm), its sums, its carry
                 kind = cols[j]
                 for k in range(K):
-                    if kind == 0:
-                        for n in range(imm.shape[2]):
-                            imm[k, 0, n] = v0[k, b, n] * cn[1, n]
-                            imm[k, 1, n] = zero
-                    elif kind == 1:
-                        for n in range(imm.shape[2]):
-                            imm[k, 0, n] = -W[k, 9, n] * cn[3, n]
-                            imm[k, 1, n] = W[k, 8, n] * cn[3, n]
-                    elif kind == 2:
-                        for n in range(imm.shape[2]):
-                            imm[k, 0, n] = W[k, 4, n]
-                            imm[k, 1, n] = W[k, 5, n]
-                    elif kind == 3:
-                        for n in range(imm.shape[2]):
-                            imm[k, 0, n] = W[k, 6, n]
-                            imm[k, 1, n] = W[k, 7, n]
-                    else:
-                        for n in range(imm.shape[2]):
-                            imm[k, 0, n] = one
-                            imm[k, 1, n] = zero
+                    for n in range(imm.shape[2]):  # the kind is the same for every neuron (unswitched)
+                        imm[k, 0, n], imm[k, 1, n] = _alif_imm(kind, v0[k, b, n], cn[1, n], cn[3, n], W[k, 4, n],
+                                                               W[k, 5, n], W[k, 6, n], W[k, 7, n], W[k, 8, n],
+                                                               W[k, 9, n], zero, one)
                 if use_g:
                     for k in range(K):
                         for n in range(acc.shape[1]):
