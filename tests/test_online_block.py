@@ -90,9 +90,10 @@ def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
 
 @pytest.mark.parametrize("rule", ["full", "trunc1"])
 def test_lru_compiled_block_equals_its_torch_form(rule, monkeypatch):
-    """LRU layers in chunked mode: the compiled block scan and block sums
-    (numba_kernels.lru_block_scan_numba / lru_block_sums_numba) equal the torch form (complex
-    scan and sums), traces and gradients, with a per-sample reset and steps without a loss."""
+    """LRU layers in chunked mode: the compiled block scan, reverse filter and block sums
+    (numba_kernels.lru_block_scan_numba / lru_reverse_filter_numba / lru_block_sums_numba) equal
+    the torch form (complex scans and sums), traces and gradients, with a per-sample reset and
+    steps without a loss."""
     from spikerec.hardware.online import traces_lru
 
     model = build("lru", False)
@@ -112,6 +113,26 @@ def test_lru_compiled_block_equals_its_torch_form(rule, monkeypatch):
     close(tr0, tr1)
     close(g0, g1)
     assert g1["cells.0.nu_log"].abs().sum() > 0 and g1["cells.0.B_re"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lru_compiled_reverse_filter_equals_the_reverse_scan(dtype):
+    """The LRU's compiled reverse filter ``gh_k = g_k + conj(lam) gh_{k+1}`` on (Re, Im) pairs
+    (numba_kernels.lru_reverse_filter_numba) equals the flipped complex linear scan on fresh
+    random inputs (float64 to 1e-12; float32 to its rounding)."""
+    pytest.importorskip("numba")
+    from spikerec.hardware.online.numba_kernels import lru_reverse_filter_numba
+    from spikerec.scan import linear_scan
+
+    g = torch.Generator().manual_seed(7)
+    K, B, N = 19, 3, 6
+    G = torch.randn(K, B, N, 2, generator=g, dtype=dtype)
+    lam = 0.95 * torch.polar(torch.rand(N, generator=g, dtype=dtype), 6.3 * torch.rand(N, generator=g, dtype=dtype))
+    got = lru_reverse_filter_numba(G, lam.real.contiguous(), lam.imag.contiguous())
+    ref = torch.view_as_real(linear_scan(lam.conj(), torch.view_as_complex(G).flip(0)).flip(0))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(got, ref, rtol=0, atol=tol), (got - ref).abs().max()
+    assert torch.equal(got[-1], G[-1])
 
 
 @pytest.mark.parametrize("detach,surrogate", [(True, SURR), (False, "atan"), (True, "sigmoid")])

@@ -23,7 +23,7 @@ import torch
 from . import numba_available
 from .lif_sequence_numba import surrogate_code
 
-__all__ = ["available", "alif_forward", "alif_backward"]
+__all__ = ["available", "forward_consts", "alif_forward", "alif_backward"]
 
 
 def _kernels():
@@ -49,33 +49,48 @@ def _vec(p: torch.Tensor, N: int, dtype):
 INLINE_MAX_N = 128  # up to this many neurons the recurrent input is summed inside the compiled loop
 
 
-def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec, rec_inline=None, V=None, A=None):
+def forward_consts(alpha, rho, b, beta, w_rec, N: int, dtype, rec_inline=None) -> tuple:
+    """The per-neuron constants of :func:`alif_forward` as the kernel takes them (contiguous
+    ``[N]`` arrays of ``dtype``; ``W_rec^T`` when the recurrent input is summed inside the loop):
+    ``(alpha, rho, b, beta, w_rec, Rt, rec_inline)``. A caller that runs many short calls with the
+    same parameters (the online learner's chunked blocks) makes them once."""
+    if rec_inline is None:
+        rec_inline = N <= INLINE_MAX_N
+    Rt = None
+    if w_rec is not None and rec_inline:
+        Rt = w_rec.detach().t().to(dtype).contiguous().numpy()
+    return (_vec(alpha, N, dtype), _vec(rho, N, dtype), _vec(b, N, dtype), _vec(beta, N, dtype),
+            None if w_rec is None else w_rec.detach(), Rt, bool(rec_inline))
+
+
+def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec, rec_inline=None, V=None, A=None, consts=None):
     """Forward loop: returns ``(Z, Z as bool, V, A, v_T, a_T)``. ``rec_inline``: compute the
     recurrent input inside the compiled loop (sums of the spiking neurons' weight rows; one call
     for all steps) instead of a torch matmul between single-step calls; ``None``: for layers of at
     most ``INLINE_MAX_N`` neurons. ``V``, ``A``: contiguous ``[T, B, N]`` tensors (or views) to
-    write the states into (new ones by default)."""
+    write the states into (new ones by default). ``consts``: the result of
+    :func:`forward_consts` for these parameters (then ``alpha .. rec_inline`` are not read)."""
     k = _kernels()
     T, B, N = I.shape
     dt = I.dtype
+    if consts is None:
+        consts = forward_consts(alpha, rho, b, beta, w_rec, N, dt, rec_inline)
+    al, ro, bb, be, w, Rt, inline = consts
     V = torch.empty_like(I) if V is None else V
     A = torch.empty_like(I) if A is None else A
     Z = torch.empty_like(I)
     Zb = torch.empty(T, B, N, dtype=torch.bool)
     v, a = v0.detach().clone(), a0.detach().clone()
-    z = torch.gt(v, b.detach() + beta.detach() * a).to(dt)
+    z = torch.from_numpy(np.greater(v.numpy(), bb + be * a.numpy()).astype(al.dtype))  # the spikes of the initial state
     R = torch.zeros(B, N, dtype=dt)
-    args = [_np(I), R.numpy(), v.numpy(), a.numpy(), z.numpy(), _vec(alpha, N, dt), _vec(rho, N, dt),
-            _vec(b, N, dt), _vec(beta, N, dt)]
+    args = [_np(I), R.numpy(), v.numpy(), a.numpy(), z.numpy(), al, ro, bb, be]
     outs = (V.numpy(), A.numpy(), Z.numpy(), Zb.view(torch.uint8).numpy())
-    if rec_inline is None:
-        rec_inline = N <= INLINE_MAX_N
-    if w_rec is None:
+    if w is None:
         k.fwd_steps(*args, 0, T, *outs, R.numpy(), False)
-    elif rec_inline:
-        k.fwd_steps(*args, 0, T, *outs, w_rec.detach().t().to(dt).contiguous().numpy(), True)
+    elif inline:
+        k.fwd_steps(*args, 0, T, *outs, Rt, True)
     else:
-        w_t = w_rec.detach().t()
+        w_t = w.t()
         for t in range(T):
             torch.mm(z, w_t, out=R)  # W_rec z_{t-1}
             k.fwd_steps(*args, t, t + 1, *outs, R.numpy(), False)

@@ -25,7 +25,7 @@ from ...surrogate import heaviside
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
            "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba",
-           "lru_block_tail_numba", "alif_spatial_numba"]
+           "lru_block_tail_numba", "alif_spatial_numba", "lru_reverse_filter_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -884,6 +884,35 @@ def lru_block_tail_numba(parts, gh0, lr, li, W, kinds, traces, carry, lamK):
                     *(c(v) for v in (lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag))),
                     dG.numpy(), Eout.numpy())
     return (dG if use_g else None), (Eout if carry else None)
+
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lru_reverse_filter(G, lr, li, gh):  # pragma: no cover - compiled
+        """``gh_k = g_k + conj(lam) gh_{k+1}`` on (Re, Im) pairs over a block, ``G, gh [K, B, N, 2]``
+        (``gh_{K-1} = g_{K-1}``): the LRU's reverse filter ``gh_k = g_k + J^T gh_{k+1}``, where
+        ``J^T`` multiplies by ``conj(lam)``."""
+        K, B, N, _ = gh.shape
+        for b in range(B):
+            for n in range(N):
+                gh[K - 1, b, n, 0] = G[K - 1, b, n, 0]
+                gh[K - 1, b, n, 1] = G[K - 1, b, n, 1]
+        for k in range(K - 2, -1, -1):
+            for b in range(B):
+                for n in range(N):
+                    a, c = lr[n], li[n]
+                    x0, x1 = gh[k + 1, b, n, 0], gh[k + 1, b, n, 1]
+                    gh[k, b, n, 0] = G[k, b, n, 0] + (a * x0 + c * x1)
+                    gh[k, b, n, 1] = G[k, b, n, 1] + (a * x1 - c * x0)
+
+
+def lru_reverse_filter_numba(G, lr, li):
+    """:func:`_lru_reverse_filter` on torch tensors: ``G [K, B, N, 2]``, ``lr``, ``li`` numpy or
+    torch ``[N]``; returns ``gh [K, B, N, 2]``."""
+    gh = torch.empty(G.shape, dtype=G.dtype)
+    _lru_reverse_filter(_arr(G), _arr(lr), _arr(li), gh.numpy())
+    return gh
 
 
 def lru_block_scan_numba(u, lr, li, h0r, h0i):

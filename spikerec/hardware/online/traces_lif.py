@@ -152,12 +152,14 @@ class ALIFTrace(LayerTrace):
         v = k["alpha_s"] * prev.v + I - theta * zp
         return ALIFState(v, a)
 
-    def scan_block(self, x, state, with_new: bool = False):
+    def scan_block(self, x, state, with_new: bool = False, with_out: bool = False):
         """The states before each of the K steps of ``x [K, B, C]`` (``[K*B, N]`` fields) and the
-        final state; with ``with_new`` also the states after each step. On the CPU the layer's
-        compiled sequence kernel (:mod:`spikerec.kernels.alif_sequence_numba`: the same
-        recurrence as :meth:`step`, the input currents of all K steps in one matmul), else the
-        step loop (:meth:`scan_states`)."""
+        final state; with ``with_new`` also the states after each step, and with ``with_out`` (and
+        ``with_new``) the layer's output after each step, ``[K*B, N]`` spikes (``None`` where this
+        scan did not make them). On the CPU the layer's compiled sequence kernel
+        (:mod:`spikerec.kernels.alif_sequence_numba`: the same recurrence as :meth:`step`, the input
+        currents of all K steps in one matmul, the spikes as the model's forward makes them), else
+        the step loop (:meth:`scan_states`)."""
         K, B = x.shape[0], x.shape[1]
         if not (alif_sequence_numba.available() and x.device.type == "cpu"
                 and x.dtype in (torch.float32, torch.float64)):
@@ -165,21 +167,27 @@ class ALIFTrace(LayerTrace):
             prev = ALIFState(*(torch.cat([p[f] for p in prevs]) for f in range(2)))
             if not with_new:
                 return prev, last
-            return prev, last, self.step(x.reshape(K * B, *x.shape[2:]), prev)
+            new = self.step(x.reshape(K * B, *x.shape[2:]), prev)
+            return (prev, last, new, None) if with_out else (prev, last, new)
         k = self.consts(x.dtype)
         x2 = x.reshape(K * B, x.shape[-1])
         I = (torch.addmm(k["bias"], x2, k["Wt"]) if k["bias"] is not None else x2 @ k["Wt"]).view(K, B, -1)
-        w_rec = None if k["Rt"] is None else k["Rt"].t()
         N = I.shape[-1]
+        fc = k.get("forward_np")  # the kernel's constants, made once per sequence
+        if fc is None:
+            w_rec = None if k["Rt"] is None else k["Rt"].t()
+            fc = k["forward_np"] = alif_sequence_numba.forward_consts(k["alpha_s"], k["rho_s"], k["b"], k["beta"],
+                                                                       w_rec, N, x.dtype)
         # the states before and after every step as views of one [K + 1] buffer per field (no copies)
         Vf, Af = torch.empty((K + 1, B, N), dtype=x.dtype), torch.empty((K + 1, B, N), dtype=x.dtype)
         Vf[0], Af[0] = state.v, state.a
-        _, _, _, _, vT, aT = alif_sequence_numba.alif_forward(I, state.v, state.a, k["alpha_s"], k["rho_s"],
-                                                               k["b"], k["beta"], w_rec, V=Vf[1:], A=Af[1:])
+        Z, _, _, _, vT, aT = alif_sequence_numba.alif_forward(I, state.v, state.a, None, None, None, None, None,
+                                                               V=Vf[1:], A=Af[1:], consts=fc)
         prev = ALIFState(Vf[:K].view(K * B, N), Af[:K].view(K * B, N))
         if not with_new:
             return prev, ALIFState(vT, aT)
-        return prev, ALIFState(vT, aT), ALIFState(Vf[1:].view(K * B, N), Af[1:].view(K * B, N))
+        new = ALIFState(Vf[1:].view(K * B, N), Af[1:].view(K * B, N))
+        return (prev, ALIFState(vT, aT), new, Z.view(K * B, N)) if with_out else (prev, ALIFState(vT, aT), new)
 
     def partials(self, x, prev, new):
         c = self.cell

@@ -25,7 +25,7 @@ import torch
 from ...kernels import scan_numba
 from ...scan import linear_scan
 from .numba_kernels import (lru_block_scan_numba, lru_block_sums_numba, lru_block_tail_numba, lru_matrix_carry_numba,
-                            lru_trace_step_numba, numba_available)
+                            lru_reverse_filter_numba, lru_trace_step_numba, numba_available)
 from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
@@ -126,12 +126,15 @@ class LRUTrace(LayerTrace):
             state = type(state)(h_re, h_im)
         return prevs, state
 
-    def scan_block(self, x, state, with_new: bool = False):
+    def scan_block(self, x, state, with_new: bool = False, with_out: bool = False):
         """The states before each of the K steps of ``x [K, B, H]`` as one state with ``[K*B, N]``
         fields, and the final state, by the parallel scan of ``h_t = lam h_{t-1} + gamma B x_t``
         (:func:`spikerec.scan.linear_scan`): the same values as :meth:`scan_states`. With
         ``with_new``, also the states after each step (``[K*B, N]`` fields; what :meth:`step`
-        gives from the previous ones, here without a second input projection)."""
+        gives from the previous ones, here without a second input projection); ``with_out`` adds
+        ``None`` (the output map ``y = C h + D u`` is the caller's)."""
+        if with_out:
+            return (*self.scan_block(x, state, with_new=True), None)
         k = self.consts(x.dtype)
         N = k["N"]
         if self._compiled_block(x):
@@ -183,8 +186,12 @@ class LRUTrace(LayerTrace):
         return torch.view_as_real(self._reverse_filter_complex(G))
 
     def _reverse_filter_complex(self, G):
-        """:meth:`reverse_filter` as a complex ``[K, B, N]`` tensor."""
+        """:meth:`reverse_filter` as a complex ``[K, B, N]`` tensor: one compiled pass on (Re, Im)
+        pairs where the block's compiled passes apply (:func:`.numba_kernels.lru_reverse_filter_numba`),
+        else the reverse scan."""
         k = self.consts(G.dtype)
+        if self._compiled_block(G):
+            return torch.view_as_complex(lru_reverse_filter_numba(G, k["lr"], k["li"]))
         return _reverse_scan(torch.complex(k["lr"], k["li"]), torch.view_as_complex(G.contiguous()))
 
     def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
