@@ -517,43 +517,48 @@ def alif_spatial_numba(gout, v, a, bb, beta, sur):
     if not code:
         return None
     R, N = v.shape
-    dt = v.dtype
-    gp = torch.empty((R, N), dtype=dt)
-    gl = torch.empty((R, N, 2), dtype=dt)
-    sums = torch.zeros((2, N), dtype=torch.float64)
     c = _arr
-    _alif_spatial(c(gout), c(v), c(a), c(bb.expand(N)), c(beta.expand(N)), code, p1, p2, gp.numpy(), gl.numpy(),
-                  sums.numpy())
-    return gp, gl, sums[0].to(dt), sums[1].to(dt)
+    vn = c(v)
+    gp = np.empty((R, N), dtype=vn.dtype)
+    gl = np.empty((R, N, 2), dtype=vn.dtype)
+    sums = np.zeros((2, N), dtype=np.float64)
+    _alif_spatial(c(gout), vn, c(a), c(bb.expand(N)), c(beta.expand(N)), code, p1, p2, gp, gl, sums)
+    s = torch.from_numpy(sums.astype(vn.dtype))
+    return torch.from_numpy(gp), torch.from_numpy(gl), s[0], s[1]
 
 
 def alif_block_numba(v0, a0, sur, cn, cols, Rd, detach_reset, G, carry, ev_in):
     """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, the cell's surrogate ``sur``,
-    ``G [K, B, N, 2]`` or ``None``, ``ev_in [m, B, N, 2]`` or ``None``); returns ``(zp, GHv [K, B,
-    N], P0 [B, K, N, 2], Phi [B, N, 2, 2], Gvec [m, N] float64, b0, ev_out)`` (unused ones hold
+    ``G [K, B, N, 2]`` or ``None``, ``ev_in [m, B, N, 2]`` or ``None``; ``cn``, ``Rd``: torch or
+    numpy); returns ``(zp, GHv [K, B, N], P0 [B, K, N, 2], Phi [B, N, 2, 2], Gvec [m, N] float64,
+    b0, ev_out)``: ``zp``, ``GHv``, ``Gvec`` and ``ev_out`` as torch tensors, the carry's operands
+    ``P0``, ``Phi``, ``b0`` as numpy arrays for :func:`alif_matrix_carry_numba` (unused ones hold
     garbage). A surrogate without an inline form has its derivative taken by torch first."""
     K, B, N = v0.shape
     dt = v0.dtype
     m = int(cols.shape[0])
     code, p1, p2 = surrogate_code(sur)
+    v0n, a0n = _arr(v0), _arr(a0)
+    npdt = v0n.dtype
     if code:
-        psi, zp = torch.empty((K, B, N), dtype=dt), torch.empty((K, B, N), dtype=dt)
+        psi, zp = np.empty((K, B, N), dtype=npdt), np.empty((K, B, N), dtype=npdt)
     else:
-        u = v0 - (cn[5] + cn[6] * a0)
-        psi, zp = sur.derivative(u).contiguous(), heaviside(u)
-    GHv = torch.empty((K, B, N), dtype=dt)
-    P0 = torch.empty((B, K, N, 2), dtype=dt)
-    Phi = torch.empty((B, N, 4), dtype=dt)
-    Gvec = torch.zeros((max(m, 1), N), dtype=torch.float64)
-    b0 = torch.empty((B, N, 2), dtype=dt)
-    ev_out = torch.empty((max(m, 1), B, N, 2), dtype=dt)
-    dummy = torch.zeros((1, 1, 1, 2), dtype=dt)
-    _alif_block(v0.numpy(), a0.numpy(), psi.numpy(), zp.numpy(), code, p1, p2, cn.numpy(), cols,
-                torch.zeros(1, dtype=dt).numpy() if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset),
-                dummy.numpy() if G is None else G.numpy(), G is not None, bool(carry),
-                dummy.numpy() if ev_in is None else ev_in.numpy(), ev_in is not None, GHv.numpy(), P0.numpy(),
-                Phi.numpy(), Gvec.numpy(), b0.numpy(), ev_out.numpy())
-    return zp, GHv, P0, Phi.view(B, N, 2, 2), Gvec, b0, ev_out
+        cnt = torch.as_tensor(cn)
+        u = v0 - (cnt[5] + cnt[6] * a0)
+        psi, zp = _arr(sur.derivative(u)), _arr(heaviside(u))
+    GHv = np.empty((K, B, N), dtype=npdt)
+    P0 = np.empty((B, K, N, 2), dtype=npdt)
+    Phi = np.empty((B, N, 4), dtype=npdt)
+    Gvec = np.zeros((max(m, 1), N), dtype=np.float64)
+    b0 = np.empty((B, N, 2), dtype=npdt)
+    ev_out = np.empty((max(m, 1), B, N, 2), dtype=npdt)
+    dummy = np.zeros((1, 1, 1, 2), dtype=npdt)
+    _alif_block(v0n, a0n, psi, zp, code, p1, p2, _arr(cn), cols,
+                np.zeros(1, dtype=npdt) if Rd is None else _arr(Rd), Rd is not None, bool(detach_reset),
+                dummy if G is None else _arr(G), G is not None, bool(carry),
+                dummy if ev_in is None else _arr(ev_in), ev_in is not None, GHv, P0, Phi, Gvec, b0, ev_out)
+    return (torch.from_numpy(zp), torch.from_numpy(GHv), P0, Phi.reshape(B, N, 2, 2), torch.from_numpy(Gvec), b0,
+            torch.from_numpy(ev_out))
 
 
 if _HAVE_NUMBA:
@@ -612,26 +617,26 @@ if _HAVE_NUMBA:
 
 
 def alif_matrix_carry_numba(P0, pre, Phi, e, b0, carry: bool):
-    """:func:`_alif_matrix_carry` on torch tensors: ``P0 [B, K, N, 2]``, ``pre [K, B, H]``, ``Phi
-    [B, N, 2, 2]``, ``e [N, B, 2, H]`` or ``None``, ``b0 [B, N, 2]`` or ``None`` (no boundary
-    term). The carried trace is advanced in place (a new one when ``e`` is ``None``). Returns
-    ``(new trace or None, boundary [N, H] or None)``."""
+    """:func:`_alif_matrix_carry` on torch tensors or numpy arrays: ``P0 [B, K, N, 2]``, ``pre
+    [K, B, H]``, ``Phi [B, N, 2, 2]``, ``e [N, B, 2, H]`` (a tensor) or ``None``, ``b0 [B, N, 2]``
+    or ``None`` (no boundary term). The carried trace is advanced in place (a new one when ``e`` is
+    ``None``). Returns ``(new trace or None, boundary [N, H] or None)``."""
     B, K, N, _ = P0.shape
     H = pre.shape[-1]
-    dt = P0.dtype
+    P0n = _arr(P0)
+    npdt = P0n.dtype
     do_b = b0 is not None and e is not None
     if not carry and not do_b:
         return None, None
-    out = e if e is not None else torch.empty((N, B, 2, H), dtype=dt)
-    bnd = torch.empty((N, H), dtype=dt) if do_b else torch.empty((1, 1), dtype=dt)
-    c = _arr
-    npdt = out.numpy().dtype
+    out = e if e is not None else torch.from_numpy(np.empty((N, B, 2, H), dtype=npdt))
+    outn = out.numpy()
+    bnd = np.empty((N, H) if do_b else (1, 1), dtype=npdt)
     pb = np.empty((K, H) if carry else (1, 1), dtype=npdt)
     tmp = np.empty((B, 2 * N, H) if carry else (1, 2, 1), dtype=npdt)
-    _alif_matrix_carry(c(P0).reshape(B, K, 2 * N), c(pre), c(Phi), out.numpy(), e is not None,
-                       c(b0) if do_b else np.zeros((1, 1, 2), dtype=npdt), do_b, bool(carry), out.numpy(),
-                       bnd.numpy(), pb, tmp)
-    return (out if carry else None), (bnd if do_b else None)
+    _alif_matrix_carry(P0n.reshape(B, K, 2 * N), _arr(pre), _arr(Phi), outn, e is not None,
+                       _arr(b0) if do_b else np.zeros((1, 1, 2), dtype=npdt), do_b, bool(carry), outn,
+                       bnd, pb, tmp)
+    return (out if carry else None), (torch.from_numpy(bnd) if do_b else None)
 
 
 def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_w, G_r, Rd, detach_reset):
