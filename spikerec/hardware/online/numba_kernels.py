@@ -800,14 +800,16 @@ if _HAVE_NUMBA:
 
 def lru_matrix_carry_numba(q, gam, lamK, e, gh0, lr, li):
     """:func:`_lru_matrix_carry` on torch tensors: ``q [N, 2, B, H]`` or ``None`` (no carry),
-    ``e [N, B, 2, H]`` or ``None``, ``gh0 [B, N]`` complex or ``None`` (no boundary term; needs
-    ``e``). Returns ``(new trace or None, boundary [2, N, H] or None)``."""
+    ``e [N, B, 2, H]`` or ``None`` (advanced in place with the carry), ``gh0 [B, N]`` complex or
+    ``None`` (no boundary term; needs ``e``). Returns ``(new trace or None, boundary [2, N, H] or
+    None)``."""
     if q is None and (gh0 is None or e is None):
         return None, None
     N, B, _, H = e.shape if e is not None else (q.shape[0], q.shape[2], 2, q.shape[3])
     dt = (e if e is not None else q).dtype
     c = _arr
-    out = torch.empty((N, B, 2, H), dtype=dt)
+    # the trace is advanced in place (each element is read before it is written)
+    out = e if (e is not None and e.is_contiguous() and not e.requires_grad) else torch.empty((N, B, 2, H), dtype=dt)
     do_b = gh0 is not None and e is not None
     bnd = torch.empty((2, N, H), dtype=dt) if do_b else torch.empty((2, 1, 1), dtype=dt)
     dummy = out.numpy()
