@@ -806,19 +806,22 @@ def lru_matrix_carry_numba(q, gam, lamK, e, gh0, lr, li):
     if q is None and (gh0 is None or e is None):
         return None, None
     N, B, _, H = e.shape if e is not None else (q.shape[0], q.shape[2], 2, q.shape[3])
-    dt = (e if e is not None else q).dtype
     c = _arr
+    en = None if e is None else c(e)
     # the trace is advanced in place (each element is read before it is written)
-    out = e if (e is not None and e.is_contiguous() and not e.requires_grad) else torch.empty((N, B, 2, H), dtype=dt)
+    if en is not None and e.is_contiguous() and not e.requires_grad:  # en is a view of e
+        out, outn = e, en
+    else:
+        outn = np.empty((N, B, 2, H), dtype=(en if en is not None else c(q)).dtype)
+        out = torch.from_numpy(outn)
     do_b = gh0 is not None and e is not None
-    bnd = torch.empty((2, N, H), dtype=dt) if do_b else torch.empty((2, 1, 1), dtype=dt)
-    dummy = out.numpy()
+    bnd = np.empty((2, N, H) if do_b else (2, 1, 1), dtype=outn.dtype)
     Lr, Li = lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag)
-    _lru_matrix_carry(dummy if q is None else c(q), q is not None, c(gam), c(Lr), c(Li),
-                      dummy if e is None else c(e), e is not None, out.numpy(),
-                      c(torch.view_as_real(gh0)) if do_b else np.zeros((1, 1, 2), dtype=dummy.dtype),
-                      c(lr), c(li), do_b, bnd.numpy())
-    return (out if q is not None else None), (bnd if do_b else None)
+    _lru_matrix_carry(outn if q is None else c(q), q is not None, c(gam), c(Lr), c(Li),
+                      outn if en is None else en, e is not None, outn,
+                      c(torch.view_as_real(gh0)) if do_b else np.zeros((1, 1, 2), dtype=outn.dtype),
+                      c(lr), c(li), do_b, bnd)
+    return (out if q is not None else None), (torch.from_numpy(bnd) if do_b else None)
 
 
 if _HAVE_NUMBA:
@@ -871,26 +874,27 @@ def lru_block_tail_numba(parts, gh0, lr, li, W, kinds, traces, carry, lamK):
     """:func:`_lru_block_tail` on torch tensors: ``parts`` from :func:`lru_block_sums_numba`,
     ``gh0 [B, N]`` complex or ``None`` (no loss in the block), ``traces`` the carried ``[B, N, 2]``
     trace of each column or ``None``. Returns ``(dG [m, N] or None, new traces [m, B, N, 2] or None)``."""
-    S_h, S_u, Q_h, Q_u = parts
+    S_h, S_u, Q_h, Q_u = (_arr(p) for p in parts)
     m = len(kinds)
     B, N = Q_h.shape[1], Q_h.shape[2]
-    dt = S_h.dtype
+    npdt = S_h.dtype
     has = np.array([t is not None for t in traces], dtype=np.bool_)
-    E = torch.zeros((m, B, N, 2), dtype=dt)
-    for j, t in enumerate(traces):
-        if t is not None:
-            E[j] = t
-    dG = torch.empty((m, N), dtype=dt)
-    Eout = torch.empty((m, B, N, 2), dtype=dt)
-    use_g = gh0 is not None
     c = _arr
-    _lru_block_tail(S_h.numpy(), S_u.numpy(), Q_h.numpy(), Q_u.numpy(),
-                    c(torch.view_as_real(gh0)) if use_g else E[0].numpy(), use_g, use_g and bool(has.any()),
-                    c(lr), c(li), c(W), kinds if isinstance(kinds, np.ndarray) else np.asarray(kinds, dtype=np.int64),
-                    E.numpy(), has, bool(carry),
-                    *(c(v) for v in (lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag))),
-                    dG.numpy(), Eout.numpy())
-    return (dG if use_g else None), (Eout if carry else None)
+    if has.all():
+        E = np.stack([c(t) for t in traces])
+    else:
+        E = np.zeros((m, B, N, 2), dtype=npdt)
+        for j, t in enumerate(traces):
+            if t is not None:
+                E[j] = c(t)
+    dG = np.empty((m, N), dtype=npdt)
+    Eout = np.empty((m, B, N, 2), dtype=npdt)
+    use_g = gh0 is not None
+    _lru_block_tail(S_h, S_u, Q_h, Q_u, c(torch.view_as_real(gh0)) if use_g else E[0], use_g,
+                    use_g and bool(has.any()), c(lr), c(li), c(W),
+                    kinds if isinstance(kinds, np.ndarray) else np.asarray(kinds, dtype=np.int64), E, has, bool(carry),
+                    *(c(v) for v in (lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag))), dG, Eout)
+    return (torch.from_numpy(dG) if use_g else None), (torch.from_numpy(Eout) if carry else None)
 
 
 if _HAVE_NUMBA:
@@ -917,9 +921,10 @@ if _HAVE_NUMBA:
 def lru_reverse_filter_numba(G, lr, li):
     """:func:`_lru_reverse_filter` on torch tensors: ``G [K, B, N, 2]``, ``lr``, ``li`` numpy or
     torch ``[N]``; returns ``gh [K, B, N, 2]``."""
-    gh = torch.empty(G.shape, dtype=G.dtype)
-    _lru_reverse_filter(_arr(G), _arr(lr), _arr(li), gh.numpy())
-    return gh
+    Gn = _arr(G)
+    gh = np.empty(Gn.shape, dtype=Gn.dtype)
+    _lru_reverse_filter(Gn, _arr(lr), _arr(li), gh)
+    return torch.from_numpy(gh)
 
 
 def lru_block_scan_numba(u, lr, li, h0r, h0i):
@@ -927,23 +932,24 @@ def lru_block_scan_numba(u, lr, li, h0r, h0i):
     after each step, ``(pr, pi, nr, ni)``, each ``[K, B, N]``."""
     K, B, _ = u.shape
     N = lr.shape[0]
-    out = torch.empty((4, K, B, N), dtype=u.dtype)
     c = _arr
-    _lru_block_scan(c(u), c(lr), c(li), c(h0r), c(h0i), out[0].numpy(), out[1].numpy(), out[2].numpy(),
-                    out[3].numpy())
-    return out[0], out[1], out[2], out[3]
+    un = c(u)
+    out = np.empty((4, K, B, N), dtype=un.dtype)
+    _lru_block_scan(un, c(lr), c(li), c(h0r), c(h0i), out[0], out[1], out[2], out[3])
+    return tuple(torch.from_numpy(out).unbind(0))
 
 
 def lru_block_sums_numba(pr, pi, nr, ni, gh, lr, li, PK, need_h: bool, need_u: bool):
     """:func:`_lru_block_sums` on torch tensors (``gh [K, B, N, 2]`` or ``None``, ``PK [K, N, 2]``
-    or ``None``: no carry); returns ``(S_h, S_u [2, N], Q_h, Q_u [2, B, N])``."""
+    or ``None``: no carry); returns ``(S_h, S_u [2, N], Q_h, Q_u [2, B, N])`` as numpy arrays (the
+    operands of :func:`lru_block_tail_numba`)."""
     K, B, N = pr.shape
-    dt = pr.dtype
-    S = torch.empty((2, 2, N), dtype=dt)
-    Q = torch.empty((2, 2, B, N), dtype=dt)
     c = _arr
-    dummy = np.zeros((1, 1, 2), dtype=S.numpy().dtype)
-    _lru_block_sums(c(pr), c(pi), c(nr), c(ni), dummy[None] if gh is None else c(gh), gh is not None, c(lr), c(li),
-                    dummy if PK is None else c(PK), bool(need_h), bool(need_u), PK is not None, S[0].numpy(),
-                    S[1].numpy(), Q[0].numpy(), Q[1].numpy())
+    prn = c(pr)
+    S = np.empty((2, 2, N), dtype=prn.dtype)
+    Q = np.empty((2, 2, B, N), dtype=prn.dtype)
+    dummy = np.zeros((1, 1, 2), dtype=prn.dtype)
+    _lru_block_sums(prn, c(pi), c(nr), c(ni), dummy[None] if gh is None else c(gh), gh is not None, c(lr), c(li),
+                    dummy if PK is None else c(PK), bool(need_h), bool(need_u), PK is not None, S[0], S[1], Q[0],
+                    Q[1])
     return S[0], S[1], Q[0], Q[1]
