@@ -88,21 +88,25 @@ def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
     assert any(g.abs().sum() > 0 for g in g1.values())
 
 
-@pytest.mark.parametrize("rule", ["full", "trunc1"])
-def test_lru_compiled_block_equals_its_torch_form(rule, monkeypatch):
-    """LRU layers in chunked mode: the compiled block scan, reverse filter and block sums
-    (numba_kernels.lru_block_scan_numba / lru_reverse_filter_numba / lru_block_sums_numba) equal
-    the torch form (complex scans and sums), traces and gradients, with a per-sample reset and
-    steps without a loss."""
+@pytest.mark.parametrize("rule,frozen", [("full", ()), ("trunc1", ()), ("full", ("nu_log", "theta_log", "gamma_log")),
+                                         ("full", ("gamma_log",))])
+def test_lru_compiled_block_equals_its_torch_form(rule, frozen, monkeypatch):
+    """LRU layers in chunked mode: the compiled block scan and the reverse filter, block sums and
+    per-neuron traces in one compiled call (numba_kernels.lru_block_scan_numba /
+    lru_block_traces_numba) equal the torch form (complex scans and sums), traces and gradients,
+    with a per-sample reset and steps without a loss."""
     from spikerec.hardware.online import traces_lru
 
     model = build("lru", False)
+    for c in model.cells:  # frozen per-neuron parameters: no per-neuron traces (or only some)
+        for name in frozen:
+            getattr(c, name).requires_grad_(False)
     T, B = 17, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     resets = [(6, torch.tensor([True, False, True]))]
     calls = []
-    real = traces_lru.lru_block_sums_numba
-    monkeypatch.setattr(traces_lru, "lru_block_sums_numba", lambda *a: calls.append(1) or real(*a))
+    real = traces_lru.lru_block_traces_numba
+    monkeypatch.setattr(traces_lru, "lru_block_traces_numba", lambda *a: calls.append(1) or real(*a))
     y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule, chunk=5)
     assert calls, "the compiled block was not taken"
     monkeypatch.setattr(traces_lru.LRUTrace, "_compiled_block", lambda self, x: False)
@@ -112,7 +116,8 @@ def test_lru_compiled_block_equals_its_torch_form(rule, monkeypatch):
     assert torch.allclose(y0, y1, rtol=0, atol=1e-12) and torch.allclose(l0, l1, rtol=0, atol=1e-12)
     close(tr0, tr1)
     close(g0, g1)
-    assert g1["cells.0.nu_log"].abs().sum() > 0 and g1["cells.0.B_re"].abs().sum() > 0
+    assert g1["cells.0.B_re"].abs().sum() > 0
+    assert ("nu_log" in frozen) or g1["cells.0.nu_log"].abs().sum() > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

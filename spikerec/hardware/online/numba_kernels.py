@@ -24,8 +24,8 @@ from ...kernels.lif_sequence_numba import surrogate_code
 from ...surrogate import heaviside
 
 __all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
-           "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_sums_numba", "lru_matrix_carry_numba",
-           "lru_block_tail_numba", "alif_spatial_numba", "lru_reverse_filter_numba"]
+           "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
+           "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -870,33 +870,6 @@ if _HAVE_NUMBA:
                         Eout[j, b, n, 1] = q1
 
 
-def lru_block_tail_numba(parts, gh0, lr, li, W, kinds, traces, carry, lamK):
-    """:func:`_lru_block_tail` on torch tensors: ``parts`` from :func:`lru_block_sums_numba`,
-    ``gh0 [B, N]`` complex or ``None`` (no loss in the block), ``traces`` the carried ``[B, N, 2]``
-    trace of each column or ``None``. Returns ``(dG [m, N] or None, new traces [m, B, N, 2] or None)``."""
-    S_h, S_u, Q_h, Q_u = (_arr(p) for p in parts)
-    m = len(kinds)
-    B, N = Q_h.shape[1], Q_h.shape[2]
-    npdt = S_h.dtype
-    has = np.array([t is not None for t in traces], dtype=np.bool_)
-    c = _arr
-    if has.all():
-        E = np.stack([c(t) for t in traces])
-    else:
-        E = np.zeros((m, B, N, 2), dtype=npdt)
-        for j, t in enumerate(traces):
-            if t is not None:
-                E[j] = c(t)
-    dG = np.empty((m, N), dtype=npdt)
-    Eout = np.empty((m, B, N, 2), dtype=npdt)
-    use_g = gh0 is not None
-    _lru_block_tail(S_h, S_u, Q_h, Q_u, c(torch.view_as_real(gh0)) if use_g else E[0], use_g,
-                    use_g and bool(has.any()), c(lr), c(li), c(W),
-                    kinds if isinstance(kinds, np.ndarray) else np.asarray(kinds, dtype=np.int64), E, has, bool(carry),
-                    *(c(v) for v in (lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag))), dG, Eout)
-    return (torch.from_numpy(dG) if use_g else None), (torch.from_numpy(Eout) if carry else None)
-
-
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True)
@@ -927,6 +900,63 @@ def lru_reverse_filter_numba(G, lr, li):
     return torch.from_numpy(gh)
 
 
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lru_block_traces(G, use_g, filt, gh, pr, pi, nr, ni, lr, li, PK, need_h, need_u, carry, S_h, S_u, Q_h, Q_u,
+                          tail, W, kinds, E, has_e, do_b, Lr, Li, dG, Eout):  # pragma: no cover - compiled
+        """The per-neuron part of an LRU block in one call: the reverse filter (``filt``:
+        :func:`_lru_reverse_filter` of ``G`` into ``gh``; else ``gh`` is ``G``), then with ``tail``
+        the block sums (:func:`_lru_block_sums`) and the traces' part (:func:`_lru_block_tail`),
+        while the filtered error is still in cache."""
+        if use_g and filt:
+            _lru_reverse_filter(G, lr, li, gh)
+        if tail:
+            _lru_block_sums(pr, pi, nr, ni, gh, use_g, lr, li, PK, need_h, need_u, carry, S_h, S_u, Q_h, Q_u)
+            _lru_block_tail(S_h, S_u, Q_h, Q_u, gh[0], use_g, do_b, lr, li, W, kinds, E, has_e, carry, Lr, Li, dG,
+                            Eout)
+
+
+def lru_block_traces_numba(G, filt: bool, pr, pi, nr, ni, lr, li, PK, need_h: bool, need_u: bool, W, kinds, traces,
+                           lamK):
+    """:func:`_lru_block_traces` on torch tensors: ``G [K, B, N, 2]`` or ``None`` (no loss in the
+    block), ``filt`` (the ``J``-rules: reverse-filter ``G``), the states before/after each step
+    ``pr, pi, nr, ni [K, B, N]``, ``PK [K, N, 2]`` or ``None`` (no carry), ``kinds`` the traced
+    per-neuron columns (``None``: none, no sums), ``traces`` their carried ``[B, N, 2]`` traces
+    (or ``None`` each). Returns ``(gh [K, B, N, 2] or None, dG [m, N] or None, new traces [m, B,
+    N, 2] or None)``."""
+    c = _arr
+    prn = c(pr)
+    K, B, N = prn.shape
+    npdt = prn.dtype
+    use_g = G is not None
+    Gn = c(G) if use_g else np.zeros((1, B, N, 2), dtype=npdt)
+    gh = np.empty(Gn.shape, dtype=npdt) if (use_g and filt) else Gn
+    tail = kinds is not None and len(kinds) > 0
+    m = len(kinds) if tail else 0
+    carry = PK is not None
+    S = np.empty((2, 2, N), dtype=npdt)
+    Q = np.empty((2, 2, B, N), dtype=npdt)
+    has = np.array([t is not None for t in traces] if tail else [False], dtype=np.bool_)
+    if tail and has.all():
+        E = np.stack([c(t) for t in traces])
+    else:
+        E = np.zeros((max(m, 1), B, N, 2), dtype=npdt)
+        for j, t in enumerate(traces if tail else []):
+            if t is not None:
+                E[j] = c(t)
+    dG = np.empty((max(m, 1), N), dtype=npdt)
+    Eout = np.empty((max(m, 1), B, N, 2), dtype=npdt)
+    Lr, Li = lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag)
+    _lru_block_traces(Gn, use_g, bool(filt), gh, prn, c(pi), c(nr), c(ni), c(lr), c(li),
+                      c(PK) if carry else np.zeros((1, 1, 2), dtype=npdt), bool(need_h), bool(need_u), carry,
+                      S[0], S[1], Q[0], Q[1], tail, c(W),
+                      kinds if tail else np.zeros(1, dtype=np.int64), E, has, use_g and bool(has.any()), c(Lr), c(Li),
+                      dG, Eout)
+    return ((torch.from_numpy(gh) if use_g else None), (torch.from_numpy(dG) if (tail and use_g) else None),
+            (torch.from_numpy(Eout) if (tail and carry) else None))
+
+
 def lru_block_scan_numba(u, lr, li, h0r, h0i):
     """:func:`_lru_block_scan` on torch tensors: ``u [K, B, 2N]``; returns the states before and
     after each step, ``(pr, pi, nr, ni)``, each ``[K, B, N]``."""
@@ -939,17 +969,3 @@ def lru_block_scan_numba(u, lr, li, h0r, h0i):
     return tuple(torch.from_numpy(out).unbind(0))
 
 
-def lru_block_sums_numba(pr, pi, nr, ni, gh, lr, li, PK, need_h: bool, need_u: bool):
-    """:func:`_lru_block_sums` on torch tensors (``gh [K, B, N, 2]`` or ``None``, ``PK [K, N, 2]``
-    or ``None``: no carry); returns ``(S_h, S_u [2, N], Q_h, Q_u [2, B, N])`` as numpy arrays (the
-    operands of :func:`lru_block_tail_numba`)."""
-    K, B, N = pr.shape
-    c = _arr
-    prn = c(pr)
-    S = np.empty((2, 2, N), dtype=prn.dtype)
-    Q = np.empty((2, 2, B, N), dtype=prn.dtype)
-    dummy = np.zeros((1, 1, 2), dtype=prn.dtype)
-    _lru_block_sums(prn, c(pi), c(nr), c(ni), dummy[None] if gh is None else c(gh), gh is not None, c(lr), c(li),
-                    dummy if PK is None else c(PK), bool(need_h), bool(need_u), PK is not None, S[0], S[1], Q[0],
-                    Q[1])
-    return S[0], S[1], Q[0], Q[1]

@@ -24,7 +24,7 @@ import torch
 
 from ...kernels import scan_numba
 from ...scan import linear_scan
-from .numba_kernels import (lru_block_scan_numba, lru_block_sums_numba, lru_block_tail_numba, lru_matrix_carry_numba,
+from .numba_kernels import (lru_block_scan_numba, lru_block_traces_numba, lru_matrix_carry_numba,
                             lru_reverse_filter_numba, lru_trace_step_numba, numba_available)
 from .traces_base import _STACK, LayerTrace, Partials
 
@@ -209,9 +209,6 @@ class LRUTrace(LayerTrace):
         k = self.consts(x.dtype)
         use_J = self.use_J()
         names = [n for n in ("nu_log", "theta_log", "gamma_log") if n in self.traced]
-        ghc = None  # the reverse-filtered error, complex [K, B, N]
-        if G is not None:
-            ghc = self._reverse_filter_complex(G) if use_J else torch.view_as_complex(G.contiguous())
         N = k["N"]
         lam = torch.complex(k["lr"], k["li"])
         pw = k.get(("lam_powers", K))
@@ -223,38 +220,40 @@ class LRUTrace(LayerTrace):
                 p = p * lam
             pw = k[("lam_powers", K)] = (torch.stack(rows[::-1]), p)
         PK, lamK = pw
-        self._block_matrix(ts, k, x, ghc, carry and use_J, use_J, PK, lamK, lam, K, B, N)
-        if not names:
-            return
         w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
-        need_u, carry = "gamma_log" in names, carry and use_J
-        if self._compiled_block(x):  # the block sums and the traces' part in two compiled passes
+        need_u = "gamma_log" in names
+        if self._compiled_block(x):  # the reverse filter, the block sums and the traces' part in one compiled call
             kn = self._np_consts(k, K)
-            parts = lru_block_sums_numba(
-                prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
-                new.x_im.reshape(K, B, N), None if ghc is None else torch.view_as_real(ghc), kn["lr"], kn["li"],
-                kn["PK"] if carry else None, bool(w), need_u)
             kinds = kn.get("kinds")
             if kinds is None:
                 kinds = kn["kinds"] = np.asarray([("nu_log", "theta_log", "gamma_log").index(n) for n in names])
-            # without J (trunc1) no trace is carried, so no boundary term is formed
-            dG, E = lru_block_tail_numba(parts, None if ghc is None else ghc[0],
-                                         kn["lr"], kn["li"], kn["W"], kinds,
-                                         [ts.vec.get(n) if use_J else None for n in names], carry, kn["lamK"])
+            carry_v = carry and use_J  # without J (trunc1) no trace is carried, so no boundary term is formed
+            gh, dG, E = lru_block_traces_numba(
+                G, use_J, prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
+                new.x_im.reshape(K, B, N), kn["lr"], kn["li"], kn["PK"] if carry_v else None, bool(w), need_u, kn["W"],
+                kinds if names else None, [ts.vec.get(n) if use_J else None for n in names], kn["lamK"])
+            ghc = None if gh is None else torch.view_as_complex(gh)
+            self._block_matrix(ts, k, x, ghc, carry_v, use_J, PK, lamK, lam, K, B, N)
             for j, n in enumerate(names):
                 if dG is not None:
                     ts.add(n, dG[j])
                 if E is not None:
                     ts.vec[n] = E[j]
             return
-        else:
-            hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
-            u = torch.complex(new.x_re, new.x_im) - lam * hp
-            ghf = None if ghc is None else ghc.reshape(K * B, N).conj_physical()
-            S_h = (ghf * hp).sum(0) if ghf is not None and w else None
-            S_u = (ghf * u).sum(0) if ghf is not None and need_u else None
-            Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if carry and w else None  # [B, N]
-            Q_u = (PK[:, None] * u.reshape(K, B, N)).sum(0) if carry and need_u else None
+        ghc = None  # the reverse-filtered error, complex [K, B, N]
+        if G is not None:
+            ghc = self._reverse_filter_complex(G) if use_J else torch.view_as_complex(G.contiguous())
+        self._block_matrix(ts, k, x, ghc, carry and use_J, use_J, PK, lamK, lam, K, B, N)
+        if not names:
+            return
+        carry = carry and use_J
+        hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
+        u = torch.complex(new.x_re, new.x_im) - lam * hp
+        ghf = None if ghc is None else ghc.reshape(K * B, N).conj_physical()
+        S_h = (ghf * hp).sum(0) if ghf is not None and w else None
+        S_u = (ghf * u).sum(0) if ghf is not None and need_u else None
+        Q_h = (PK[:, None] * hp.reshape(K, B, N)).sum(0) if carry and w else None  # [B, N]
+        Q_u = (PK[:, None] * u.reshape(K, B, N)).sum(0) if carry and need_u else None
         if ghc is not None:
             for n, wn in w.items():
                 ts.add(n, (wn * S_h).real)
