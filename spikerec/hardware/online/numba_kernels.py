@@ -375,110 +375,233 @@ if _HAVE_NUMBA:
 
 if _HAVE_NUMBA:
 
-    @_nb.njit(cache=True, fastmath=False, nogil=True, error_model="numpy")
-    def _alif_block(v0, a0, psi, zp, sur, p1, p2, cn, cols, Rd, has_rd, detach_reset, G, use_g, carry, ev_in, has_ev,
-                    GHv, P0, Phi, Gvec, b0, ev_out):  # pragma: no cover - compiled
+    @_nb.njit(cache=True, nogil=True, inline="always")
+    def _alif_part(i, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, k, r):
+        """Partial ``i`` of :func:`_alif_partials` at row ``(k, r)`` of a block's planar ``[K, B*N]``
+        states (the other partials are dead code after inlining)."""
+        return _alif_partials(v0[k, r], a0[k, r], psi[k, r], zp[k, r], cx[0, r], cx[2, r], cx[4, r], cx[5, r],
+                              cx[6, r], rdx[r], has_rd, detach_reset, zero)[i]
+
+    @_nb.njit(cache=True, nogil=True, inline="always")
+    def _alif_imm_at(c, kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, k, r):
+        """Row ``c`` (0: ``v``, 1: ``a``) of the immediate partial of column ``kind``
+        (:func:`_alif_imm`) at row ``(k, r)``."""
+        p = _alif_partials(v0[k, r], a0[k, r], psi[k, r], zp[k, r], cx[0, r], cx[2, r], cx[4, r], cx[5, r],
+                           cx[6, r], rdx[r], has_rd, detach_reset, zero)
+        return _alif_imm(kind, v0[k, r], cx[1, r], cx[3, r], p[4], p[5], p[6], p[7], p[8], p[9], zero, one)[c]
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _alif_block_imm(kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, i0, i1):  # pragma: no cover - compiled
+        """The immediate partials ``(i0, i1) [K, B*N]`` of column ``kind`` over a block, one loop per
+        row with the kind fixed outside it (a switch inside kept the loops scalar: 28 % of the
+        block)."""
+        K = i0.shape[0]
+        zero, one = i0.dtype.type(0), i0.dtype.type(1)
+        if kind == 4:  # bias: (1, 0)
+            for k in range(K):
+                for r in range(i0.shape[1]):
+                    i0[k, r] = one
+                for r in range(i1.shape[1]):
+                    i1[k, r] = zero
+        elif kind == 0:
+            _alif_block_imm_of(0, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1)
+        elif kind == 1:
+            _alif_block_imm_of(1, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1)
+        elif kind == 2:
+            _alif_block_imm_of(2, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1)
+        else:
+            _alif_block_imm_of(3, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1)
+
+    @_nb.njit(cache=True, nogil=True, inline="always", error_model="numpy")
+    def _alif_block_imm_of(kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1):
+        """:func:`_alif_block_imm` for a literal ``kind`` (inlined per call site, so each copy has
+        the kind as a constant)."""
+        for k in range(i0.shape[0]):
+            for r in range(i0.shape[1]):
+                i0[k, r] = _alif_imm_at(0, kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, k, r)
+            for r in range(i1.shape[1]):
+                i1[k, r] = _alif_imm_at(1, kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, k, r)
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_block_carry(J00, J01, J10, J11, i0, i1, h0, h1, t0, t1):  # pragma: no cover - compiled
+        """``h <- J_k h + imm_k`` over a block's steps on ``[B*N]`` rows ``h0, h1`` (``t0, t1``:
+        scratch); two steps per round, h -> t -> h, so no array reference is swapped."""
+        K = J00.shape[0]
+        for k in range(0, K - 1, 2):
+            for r in range(t0.shape[0]):
+                t0[r] = J00[k, r] * h0[r] + J01[k, r] * h1[r] + i0[k, r]
+            for r in range(t1.shape[0]):
+                t1[r] = J10[k, r] * h0[r] + J11[k, r] * h1[r] + i1[k, r]
+            for r in range(h0.shape[0]):
+                h0[r] = J00[k + 1, r] * t0[r] + J01[k + 1, r] * t1[r] + i0[k + 1, r]
+            for r in range(h1.shape[0]):
+                h1[r] = J10[k + 1, r] * t0[r] + J11[k + 1, r] * t1[r] + i1[k + 1, r]
+        if K % 2 == 1:
+            k = K - 1
+            for r in range(t0.shape[0]):
+                t0[r] = J00[k, r] * h0[r] + J01[k, r] * h1[r] + i0[k, r]
+            for r in range(t1.shape[0]):
+                t1[r] = J10[k, r] * h0[r] + J11[k, r] * h1[r] + i1[k, r]
+            for r in range(h0.shape[0]):
+                h0[r] = t0[r]
+            for r in range(h1.shape[0]):
+                h1[r] = t1[r]
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_block_phi(J00, J01, J10, J11, P0, q00, q01, q10, q11, u00, u01, u10, u11):  # pragma: no cover - compiled
+        """``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` from the right on ``[B*N]`` rows (``q`` starts as
+        the identity and ends as ``Phi_{K-1,-1}``), its first column into ``P0 [B, K, 2, N]``; two
+        steps per round, q -> u -> q."""
+        K = J00.shape[0]
+        B, N = P0.shape[0], P0.shape[3]
+        for k in range(K - 1, -1, -2):
+            for b in range(B):
+                for n in range(P0.shape[3]):
+                    P0[b, k, 0, n] = q00[b * N + n]
+                for n in range(P0.shape[3]):
+                    P0[b, k, 1, n] = q10[b * N + n]
+            for r in range(u00.shape[0]):
+                u00[r] = q00[r] * J00[k, r] + q01[r] * J10[k, r]
+            for r in range(u01.shape[0]):
+                u01[r] = q00[r] * J01[k, r] + q01[r] * J11[k, r]
+            for r in range(u10.shape[0]):
+                u10[r] = q10[r] * J00[k, r] + q11[r] * J10[k, r]
+            for r in range(u11.shape[0]):
+                u11[r] = q10[r] * J01[k, r] + q11[r] * J11[k, r]
+            if k == 0:
+                for r in range(q00.shape[0]):
+                    q00[r] = u00[r]
+                for r in range(q01.shape[0]):
+                    q01[r] = u01[r]
+                for r in range(q10.shape[0]):
+                    q10[r] = u10[r]
+                for r in range(q11.shape[0]):
+                    q11[r] = u11[r]
+                return
+            j = k - 1
+            for b in range(B):
+                for n in range(P0.shape[3]):
+                    P0[b, j, 0, n] = u00[b * N + n]
+                for n in range(P0.shape[3]):
+                    P0[b, j, 1, n] = u10[b * N + n]
+            for r in range(q00.shape[0]):
+                q00[r] = u00[r] * J00[j, r] + u01[r] * J10[j, r]
+            for r in range(q01.shape[0]):
+                q01[r] = u00[r] * J01[j, r] + u01[r] * J11[j, r]
+            for r in range(q10.shape[0]):
+                q10[r] = u10[r] * J00[j, r] + u11[r] * J10[j, r]
+            for r in range(q11.shape[0]):
+                q11[r] = u10[r] * J01[j, r] + u11[r] * J11[j, r]
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _alif_block(v0_, a0_, psi_, zp_, sur, p1, p2, cn, cols, Rd, has_rd, detach_reset, G_, use_g, carry, ev_in,
+                    has_ev, GHv_, P0, Phi, Gvec, b0, ev_out):  # pragma: no cover - compiled
         """The chunked block of one ALIF layer (``full``/``snap1``) for every sample and neuron:
         the previous spikes ``zp = H(u)`` and their surrogate derivative ``psi`` at
         ``u = v - (b + beta a)`` (written here when the surrogate has an inline form, ``sur != 0``;
-        else ``psi`` and ``zp`` are inputs), the partials of each step (:func:`_alif_partials`), the
-        reverse filter ``gh_k = g_k + J_{k+1}^T gh_{k+1}`` (its ``v`` row into ``GHv [K, B, N]``, the
-        operand of the weights' GEMM), the per-neuron contraction
-        ``Gvec[j, n] += sum_k gh_k . imm_k`` plus the boundary term with the carried traces
-        (``b0 = J_0^T gh_0``), and for the carry the advanced per-neuron traces ``ev_out``, the first
-        columns ``P0[b, k]`` of ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` and ``Phi = Phi_{K-1,-1}`` (the
-        matrix traces' carry, which the caller contracts with the inputs in GEMMs). One sample at a
-        time, neurons innermost (contiguous rows). The reverse filter runs on a planar local array
-        (``gp [K, 2, N]``), which the compiler vectorises (the sums read strided rows of an
-        interleaved output before: 1.7x slower)."""
-        K, B, N = v0.shape
+        else ``psi`` and ``zp`` are inputs), the 2x2 Jacobians of each step (:func:`_alif_partials`),
+        the reverse filter ``gh_k = g_k + J_{k+1}^T gh_{k+1}`` (its ``v`` row into ``GHv [K, B, N]``,
+        the operand of the weights' GEMM), per traced column ``j`` its immediate partials
+        (:func:`_alif_imm`), the contraction ``Gvec[j, n] += sum_{k,b} gh_k . imm_k`` plus the
+        boundary term with the carried traces (``b0 = J_0^T gh_0``) and the advanced carried trace
+        ``ev_out``, and for the matrix traces' carry the first columns ``P0 [B, K, 2, N]`` of
+        ``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` and ``Phi = Phi_{K-1,-1}``.
+
+        All samples at once on planar ``[K, B*N]`` rows, in passes that each write one array
+        indexed directly with its own bounds, so the compiler vectorises every pass (one fused
+        loop per sample writing ten partials was scalar: 1.4x slower)."""
+        K, B, N = v0_.shape
+        R = B * N
         m = cols.shape[0]
-        mm = max(m, 1)
-        zero, one = v0.dtype.type(0), v0.dtype.type(1)
-        W = np.empty((K, 10, N), dtype=v0.dtype)  # per step: the Jacobian (rows 0-3), the six partials (4-9)
-        imm = np.empty((K, 2, N), dtype=v0.dtype)  # the immediate partials of one column
-        gp = np.empty((K, 2, N), dtype=v0.dtype)  # the reverse-filtered error, (v, a) rows
-        acc = np.zeros((mm, N), dtype=np.float64)
-        h0 = np.empty(N, dtype=v0.dtype)
-        h1 = np.empty(N, dtype=v0.dtype)
-        p = np.empty((4, N), dtype=v0.dtype)
+        dt = v0_.dtype
+        zero, one = dt.type(0), dt.type(1)
+        v0, a0, psi, zp = v0_.reshape(K, R), a0_.reshape(K, R), psi_.reshape(K, R), zp_.reshape(K, R)
+        G = G_.reshape(K, R, 2) if use_g else G_.reshape(1, G_.size // 2, 2)
+        GHv = GHv_.reshape(K, R)
+        cx = np.empty((7, R), dtype=dt)  # the per-neuron constants repeated per sample
+        for c in range(7):
+            for b in range(B):
+                for n in range(N):
+                    cx[c, b * N + n] = cn[c, n]
+        rdx = np.zeros(R, dtype=dt)
+        if has_rd:
+            for b in range(B):
+                for n in range(N):
+                    rdx[b * N + n] = Rd[n]
         s1, s2 = sd_consts(sur, p1, p2)
-        sg1, sg2 = v0.dtype.type(s1), v0.dtype.type(s2)  # the surrogate in the states' dtype (vectorised)
-        for b in range(B):
-            if sur != 0:
-                for k in range(K):
-                    for n in range(psi.shape[2]):
-                        u = v0[k, b, n] - (cn[5, n] + cn[6, n] * a0[k, b, n])
-                        psi[k, b, n] = sd_typed(u, sur, sg1, sg2, one)
-                    for n in range(zp.shape[2]):
-                        u = v0[k, b, n] - (cn[5, n] + cn[6, n] * a0[k, b, n])
-                        zp[k, b, n] = one if u > zero else zero
+        sg1, sg2 = dt.type(s1), dt.type(s2)  # the surrogate in the states' dtype (vectorised)
+        if sur != 0:
             for k in range(K):
-                for n in range(W.shape[2]):  # branch-free over neurons (vectorised)
-                    rd = Rd[n] if has_rd else zero
-                    dv_v, dv_a, da_v, da_a, dv_b, da_b, dv_beta, da_beta, da_rho, dR_rho = _alif_partials(
-                        v0[k, b, n], a0[k, b, n], psi[k, b, n], zp[k, b, n], cn[0, n], cn[2, n], cn[4, n], cn[5, n],
-                        cn[6, n], rd, has_rd, detach_reset, zero)
-                    W[k, 0, n], W[k, 1, n], W[k, 2, n], W[k, 3, n] = dv_v, dv_a, da_v, da_a
-                    W[k, 4, n], W[k, 5, n], W[k, 6, n], W[k, 7, n] = dv_b, da_b, dv_beta, da_beta
-                    W[k, 8, n], W[k, 9, n] = da_rho, dR_rho
+                for r in range(psi.shape[1]):
+                    psi[k, r] = sd_typed(v0[k, r] - (cx[5, r] + cx[6, r] * a0[k, r]), sur, sg1, sg2, one)
+                for r in range(zp.shape[1]):
+                    zp[k, r] = one if v0[k, r] - (cx[5, r] + cx[6, r] * a0[k, r]) > zero else zero
+        J00, J01, J10, J11 = np.empty((K, R), dt), np.empty((K, R), dt), np.empty((K, R), dt), np.empty((K, R), dt)
+        for k in range(K):
+            for r in range(J00.shape[1]):
+                J00[k, r] = _alif_part(0, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, k, r)
+            for r in range(J01.shape[1]):
+                J01[k, r] = _alif_part(1, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, k, r)
+            for r in range(J10.shape[1]):
+                J10[k, r] = _alif_part(2, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, k, r)
+            for r in range(J11.shape[1]):
+                J11[k, r] = _alif_part(3, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, k, r)
+        gp1 = np.empty((K, R), dt)  # the reverse-filtered error: its v row in GHv, its a row here
+        if use_g:
+            g1 = np.empty((K, R), dt)  # the a row of G, planar
+            for k in range(K):
+                for r in range(GHv.shape[1]):
+                    GHv[k, r] = G[k, r, 0]
+                for r in range(g1.shape[1]):
+                    g1[k, r] = G[k, r, 1]
+            for r in range(gp1.shape[1]):
+                gp1[K - 1, r] = g1[K - 1, r]
+            for k in range(K - 2, -1, -1):
+                for r in range(GHv.shape[1]):
+                    GHv[k, r] = GHv[k, r] + (J00[k + 1, r] * GHv[k + 1, r] + J10[k + 1, r] * gp1[k + 1, r])
+                for r in range(gp1.shape[1]):
+                    gp1[k, r] = g1[k, r] + (J01[k + 1, r] * GHv[k + 1, r] + J11[k + 1, r] * gp1[k + 1, r])
+        i0, i1 = np.empty((K, R), dt), np.empty((K, R), dt)
+        acc = np.empty(R, dtype=np.float64)
+        h0, h1, t0, t1 = np.empty(R, dt), np.empty(R, dt), np.empty(R, dt), np.empty(R, dt)
+        for j in range(m):  # one column at a time: its immediate partials, its sums, its carry
+            _alif_block_imm(cols[j], v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, i0, i1)
             if use_g:
-                for n in range(gp.shape[2]):
-                    gp[K - 1, 0, n] = G[K - 1, b, n, 0]
-                    gp[K - 1, 1, n] = G[K - 1, b, n, 1]
-                for k in range(K - 2, -1, -1):
-                    for n in range(gp.shape[2]):
-                        q0, q1 = gp[k + 1, 0, n], gp[k + 1, 1, n]
-                        gp[k, 0, n] = G[k, b, n, 0] + (W[k + 1, 0, n] * q0 + W[k + 1, 2, n] * q1)
-                        gp[k, 1, n] = G[k, b, n, 1] + (W[k + 1, 1, n] * q0 + W[k + 1, 3, n] * q1)
-                acc[:, :] = 0.0
-            for j in range(m):  # one column at a time: its immediate partials (_alif_imm), its sums, its carry
-                kind = cols[j]
+                for r in range(acc.shape[0]):
+                    acc[r] = 0.0
                 for k in range(K):
-                    for n in range(imm.shape[2]):  # the kind is the same for every neuron (unswitched)
-                        imm[k, 0, n], imm[k, 1, n] = _alif_imm(kind, v0[k, b, n], cn[1, n], cn[3, n], W[k, 4, n],
-                                                               W[k, 5, n], W[k, 6, n], W[k, 7, n], W[k, 8, n],
-                                                               W[k, 9, n], zero, one)
-                if use_g:
-                    for k in range(K):
-                        for n in range(acc.shape[1]):
-                            acc[j, n] += gp[k, 0, n] * imm[k, 0, n] + gp[k, 1, n] * imm[k, 1, n]
-                if carry:
+                    for r in range(acc.shape[0]):
+                        acc[r] += GHv[k, r] * i0[k, r] + gp1[k, r] * i1[k, r]
+                for b in range(B):
                     for n in range(N):
-                        h0[n] = ev_in[j, b, n, 0] if has_ev else zero
-                        h1[n] = ev_in[j, b, n, 1] if has_ev else zero
-                    for k in range(K):
-                        Jk, ik = W[k], imm[k]
-                        for n in range(N):
-                            e0, e1 = h0[n], h1[n]
-                            h0[n] = Jk[0, n] * e0 + Jk[1, n] * e1 + ik[0, n]
-                            h1[n] = Jk[2, n] * e0 + Jk[3, n] * e1 + ik[1, n]
-                    for n in range(N):
-                        ev_out[j, b, n, 0], ev_out[j, b, n, 1] = h0[n], h1[n]
-            if use_g:
-                for k in range(K):
-                    for n in range(GHv.shape[2]):
-                        GHv[k, b, n] = gp[k, 0, n]
-                for n in range(N):
-                    g0, g1 = gp[0, 0, n], gp[0, 1, n]
-                    c0, c1 = W[0, 0, n] * g0 + W[0, 2, n] * g1, W[0, 1, n] * g0 + W[0, 3, n] * g1
-                    b0[b, n, 0], b0[b, n, 1] = c0, c1
-                    for j in range(m):
-                        extra = (c0 * ev_in[j, b, n, 0] + c1 * ev_in[j, b, n, 1]) if has_ev else 0.0
-                        Gvec[j, n] += acc[j, n] + extra
+                        Gvec[j, n] += acc[b * N + n]
             if carry:
-                for n in range(N):
-                    p[0, n], p[1, n], p[2, n], p[3, n] = one, zero, zero, one
-                for k in range(K - 1, -1, -1):
-                    Jk = W[k]
+                for b in range(B):
                     for n in range(N):
-                        p00, p01, p10, p11 = p[0, n], p[1, n], p[2, n], p[3, n]
-                        P0[b, k, n, 0], P0[b, k, n, 1] = p00, p10
-                        j00, j01, j10, j11 = Jk[0, n], Jk[1, n], Jk[2, n], Jk[3, n]
-                        p[0, n], p[1, n] = p00 * j00 + p01 * j10, p00 * j01 + p01 * j11
-                        p[2, n], p[3, n] = p10 * j00 + p11 * j10, p10 * j01 + p11 * j11
+                        h0[b * N + n] = ev_in[j, b, n, 0] if has_ev else zero
+                        h1[b * N + n] = ev_in[j, b, n, 1] if has_ev else zero
+                _alif_block_carry(J00, J01, J10, J11, i0, i1, h0, h1, t0, t1)
+                for b in range(B):
+                    for n in range(N):
+                        ev_out[j, b, n, 0], ev_out[j, b, n, 1] = h0[b * N + n], h1[b * N + n]
+        if use_g:
+            for b in range(B):
                 for n in range(N):
-                    Phi[b, n, 0], Phi[b, n, 1], Phi[b, n, 2], Phi[b, n, 3] = p[0, n], p[1, n], p[2, n], p[3, n]
+                    r = b * N + n
+                    g0, g1_ = GHv[0, r], gp1[0, r]
+                    c0, c1 = J00[0, r] * g0 + J10[0, r] * g1_, J01[0, r] * g0 + J11[0, r] * g1_
+                    b0[b, n, 0], b0[b, n, 1] = c0, c1
+                    if has_ev:
+                        for j in range(m):
+                            Gvec[j, n] += c0 * ev_in[j, b, n, 0] + c1 * ev_in[j, b, n, 1]
+        if carry:
+            q00, q01, q10, q11 = np.ones(R, dt), np.zeros(R, dt), np.zeros(R, dt), np.ones(R, dt)
+            u00, u01, u10, u11 = np.empty(R, dt), np.empty(R, dt), np.empty(R, dt), np.empty(R, dt)
+            _alif_block_phi(J00, J01, J10, J11, P0, q00, q01, q10, q11, u00, u01, u10, u11)
+            for b in range(B):
+                for n in range(N):
+                    r = b * N + n
+                    Phi[b, n, 0], Phi[b, n, 1], Phi[b, n, 2], Phi[b, n, 3] = q00[r], q01[r], q10[r], q11[r]
 
 
 if _HAVE_NUMBA:
@@ -530,7 +653,7 @@ def alif_spatial_numba(gout, v, a, bb, beta, sur):
 def alif_block_numba(v0, a0, sur, cn, cols, Rd, detach_reset, G, carry, ev_in):
     """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, the cell's surrogate ``sur``,
     ``G [K, B, N, 2]`` or ``None``, ``ev_in [m, B, N, 2]`` or ``None``; ``cn``, ``Rd``: torch or
-    numpy); returns ``(zp, GHv [K, B, N], P0 [B, K, N, 2], Phi [B, N, 2, 2], Gvec [m, N] float64,
+    numpy); returns ``(zp, GHv [K, B, N], P0 [B, K, 2, N], Phi [B, N, 2, 2], Gvec [m, N] float64,
     b0, ev_out)``: ``zp``, ``GHv``, ``Gvec`` and ``ev_out`` as torch tensors, the carry's operands
     ``P0``, ``Phi``, ``b0`` as numpy arrays for :func:`alif_matrix_carry_numba` (unused ones hold
     garbage). A surrogate without an inline form has its derivative taken by torch first."""
@@ -547,7 +670,7 @@ def alif_block_numba(v0, a0, sur, cn, cols, Rd, detach_reset, G, carry, ev_in):
         u = v0 - (cnt[5] + cnt[6] * a0)
         psi, zp = _arr(sur.derivative(u)), _arr(heaviside(u))
     GHv = np.empty((K, B, N), dtype=npdt)
-    P0 = np.empty((B, K, N, 2), dtype=npdt)
+    P0 = np.empty((B, K, 2, N), dtype=npdt)
     Phi = np.empty((B, N, 4), dtype=npdt)
     Gvec = np.zeros((max(m, 1), N), dtype=np.float64)
     b0 = np.empty((B, N, 2), dtype=npdt)
@@ -568,10 +691,11 @@ if _HAVE_NUMBA:
         """One pass over the carried matrix trace ``e [N, B, 2, H]`` of an ALIF block:
 
             boundary (``do_b``):  bnd[n] += b0[b, n, 0] e[n, b, 0] + b0[b, n, 1] e[n, b, 1]
-            carry:                out[n, b] = sum_k P0[b, k, n] pre[k, b]^T + Phi[b, n] e[n, b]
+            carry:                out[n, b] = sum_k P0[b, k, :, n] pre[k, b]^T + Phi[b, n] e[n, b]
 
-        the sum over the block's steps as one GEMM per sample into ``tmp [B, 2N, H]`` (``P0 [B,
-        K, 2N]`` the first columns of ``Phi_{K-1,k}``, ``pre [K, B, H]``, ``Phi [B, N, 2, 2]``), then
+        the sum over the block's steps as one GEMM per sample into ``tmp [B, 2N, H]`` (rows ``(v/a,
+        n)``; ``P0 [B, K, 2N]`` the first columns of ``Phi_{K-1,k}``, planar, ``pre [K, B, H]``,
+        ``Phi [B, N, 2, 2]``), then
         one pass over the trace in memory order. With ``has_e`` the trace is advanced in place
         (``out`` is written only without one); the loops index the arrays directly (no row
         views), so the compiler can tell the rows apart and vectorise them. ``pb [K, H]``: scratch."""
@@ -584,7 +708,7 @@ if _HAVE_NUMBA:
                 for k in range(K):
                     for h in range(pb.shape[1]):
                         pb[k, h] = pre[k, b, h]
-                np.dot(P0[b].T, pb, tmp[b])  # rows (n, v / a)
+                np.dot(P0[b].T, pb, tmp[b])  # rows (v / a, n)
         if has_e:
             _alif_carry_pass(e, Phi, tmp, b0, do_b, carry, bnd)
         elif carry:
@@ -592,8 +716,8 @@ if _HAVE_NUMBA:
             for n in range(N):
                 for b in range(B):
                     for h in range(H):
-                        out[n, b, 0, h] = tmp[b, 2 * n, h]
-                        out[n, b, 1, h] = tmp[b, 2 * n + 1, h]
+                        out[n, b, 0, h] = tmp[b, n, h]
+                        out[n, b, 1, h] = tmp[b, N + n, h]
 
     @_nb.njit(cache=True, nogil=True)
     def _alif_carry_pass(e, Phi, tmp, b0, do_b, carry, bnd):  # pragma: no cover - compiled
@@ -612,16 +736,16 @@ if _HAVE_NUMBA:
                     p00, p01, p10, p11 = Phi[b, n, 0, 0], Phi[b, n, 0, 1], Phi[b, n, 1, 0], Phi[b, n, 1, 1]
                     for h in range(H):
                         x0, x1 = e[n, b, 0, h], e[n, b, 1, h]
-                        e[n, b, 0, h] = tmp[b, 2 * n, h] + (x0 * p00 + x1 * p01)
-                        e[n, b, 1, h] = tmp[b, 2 * n + 1, h] + (x0 * p10 + x1 * p11)
+                        e[n, b, 0, h] = tmp[b, n, h] + (x0 * p00 + x1 * p01)
+                        e[n, b, 1, h] = tmp[b, N + n, h] + (x0 * p10 + x1 * p11)
 
 
 def alif_matrix_carry_numba(P0, pre, Phi, e, b0, carry: bool):
-    """:func:`_alif_matrix_carry` on torch tensors or numpy arrays: ``P0 [B, K, N, 2]``, ``pre
+    """:func:`_alif_matrix_carry` on torch tensors or numpy arrays: ``P0 [B, K, 2, N]``, ``pre
     [K, B, H]``, ``Phi [B, N, 2, 2]``, ``e [N, B, 2, H]`` (a tensor) or ``None``, ``b0 [B, N, 2]``
     or ``None`` (no boundary term). The carried trace is advanced in place (a new one when ``e`` is
     ``None``). Returns ``(new trace or None, boundary [N, H] or None)``."""
-    B, K, N, _ = P0.shape
+    B, K, _, N = P0.shape
     H = pre.shape[-1]
     P0n = _arr(P0)
     npdt = P0n.dtype
