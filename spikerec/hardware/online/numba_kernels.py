@@ -423,75 +423,60 @@ if _HAVE_NUMBA:
                 i1[k, r] = _alif_imm_at(1, kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, k, r)
 
     @_nb.njit(cache=True, nogil=True)
+    def _alif_carry_step(J00, J01, J10, J11, i0, i1, k, h0, h1, t0, t1):  # pragma: no cover - compiled
+        """``t = J_k h + imm_k`` on ``[B*N]`` rows, one loop per written row."""
+        for r in range(t0.shape[0]):
+            t0[r] = J00[k, r] * h0[r] + J01[k, r] * h1[r] + i0[k, r]
+        for r in range(t1.shape[0]):
+            t1[r] = J10[k, r] * h0[r] + J11[k, r] * h1[r] + i1[k, r]
+
+    @_nb.njit(cache=True, nogil=True)
     def _alif_block_carry(J00, J01, J10, J11, i0, i1, h0, h1, t0, t1):  # pragma: no cover - compiled
         """``h <- J_k h + imm_k`` over a block's steps on ``[B*N]`` rows ``h0, h1`` (``t0, t1``:
         scratch); two steps per round, h -> t -> h, so no array reference is swapped."""
         K = J00.shape[0]
         for k in range(0, K - 1, 2):
-            for r in range(t0.shape[0]):
-                t0[r] = J00[k, r] * h0[r] + J01[k, r] * h1[r] + i0[k, r]
-            for r in range(t1.shape[0]):
-                t1[r] = J10[k, r] * h0[r] + J11[k, r] * h1[r] + i1[k, r]
-            for r in range(h0.shape[0]):
-                h0[r] = J00[k + 1, r] * t0[r] + J01[k + 1, r] * t1[r] + i0[k + 1, r]
-            for r in range(h1.shape[0]):
-                h1[r] = J10[k + 1, r] * t0[r] + J11[k + 1, r] * t1[r] + i1[k + 1, r]
+            _alif_carry_step(J00, J01, J10, J11, i0, i1, k, h0, h1, t0, t1)
+            _alif_carry_step(J00, J01, J10, J11, i0, i1, k + 1, t0, t1, h0, h1)
         if K % 2 == 1:
-            k = K - 1
-            for r in range(t0.shape[0]):
-                t0[r] = J00[k, r] * h0[r] + J01[k, r] * h1[r] + i0[k, r]
-            for r in range(t1.shape[0]):
-                t1[r] = J10[k, r] * h0[r] + J11[k, r] * h1[r] + i1[k, r]
-            for r in range(h0.shape[0]):
-                h0[r] = t0[r]
-            for r in range(h1.shape[0]):
-                h1[r] = t1[r]
+            _alif_carry_step(J00, J01, J10, J11, i0, i1, K - 1, h0, h1, t0, t1)
+            h0[:] = t0
+            h1[:] = t1
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_phi_step(J00, J01, J10, J11, k, P0, a00, a01, a10, a11, o00, o01, o10, o11):  # pragma: no cover
+        """The first column of ``a = Phi_{K-1,k}`` into ``P0[:, k]``, then ``o = a J_k``, on
+        ``[B*N]`` rows, one loop per written row."""
+        N = P0.shape[3]
+        for b in range(P0.shape[0]):
+            for n in range(P0.shape[3]):
+                P0[b, k, 0, n] = a00[b * N + n]
+            for n in range(P0.shape[3]):
+                P0[b, k, 1, n] = a10[b * N + n]
+        for r in range(o00.shape[0]):
+            o00[r] = a00[r] * J00[k, r] + a01[r] * J10[k, r]
+        for r in range(o01.shape[0]):
+            o01[r] = a00[r] * J01[k, r] + a01[r] * J11[k, r]
+        for r in range(o10.shape[0]):
+            o10[r] = a10[r] * J00[k, r] + a11[r] * J10[k, r]
+        for r in range(o11.shape[0]):
+            o11[r] = a10[r] * J01[k, r] + a11[r] * J11[k, r]
 
     @_nb.njit(cache=True, nogil=True)
     def _alif_block_phi(J00, J01, J10, J11, P0, q00, q01, q10, q11, u00, u01, u10, u11):  # pragma: no cover - compiled
         """``Phi_{K-1,k} = J_{K-1} ... J_{k+1}`` from the right on ``[B*N]`` rows (``q`` starts as
         the identity and ends as ``Phi_{K-1,-1}``), its first column into ``P0 [B, K, 2, N]``; two
-        steps per round, q -> u -> q."""
+        steps per round, q -> u -> q, so no array reference is swapped."""
         K = J00.shape[0]
-        B, N = P0.shape[0], P0.shape[3]
-        for k in range(K - 1, -1, -2):
-            for b in range(B):
-                for n in range(P0.shape[3]):
-                    P0[b, k, 0, n] = q00[b * N + n]
-                for n in range(P0.shape[3]):
-                    P0[b, k, 1, n] = q10[b * N + n]
-            for r in range(u00.shape[0]):
-                u00[r] = q00[r] * J00[k, r] + q01[r] * J10[k, r]
-            for r in range(u01.shape[0]):
-                u01[r] = q00[r] * J01[k, r] + q01[r] * J11[k, r]
-            for r in range(u10.shape[0]):
-                u10[r] = q10[r] * J00[k, r] + q11[r] * J10[k, r]
-            for r in range(u11.shape[0]):
-                u11[r] = q10[r] * J01[k, r] + q11[r] * J11[k, r]
-            if k == 0:
-                for r in range(q00.shape[0]):
-                    q00[r] = u00[r]
-                for r in range(q01.shape[0]):
-                    q01[r] = u01[r]
-                for r in range(q10.shape[0]):
-                    q10[r] = u10[r]
-                for r in range(q11.shape[0]):
-                    q11[r] = u11[r]
-                return
-            j = k - 1
-            for b in range(B):
-                for n in range(P0.shape[3]):
-                    P0[b, j, 0, n] = u00[b * N + n]
-                for n in range(P0.shape[3]):
-                    P0[b, j, 1, n] = u10[b * N + n]
-            for r in range(q00.shape[0]):
-                q00[r] = u00[r] * J00[j, r] + u01[r] * J10[j, r]
-            for r in range(q01.shape[0]):
-                q01[r] = u00[r] * J01[j, r] + u01[r] * J11[j, r]
-            for r in range(q10.shape[0]):
-                q10[r] = u10[r] * J00[j, r] + u11[r] * J10[j, r]
-            for r in range(q11.shape[0]):
-                q11[r] = u10[r] * J01[j, r] + u11[r] * J11[j, r]
+        for k in range(K - 1, 0, -2):
+            _alif_phi_step(J00, J01, J10, J11, k, P0, q00, q01, q10, q11, u00, u01, u10, u11)
+            _alif_phi_step(J00, J01, J10, J11, k - 1, P0, u00, u01, u10, u11, q00, q01, q10, q11)
+        if K % 2 == 1:
+            _alif_phi_step(J00, J01, J10, J11, 0, P0, q00, q01, q10, q11, u00, u01, u10, u11)
+            q00[:] = u00
+            q01[:] = u01
+            q10[:] = u10
+            q11[:] = u11
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_block(v0_, a0_, psi_, zp_, sur, p1, p2, cn, cols, Rd, has_rd, detach_reset, G_, use_g, carry, ev_in,
