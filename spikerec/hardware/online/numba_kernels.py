@@ -23,7 +23,7 @@ import torch
 from ...kernels.lif_sequence_numba import surrogate_code
 from ...surrogate import heaviside
 
-__all__ = ["numba_available", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
+__all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
            "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
            "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba"]
 
@@ -37,6 +37,20 @@ except Exception:  # pragma: no cover - depends on the install
 
 def numba_available() -> bool:
     return _HAVE_NUMBA
+
+
+COMPILED_DTYPES = (torch.float32, torch.float64)
+
+
+def compiled_cpu(*tensors) -> bool:
+    """Whether the compiled kernels apply to ``tensors``: numba installed, every tensor on the CPU
+    in float32 or float64 (the one test behind each compiled path's choice)."""
+    return _HAVE_NUMBA and all(t.device.type == "cpu" and t.dtype in COMPILED_DTYPES for t in tensors)
+
+
+def compiled_dtype(dtype, device) -> bool:
+    """:func:`compiled_cpu` for a dtype and device not yet held in a tensor."""
+    return _HAVE_NUMBA and torch.device(device).type == "cpu" and dtype in COMPILED_DTYPES
 
 
 if _HAVE_NUMBA:
@@ -87,8 +101,7 @@ def mat_trace_step_numba(eps, J, c, x, gs):
     from .triton_kernels import mat_trace_step_torch
 
     N, B, k, H = eps.shape
-    if (not _HAVE_NUMBA or eps.device.type != "cpu" or k not in (1, 2) or len(gs) > 2
-            or eps.dtype not in (torch.float32, torch.float64) or not eps.is_contiguous()
+    if (not compiled_cpu(eps) or k not in (1, 2) or len(gs) > 2 or not eps.is_contiguous()
             or eps.requires_grad):
         return mat_trace_step_torch(eps, J, c, x, gs)
     dt = eps.dtype

@@ -27,7 +27,7 @@ import torch
 
 from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
-from .numba_kernels import alif_spatial_numba, numba_available
+from .numba_kernels import alif_spatial_numba, compiled_cpu
 from .traces_base import stream_step
 from .traces_lif import ALIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
@@ -200,8 +200,7 @@ def _lru_interleaved(tr, dtype):
 def _compiled_rows(*ts) -> bool:
     """Whether the compiled ALIF spatial pass applies to these ``[rows, N]`` tensors (numba, CPU,
     float32/float64, no autograd)."""
-    return numba_available() and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
-                                     and not t.requires_grad and t.dim() == 2 for t in ts)
+    return compiled_cpu(*ts) and all(not t.requires_grad and t.dim() == 2 for t in ts)
 
 
 def _spatial_backward(learner, kinds, recs, gy):

@@ -24,7 +24,8 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, numba_available
+from .numba_kernels import (alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, compiled_cpu,
+                            compiled_dtype)
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -250,8 +251,7 @@ class ALIFTrace(LayerTrace):
         """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
         installed, CPU tensors of the parameters' float dtype."""
         p = self.cell.weight
-        return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
-                and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
+        return compiled_dtype(dtype, device) and self.use_J() and p.dtype == dtype and p.device.type == "cpu"
 
     def fused_setup(self, dtype):
         """The compiled trace step's per-sequence constants: ``(names, cols, cn, Rd)`` (the traced
@@ -314,7 +314,7 @@ class ALIFTrace(LayerTrace):
         ``x``, ``prev`` hold ``[K*B]`` rows; ``G [K, B, N, 2]`` or ``None``. The torch form runs
         where the compiled one does not apply (no numba, not CPU, a rule without ``J``)."""
         dt = x.dtype
-        if not (numba_available() and self.use_J() and x.device.type == "cpu" and dt in (torch.float32, torch.float64)):
+        if not (self.use_J() and compiled_cpu(x)):
             chunk_contract(ts, stack_partials(self.partials(x, prev, new), K, B), G, carry)
             return
         c = self.cell

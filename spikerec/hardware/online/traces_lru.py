@@ -25,7 +25,7 @@ import torch
 from ...kernels import scan_numba
 from ...scan import linear_scan
 from .numba_kernels import (lru_block_scan_numba, lru_block_traces_numba, lru_matrix_carry_numba,
-                            lru_reverse_filter_numba, lru_trace_step_numba, numba_available)
+                            lru_reverse_filter_numba, lru_trace_step_numba, compiled_cpu, compiled_dtype)
 from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
@@ -177,8 +177,7 @@ class LRUTrace(LayerTrace):
     def _compiled_block(self, x) -> bool:
         """Whether the block's scan and sums run as compiled loops (:mod:`.numba_kernels`): CPU
         float32/float64 tensors of the parameters' dtype, numba installed."""
-        return (numba_available() and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-                and self.cell.B_re.dtype == x.dtype and not x.requires_grad)
+        return compiled_cpu(x) and self.cell.B_re.dtype == x.dtype and not x.requires_grad
 
     def reverse_filter(self, G):
         """``gh_k = g_k + J^T gh_{k+1}`` over a block, ``G [K, B, N, 2]``: ``J^T`` is the
@@ -363,8 +362,7 @@ class LRUTrace(LayerTrace):
         """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
         installed, CPU tensors of the parameters' float dtype."""
         p = self.cell.B_re
-        return (numba_available() and self.use_J() and torch.device(device).type == "cpu"
-                and dtype in (torch.float32, torch.float64) and p.dtype == dtype and p.device.type == "cpu")
+        return compiled_dtype(dtype, device) and self.use_J() and p.dtype == dtype and p.device.type == "cpu"
 
     def fused_setup(self, dtype):
         """The compiled trace step's per-sequence constants: ``(cols, names, wnu, wth, (Re lam,
