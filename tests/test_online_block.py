@@ -140,6 +140,36 @@ def test_lru_compiled_reverse_filter_equals_the_reverse_scan(dtype):
     assert torch.equal(got[-1], G[-1])
 
 
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_alif_block_scan_outputs_are_the_spikes_of_its_states(recurrent):
+    """ALIFTrace.scan_block(..., with_out=True): the states before and after each step equal the
+    step loop's (scan_states / step), and the outputs it takes from the forward kernel equal the
+    spikes H(v - b - beta a) of the states after each step, on fresh random inputs (float64)."""
+    from spikerec.hardware.online.spatial import _output
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    cell = ALIF(5, 7, surrogate=SURR, tau_mem=5.0, b=0.3, beta=0.5, recurrent=recurrent)
+    with torch.no_grad():
+        cell.weight.mul_(3.0)
+    model = RecurrentStack([cell], LeakyReadout(7, 3))
+    lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=6)
+    K, B = 6, 4
+    lr._start(B, torch.device("cpu"), torch.float64)
+    tr = lr.tracers[0]
+    state = type(lr.states[0])(torch.randn(B, 7), torch.rand(B, 7))
+    x = torch.randn(K, B, 5)
+    prev, last, new, out = tr.scan_block(x, state, with_new=True, with_out=True)
+    prevs, last_ref = tr.scan_states(x, state)
+    for f in range(2):
+        ref_prev = torch.cat([p[f] for p in prevs])
+        assert torch.allclose(prev[f], ref_prev, rtol=0, atol=1e-12)
+        assert torch.allclose(last[f], last_ref[f], rtol=0, atol=1e-12)
+        assert torch.allclose(new[f], tr.step(x.reshape(K * B, 5), prev)[f], rtol=0, atol=1e-12)
+    assert out is not None and out.shape == (K * B, 7)
+    assert torch.equal(out, _output(tr, "alif", new))
+    assert 0 < float(out.mean()) < 1  # some spikes, not all
+
+
 @pytest.mark.parametrize("detach,surrogate", [(True, SURR), (False, "atan"), (True, "sigmoid")])
 def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surrogate, monkeypatch):
     """Recurrent ALIF layers: the compiled block contraction (ALIFTrace.block_contract) equals the
