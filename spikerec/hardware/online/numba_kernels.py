@@ -23,8 +23,8 @@ import torch
 from ...kernels.lif_sequence_numba import surrogate_code
 from ...surrogate import heaviside
 
-__all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba", "alif_trace_step_numba",
-           "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
+__all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba",
+           "alif_trace_step_numba", "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
            "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba"]
 
 try:  # numba is optional
@@ -389,14 +389,14 @@ if _HAVE_NUMBA:
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True, inline="always")
-    def _alif_part(i, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, k, r):
+    def _alif_part(i, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, k, r):  # pragma: no cover - compiled
         """Partial ``i`` of :func:`_alif_partials` at row ``(k, r)`` of a block's planar ``[K, B*N]``
         states (the other partials are dead code after inlining)."""
         return _alif_partials(v0[k, r], a0[k, r], psi[k, r], zp[k, r], cx[0, r], cx[2, r], cx[4, r], cx[5, r],
                               cx[6, r], rdx[r], has_rd, detach_reset, zero)[i]
 
     @_nb.njit(cache=True, nogil=True, inline="always")
-    def _alif_imm_at(c, kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, k, r):
+    def _alif_imm_at(c, kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, k, r):  # pragma: no cover
         """Row ``c`` (0: ``v``, 1: ``a``) of the immediate partial of column ``kind``
         (:func:`_alif_imm`) at row ``(k, r)``."""
         p = _alif_partials(v0[k, r], a0[k, r], psi[k, r], zp[k, r], cx[0, r], cx[2, r], cx[4, r], cx[5, r],
@@ -426,7 +426,7 @@ if _HAVE_NUMBA:
             _alif_block_imm_of(3, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1)
 
     @_nb.njit(cache=True, nogil=True, inline="always", error_model="numpy")
-    def _alif_block_imm_of(kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1):
+    def _alif_block_imm_of(kind, v0, a0, psi, zp, cx, rdx, has_rd, detach_reset, zero, one, i0, i1):  # pragma: no cover
         """:func:`_alif_block_imm` for a literal ``kind`` (inlined per call site, so each copy has
         the kind as a constant)."""
         for k in range(i0.shape[0]):
@@ -693,10 +693,10 @@ if _HAVE_NUMBA:
 
         the sum over the block's steps as one GEMM per sample into ``tmp [B, 2N, H]`` (rows ``(v/a,
         n)``; ``P0 [B, K, 2N]`` the first columns of ``Phi_{K-1,k}``, planar, ``pre [K, B, H]``,
-        ``Phi [B, N, 2, 2]``), then
-        one pass over the trace in memory order. With ``has_e`` the trace is advanced in place
-        (``out`` is written only without one); the loops index the arrays directly (no row
-        views), so the compiler can tell the rows apart and vectorise them. ``pb [K, H]``: scratch."""
+        ``Phi [B, N, 2, 2]``), then one pass over the trace in memory order. With ``has_e`` the
+        trace is advanced in place (``out`` is written only without one); the loops index the
+        arrays directly (no row views), so the compiler can tell the rows apart and vectorise them.
+        ``pb [K, H]``: scratch."""
         B, K = P0.shape[0], P0.shape[1]
         zero = bnd.dtype.type(0)
         if do_b:
