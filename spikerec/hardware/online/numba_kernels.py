@@ -45,7 +45,12 @@ COMPILED_DTYPES = (torch.float32, torch.float64)
 def compiled_cpu(*tensors) -> bool:
     """Whether the compiled kernels apply to ``tensors``: numba installed, every tensor on the CPU
     in float32 or float64 (the one test behind each compiled path's choice)."""
-    return _HAVE_NUMBA and all(t.device.type == "cpu" and t.dtype in COMPILED_DTYPES for t in tensors)
+    if not _HAVE_NUMBA:
+        return False
+    for t in tensors:
+        if not t.is_cpu or t.dtype not in COMPILED_DTYPES:
+            return False
+    return True
 
 
 def compiled_dtype(dtype, device) -> bool:
@@ -881,29 +886,38 @@ if _HAVE_NUMBA:
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True)
-    def _lru_matrix_carry(q, do_c, gam, Lr, Li, e, has_e, out, gh0, lr, li, do_b, bnd):  # pragma: no cover - compiled
+    def _lru_matrix_carry(q, do_c, gam, Lr, Li, e, has_e, out, gh0, lr, li, do_b, do_s, bnd):  # pragma: no cover - compiled
         """One pass over the carried input-matrix trace ``e [N, B, 2, H]`` of an LRU block:
 
-            boundary (``do_b``):  bnd[0, n] += sum_b Re(z e[n, b]),  bnd[1, n] -= sum_b Im(z e[n, b]),
-                                  z = lam_n conj(gh0[b, n])
-            carry (``do_c``):     out[n, b] = gamma_n q[n, :, b] + lam_n^K e[n, b]
+            gradient (``do_s``, ``do_b``):  bnd[n, 0] = gamma_n S[n, 0] + sum_b Re(z e[n, b]),
+                                            bnd[n, 1] = gamma_n S[n, 1] - sum_b Im(z e[n, b]),
+                                            z = lam_n conj(gh0[b, n])
+            carry (``do_c``):               out[n, b] = gamma_n q[n, :, b] + lam_n^K e[n, b]
 
-        on (Re, Im) rows; ``q [N, 2, B, H]`` is the GEMM ``sum_k lam^(K-1-k) x_k``, ``gh0 [B, N, 2]``.
-        Each loop takes its bounds from the array it writes and indexes the arrays directly (no
-        row views), so the compiler can tell the rows apart and vectorises it (2x faster)."""
+        on (Re, Im) rows. ``bnd [N, 2, H]`` holds the block's sums ``S = (Re gh, Im gh)^T X`` on
+        entry with ``do_s`` (else they are taken as zero) and the gradient on exit; the boundary
+        term needs ``do_b`` and ``has_e``. ``q [N, 2, B, H]`` is the GEMM ``sum_k lam^(K-1-k)
+        x_k``, ``gh0 [B, N, 2]``. Each loop takes its bounds from the array it writes and indexes
+        the arrays directly (no row views), so the compiler can tell the rows apart and vectorises
+        it (2x faster)."""
         zero = out.dtype.type(0)
-        if do_b and has_e:
-            bnd[:] = zero
-            _, N, H = bnd.shape
-            B = gh0.shape[0]
+        if do_s or (do_b and has_e):
+            N, _, H = bnd.shape
             for n in range(N):
-                for b in range(B):  # z = lam conj(g) = (lr g0 + li g1) + i (li g0 - lr g1)
-                    g0, g1 = gh0[b, n, 0], gh0[b, n, 1]
-                    zr = lr[n] * g0 + li[n] * g1
-                    zi = li[n] * g0 - lr[n] * g1
+                gm = gam[n]
+                for f in range(2):
                     for h in range(H):
-                        bnd[0, n, h] += zr * e[n, b, 0, h] - zi * e[n, b, 1, h]
-                        bnd[1, n, h] -= zi * e[n, b, 0, h] + zr * e[n, b, 1, h]
+                        bnd[n, f, h] = gm * bnd[n, f, h] if do_s else zero
+            if do_b and has_e:
+                B = gh0.shape[0]
+                for n in range(N):
+                    for b in range(B):  # z = lam conj(g) = (lr g0 + li g1) + i (li g0 - lr g1)
+                        g0, g1 = gh0[b, n, 0], gh0[b, n, 1]
+                        zr = lr[n] * g0 + li[n] * g1
+                        zi = li[n] * g0 - lr[n] * g1
+                        for h in range(H):
+                            bnd[n, 0, h] += zr * e[n, b, 0, h] - zi * e[n, b, 1, h]
+                            bnd[n, 1, h] -= zi * e[n, b, 0, h] + zr * e[n, b, 1, h]
         if do_c:
             N, B, _, H = out.shape
             for n in range(N):
@@ -920,30 +934,40 @@ if _HAVE_NUMBA:
                             out[n, b, 1, h] = gm * q[n, 1, b, h]
 
 
-def lru_matrix_carry_numba(q, gam, lamK, e, gh0, lr, li):
+def lru_matrix_carry_numba(q, gam, lamK, e, gh0, lr, li, S=None):
     """:func:`_lru_matrix_carry` on torch tensors: ``q [N, 2, B, H]`` or ``None`` (no carry),
     ``e [N, B, 2, H]`` or ``None`` (advanced in place with the carry), ``gh0 [B, N]`` complex or
-    ``None`` (no boundary term; needs ``e``). Returns ``(new trace or None, boundary [2, N, H] or
-    None)``."""
-    if q is None and (gh0 is None or e is None):
+    ``None`` (no boundary term), ``S [N, 2, H]`` the block's sums ``(Re gh, Im gh)^T X`` or
+    ``None`` (overwritten with the gradient). Returns ``(new trace or None, gradient [N, 2, H]
+    (``gamma S`` plus the boundary term) or None)``."""
+    do_b = gh0 is not None and e is not None
+    if q is None and not do_b and S is None:
         return None, None
-    N, B, _, H = e.shape if e is not None else (q.shape[0], q.shape[2], 2, q.shape[3])
     c = _arr
     en = None if e is None else c(e)
     # the trace is advanced in place (each element is read before it is written)
     if en is not None and e.is_contiguous() and not e.requires_grad:  # en is a view of e
         out, outn = e, en
-    else:
-        outn = np.empty((N, B, 2, H), dtype=(en if en is not None else c(q)).dtype)
+    elif q is not None:
+        N, _, B, H = q.shape
+        outn = np.empty((N, B, 2, H), dtype=c(q).dtype)
         out = torch.from_numpy(outn)
-    do_b = gh0 is not None and e is not None
-    bnd = np.empty((2, N, H) if do_b else (2, 1, 1), dtype=outn.dtype)
+    else:  # no carry: nothing is written there
+        outn = np.empty((1, 1, 2, 1), dtype=(en if en is not None else c(S)).dtype)
+        out = None
+    N, H = (e.shape[0], e.shape[3]) if e is not None else (S.shape[0], S.shape[2]) if S is not None else (1, 1)
+    if S is not None:
+        bnd_t = S if S.is_contiguous() and not S.requires_grad else S.detach().contiguous()
+        bnd = bnd_t.numpy()
+    else:
+        bnd = np.empty((N, 2, H) if do_b else (1, 2, 1), dtype=outn.dtype)
+        bnd_t = torch.from_numpy(bnd)
     Lr, Li = lamK if isinstance(lamK, tuple) else (lamK.real, lamK.imag)
     _lru_matrix_carry(outn if q is None else c(q), q is not None, c(gam), c(Lr), c(Li),
                       outn if en is None else en, e is not None, outn,
                       c(torch.view_as_real(gh0)) if do_b else np.zeros((1, 1, 2), dtype=outn.dtype),
-                      c(lr), c(li), do_b, bnd)
-    return (out if q is not None else None), (torch.from_numpy(bnd) if do_b else None)
+                      c(lr), c(li), do_b, S is not None, bnd)
+    return (out if q is not None else None), (bnd_t if (do_b or S is not None) else None)
 
 
 if _HAVE_NUMBA:
@@ -1039,14 +1063,25 @@ if _HAVE_NUMBA:
                             Eout)
 
 
+_ALL_TRUE: dict[int, np.ndarray] = {}
+
+
+def _all_true(m: int) -> np.ndarray:
+    """A boolean array of ``m`` True values, made once per length (the kernels only read it)."""
+    out = _ALL_TRUE.get(m)
+    if out is None:
+        out = _ALL_TRUE[m] = np.ones(m, dtype=np.bool_)
+    return out
+
+
 def lru_block_traces_numba(G, filt: bool, pr, pi, nr, ni, lr, li, PK, need_h: bool, need_u: bool, W, kinds, traces,
                            lamK):
     """:func:`_lru_block_traces` on torch tensors: ``G [K, B, N, 2]`` or ``None`` (no loss in the
     block), ``filt`` (the ``J``-rules: reverse-filter ``G``), the states before/after each step
     ``pr, pi, nr, ni [K, B, N]``, ``PK [K, N, 2]`` or ``None`` (no carry), ``kinds`` the traced
     per-neuron columns (``None``: none, no sums), ``traces`` their carried ``[B, N, 2]`` traces
-    (or ``None`` each). Returns ``(gh [K, B, N, 2] or None, dG [m, N] or None, new traces [m, B,
-    N, 2] or None)``."""
+    (or ``None`` each), or all of them as one ``[m, B, N, 2]`` tensor. Returns ``(gh [K, B, N, 2]
+    or None, dG [m, N] or None, new traces [m, B, N, 2] or None)``."""
     c = _arr
     prn = c(pr)
     K, B, N = prn.shape
@@ -1059,10 +1094,16 @@ def lru_block_traces_numba(G, filt: bool, pr, pi, nr, ni, lr, li, PK, need_h: bo
     carry = PK is not None
     S = np.empty((2, 2, N), dtype=npdt)
     Q = np.empty((2, 2, B, N), dtype=npdt)
-    has = np.array([t is not None for t in traces] if tail else [False], dtype=np.bool_)
-    if tail and has.all():
+    any_e = tail
+    if tail and isinstance(traces, torch.Tensor):  # all carried, as the rows of one array
+        has = _all_true(m)
+        E = c(traces)
+    elif tail and all(t is not None for t in traces):
+        has = _all_true(m)
         E = np.stack([c(t) for t in traces])
     else:
+        has = np.array([t is not None for t in traces] if tail else [False], dtype=np.bool_)
+        any_e = bool(has.any())
         E = np.zeros((max(m, 1), B, N, 2), dtype=npdt)
         for j, t in enumerate(traces if tail else []):
             if t is not None:
@@ -1073,7 +1114,7 @@ def lru_block_traces_numba(G, filt: bool, pr, pi, nr, ni, lr, li, PK, need_h: bo
     _lru_block_traces(Gn, use_g, bool(filt), gh, prn, c(pi), c(nr), c(ni), c(lr), c(li),
                       c(PK) if carry else np.zeros((1, 1, 2), dtype=npdt), bool(need_h), bool(need_u), carry,
                       S[0], S[1], Q[0], Q[1], tail, c(W),
-                      kinds if tail else np.zeros(1, dtype=np.int64), E, has, use_g and bool(has.any()), c(Lr), c(Li),
+                      kinds if tail else np.zeros(1, dtype=np.int64), E, has, use_g and any_e, c(Lr), c(Li),
                       dG, Eout)
     return ((torch.from_numpy(gh) if use_g else None), (torch.from_numpy(dG) if (tail and use_g) else None),
             (torch.from_numpy(Eout) if (tail and carry) else None))

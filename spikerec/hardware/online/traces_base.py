@@ -148,6 +148,25 @@ class TraceState:
         self.vec: dict[str, torch.Tensor] = {}
         self.mat: dict[str, torch.Tensor] = {}
         self.G: dict[str, torch.Tensor] = {}
+        self._stacked = None  # (array, its rows): the per-neuron traces as rows of one array
+
+    def set_carried(self, names, E: torch.Tensor) -> None:
+        """Store the traces ``vec[names[j]] = E[j]`` (``E [m, ...]``, written by one compiled
+        block) and remember that they are rows of ``E``, so that the next block can take ``E``
+        as it is (:meth:`carried`)."""
+        rows = E.unbind(0)
+        for n, r in zip(names, rows):
+            self.vec[n] = r
+        self._stacked = (E, rows)
+
+    def carried(self, names):
+        """The carried traces of ``names``: the array they are the rows of, in this order, when
+        :meth:`set_carried` stored them and none has been replaced since (checked by identity);
+        else a list of tensors (``None`` where absent)."""
+        st = self._stacked
+        if st is not None and len(st[1]) == len(names) and all(self.vec.get(n) is r for n, r in zip(names, st[1])):
+            return st[0]
+        return [self.vec.get(n) for n in names]
 
     def add(self, name: str, value: torch.Tensor) -> None:
         """Accumulate into ``G[name]``; the fixed gradient mask (``tr.mask``) is linear, so it is

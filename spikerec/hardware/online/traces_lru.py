@@ -90,7 +90,7 @@ class LRUTrace(LayerTrace):
         gam2 = torch.cat([gam, gam])
         Bt = torch.cat([c.B_re.detach(), c.B_im.detach()]).t().to(dtype)  # one GEMM for Re and Im: x @ [B_re; B_im]^T
         out = {
-            "lr": lr, "li": li, "gam": gam, "N": N, "gam2": gam2, "Bt": Bt,
+            "lr": lr, "li": li, "lam": torch.complex(lr, li), "gam": gam, "N": N, "gam2": gam2, "Bt": Bt,
             "Bt_gamma": (Bt * gam2).contiguous(),  # [gamma B_re^T | gamma B_im^T]: the fast paths' input matrix
             "J": torch.stack([torch.stack([lr, -li], -1), torch.stack([li, lr], -1)], -2)[None],  # [1, N, 2, 2]
             "cvec": torch.stack([gam, torch.zeros_like(gam)], -1),
@@ -133,21 +133,22 @@ class LRUTrace(LayerTrace):
         ``with_new``, also the states after each step (``[K*B, N]`` fields; what :meth:`step`
         gives from the previous ones, here without a second input projection); ``with_out`` adds
         ``None`` (the output map ``y = C h + D u`` is the caller's)."""
-        if with_out:
-            return (*self.scan_block(x, state, with_new=True), None)
         k = self.consts(x.dtype)
         N = k["N"]
+        with_new = with_new or with_out
         if self._compiled_block(x):
             K, B = x.shape[0], x.shape[1]
+            kn = self._np_base(k)
             u = torch.mm(x.reshape(K * B, -1), k["Bt_gamma"]).view(K, B, 2 * N)
-            pr, pi, nr, ni = lru_block_scan_numba(u, k["lr"], k["li"], state.x_re, state.x_im)
+            pr, pi, nr, ni = lru_block_scan_numba(u, kn["lr"], kn["li"], state.x_re, state.x_im)
             prev = type(state)(pr.view(K * B, N), pi.view(K * B, N))
             last = type(state)(nr[-1].clone(), ni[-1].clone())
             if not with_new:
                 return prev, last
-            return prev, last, type(state)(nr.view(K * B, N), ni.view(K * B, N))
+            new = type(state)(nr.view(K * B, N), ni.view(K * B, N))
+            return (prev, last, new, None) if with_out else (prev, last, new)
         u = k["gam2"] * (x @ k["Bt"])
-        hs = _scan(torch.complex(k["lr"], k["li"]), torch.complex(u[..., :N], u[..., N:]),
+        hs = _scan(k["lam"], torch.complex(u[..., :N], u[..., N:]),
                    torch.complex(state.x_re, state.x_im))
         K, B = x.shape[0], x.shape[1]
         re = torch.cat([state.x_re[None], hs.real[:-1]]).reshape(K * B, N)
@@ -156,22 +157,40 @@ class LRUTrace(LayerTrace):
         if not with_new:
             return type(state)(re, im), last
         new = type(state)(hs.real.reshape(K * B, N), hs.imag.reshape(K * B, N))
-        return type(state)(re, im), last, new
+        return (type(state)(re, im), last, new, None) if with_out else (type(state)(re, im), last, new)
 
-    def _np_consts(self, k, K):
-        """Numpy views of the per-sequence constants the compiled block passes take (cached with
-        the constants): ``lr``, ``li``, ``gam``, the (Re, Im) rows ``W`` of ``d lam / d nu_log`` and
-        ``d lam / d theta_log``, and ``lam^K`` as ``(Re, Im)``."""
-        out = k.get(("np", K))
+    @staticmethod
+    def _np_base(k):
+        """Numpy views of the per-sequence constants the compiled passes take (cached with the
+        constants): ``lr``, ``li``, ``gam`` and the (Re, Im) rows ``W`` of ``d lam / d nu_log``
+        and ``d lam / d theta_log``."""
+        out = k.get("np")
         if out is None:
             zero = torch.zeros_like(k["lr"])
             W = torch.stack([torch.stack(k.get(key, (zero, zero))) for key in ("w_nu", "w_theta")]).contiguous()
-            lamK = k[("lam_powers", K)][1]
-            out = k[("np", K)] = {
-                "lr": k["lr"].contiguous().numpy(), "li": k["li"].contiguous().numpy(),
-                "gam": k["gam"].contiguous().numpy(), "W": W.numpy(),
-                "lamK": (lamK.real.contiguous().numpy(), lamK.imag.contiguous().numpy()),
-                "PK": torch.view_as_real(k[("lam_powers", K)][0]).contiguous().numpy()}
+            out = k["np"] = {"lr": k["lr"].contiguous().numpy(), "li": k["li"].contiguous().numpy(),
+                             "gam": k["gam"].contiguous().numpy(), "W": W.numpy()}
+        return out
+
+    @staticmethod
+    def _lam_powers(k, K):
+        """``(lam^(K-1-k) for k = 0..K-1 [K, N], lam^K [N])``, complex; cached per block length."""
+        pw = k.get(("lam_powers", K))
+        if pw is None:  # the running product 1, lam, lam^2, ..., lam^K
+            lam = k["lam"]
+            p = torch.cumprod(torch.cat([torch.ones_like(lam)[None], lam.expand(K, -1)]), 0)
+            pw = k[("lam_powers", K)] = (p[:K].flip(0), p[K])
+        return pw
+
+    def _np_consts(self, k, K):
+        """:meth:`_np_base` with the block length's powers: ``lam^K`` as ``(Re, Im)`` and
+        ``PK [K, N, 2]`` (``lam^(K-1-k)``)."""
+        out = k.get(("np", K))
+        if out is None:
+            PK, lamK = self._lam_powers(k, K)
+            out = k[("np", K)] = {**self._np_base(k),
+                                  "lamK": (lamK.real.contiguous().numpy(), lamK.imag.contiguous().numpy()),
+                                  "PK": torch.view_as_real(PK).contiguous().numpy()}
         return out
 
     def _compiled_block(self, x) -> bool:
@@ -209,19 +228,11 @@ class LRUTrace(LayerTrace):
         use_J = self.use_J()
         names = [n for n in ("nu_log", "theta_log", "gamma_log") if n in self.traced]
         N = k["N"]
-        lam = torch.complex(k["lr"], k["li"])
-        pw = k.get(("lam_powers", K))
-        if pw is None:  # lam^(K-1-k), k = 0..K-1, and lam^K
-            p = torch.ones_like(lam)
-            rows = []
-            for _ in range(K):
-                rows.append(p)
-                p = p * lam
-            pw = k[("lam_powers", K)] = (torch.stack(rows[::-1]), p)
-        PK, lamK = pw
-        w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
+        lam = k["lam"]
+        PK, lamK = self._lam_powers(k, K)
         need_u = "gamma_log" in names
-        if self._compiled_block(x):  # the reverse filter, the block sums and the traces' part in one compiled call
+        compiled = self._compiled_block(x)
+        if compiled:  # the reverse filter, the block sums and the traces' part in one compiled call
             kn = self._np_consts(k, K)
             kinds = kn.get("kinds")
             if kinds is None:
@@ -229,22 +240,24 @@ class LRUTrace(LayerTrace):
             carry_v = carry and use_J  # without J (trunc1) no trace is carried, so no boundary term is formed
             gh, dG, E = lru_block_traces_numba(
                 G, use_J, prev.x_re.reshape(K, B, N), prev.x_im.reshape(K, B, N), new.x_re.reshape(K, B, N),
-                new.x_im.reshape(K, B, N), kn["lr"], kn["li"], kn["PK"] if carry_v else None, bool(w), need_u, kn["W"],
-                kinds if names else None, [ts.vec.get(n) if use_J else None for n in names], kn["lamK"])
+                new.x_im.reshape(K, B, N), kn["lr"], kn["li"], kn["PK"] if carry_v else None,
+                "nu_log" in names or "theta_log" in names, need_u, kn["W"], kinds if names else None,
+                ts.carried(names) if use_J else [None] * len(names), kn["lamK"])
             ghc = None if gh is None else torch.view_as_complex(gh)
-            self._block_matrix(ts, k, x, ghc, carry_v, use_J, PK, lamK, lam, K, B, N)
-            for j, n in enumerate(names):
-                if dG is not None:
+            self._block_matrix(ts, k, x, ghc, carry_v, use_J, PK, lamK, lam, K, B, N, compiled)
+            if dG is not None:
+                for j, n in enumerate(names):
                     ts.add(n, dG[j])
-                if E is not None:
-                    ts.vec[n] = E[j]
+            if E is not None:
+                ts.set_carried(names, E)
             return
         ghc = None  # the reverse-filtered error, complex [K, B, N]
         if G is not None:
             ghc = self._reverse_filter_complex(G) if use_J else torch.view_as_complex(G.contiguous())
-        self._block_matrix(ts, k, x, ghc, carry and use_J, use_J, PK, lamK, lam, K, B, N)
+        self._block_matrix(ts, k, x, ghc, carry and use_J, use_J, PK, lamK, lam, K, B, N, compiled)
         if not names:
             return
+        w = {n: torch.complex(*k[key]) for n, key in (("nu_log", "w_nu"), ("theta_log", "w_theta")) if n in names}
         carry = carry and use_J
         hp = torch.complex(prev.x_re, prev.x_im)  # [K*B, N]
         u = torch.complex(new.x_re, new.x_im) - lam * hp
@@ -273,30 +286,34 @@ class LRUTrace(LayerTrace):
                 q = q + lamK * torch.complex(e[..., 0], e[..., 1])
             ts.vec[n] = torch.stack([q.real, q.imag], -1)
 
-    def _block_matrix(self, ts, k, x, ghc, carry, use_J, PK, lamK, lam, K, B, N) -> None:
+    def _block_matrix(self, ts, k, x, ghc, carry, use_J, PK, lamK, lam, K, B, N, compiled) -> None:
         """The input-matrix part of :meth:`block_contract`. The immediate partial of ``B_re[j, i]``
         is ``gamma_j x_i`` (of ``B_im``: ``i gamma_j x_i``), so with the carried complex trace
         ``e [N, B, H]`` (stored as ``[N, B, 2, H]``):
 
             dB_re += gamma * (Re gh)^T X,   dB_im += gamma * (Im gh)^T X     (X: the block's inputs [K*B, H])
             boundary, z = lam conj(gh_0):   dB_re += sum_b Re(z e),  dB_im -= sum_b Im(z e)
-            carried trace:                  e <- gamma sum_k lam^(K-1-k) x_k + lam^K e   (two GEMMs)"""
+            carried trace:                  e <- gamma sum_k lam^(K-1-k) x_k + lam^K e   (two GEMMs)
+
+        ``compiled``: :meth:`_compiled_block` of the block (tested once by the caller)."""
         names = [n for n in ("B_re", "B_im") if n in self.traced]
         if not names:
             return
         gam = k["gam"]
         H = x.shape[-1]
         e = ts.mat.get("B_re")
-        if ghc is not None:
-            GH = torch.view_as_real(ghc)  # [K, B, N, 2]
-            # both parts in one GEMM: rows (n, Re/Im) of the interleaved pairs
-            both = (GH.reshape(K * B, 2 * N).t() @ x).view(N, 2, -1).mul_(gam[:, None, None])
+        S = None  # the block's sums (Re gh, Im gh)^T X, [N, 2, H]
+        if ghc is not None:  # both parts in one GEMM: rows (n, Re/Im) of the interleaved pairs
+            S = (torch.view_as_real(ghc).reshape(K * B, 2 * N).t() @ x).view(N, 2, -1)
+        if compiled:  # gamma S, the boundary term and the carry in one compiled pass over e
+            self._block_matrix_compiled(ts, k, x, S, None if ghc is None or not use_J else ghc[0], carry, PK, lamK,
+                                        e, names, K, B, N, H)
+            return
+        if S is not None:
+            both = S.mul_(gam[:, None, None])
             for n, f in (("B_re", 0), ("B_im", 1)):
                 if n in names:
                     ts.add(n, both[:, f])
-            if use_J and e is not None and self._compiled_block(x):  # with the carry, in one pass over e
-                self._block_matrix_compiled(ts, k, x, ghc[0], carry, PK, lamK, e, names, K, B, N, H)
-                return
             if use_J and e is not None:
                 z = (lam * ghc[0].conj_physical()).t()  # lam conj(gh0), [N, B]
                 zr, zi = z.real, z.imag
@@ -308,9 +325,6 @@ class LRUTrace(LayerTrace):
                     if n in names:
                         ts.add(n, both0[:, f])
         if not carry:
-            return
-        if self._compiled_block(x):  # gamma q + lam^K e in one compiled pass into the new layout
-            self._block_matrix_compiled(ts, k, x, None, carry, PK, lamK, e, names, K, B, N, H)
             return
         q = (self._carry_rows(k, x, PK, K, N) @ x.reshape(K, B * H)).view(N, 2, B, H).mul_(gam[:, None, None, None]).transpose(1, 2).contiguous()  # [N, B, 2, H]
         if e is not None:  # + lam^K e on (Re, Im) pairs
@@ -329,17 +343,18 @@ class LRUTrace(LayerTrace):
             pk = k[("PK_rows", K)] = torch.view_as_real(PK).reshape(K, 2 * N).t().contiguous()  # [2N, K]
         return pk
 
-    def _block_matrix_compiled(self, ts, k, x, gh0, carry, PK, lamK, e, names, K, B, N, H) -> None:
-        """The boundary term (with ``gh0``, the first step's filtered error) and the carry of
-        :meth:`_block_matrix` in one compiled pass over the carried trace ``e``
-        (:func:`.numba_kernels.lru_matrix_carry_numba`); the same formulas."""
+    def _block_matrix_compiled(self, ts, k, x, S, gh0, carry, PK, lamK, e, names, K, B, N, H) -> None:
+        """:meth:`_block_matrix` from the block's sums ``S`` (or ``None``) in one compiled pass
+        over the carried trace ``e`` (:func:`.numba_kernels.lru_matrix_carry_numba`): the
+        gradient ``gamma S`` plus the boundary term (with ``gh0``, the first step's filtered
+        error), and the carry; the same formulas."""
         q = (self._carry_rows(k, x, PK, K, N) @ x.reshape(K, B * H)).view(N, 2, B, H) if carry else None
         kn = self._np_consts(k, K)
-        new_e, bnd = lru_matrix_carry_numba(q, kn["gam"], kn["lamK"], e, gh0, kn["lr"], kn["li"])
-        if bnd is not None:
+        new_e, grad = lru_matrix_carry_numba(q, kn["gam"], kn["lamK"], e, gh0, kn["lr"], kn["li"], S)
+        if grad is not None:
             for n, f in (("B_re", 0), ("B_im", 1)):
                 if n in names:
-                    ts.add(n, bnd[f])
+                    ts.add(n, grad[:, f])
         if carry:
             ts.mat["B_re"] = new_e
 
