@@ -321,10 +321,13 @@ class ALIFTrace(LayerTrace):
         names, cols, cn, Rd = self.fused_setup(dt)
         N = prev.v.shape[-1]
         v0, a0 = prev.v.reshape(K, B, N).contiguous(), prev.a.reshape(K, B, N).contiguous()
-        olds = [ts.vec.get(n) for n in names]
-        ev_in = torch.stack(olds).contiguous() if names and all(e is not None for e in olds) else None
-        if ev_in is None and any(e is not None for e in olds):  # some carried, some not (never by this path)
-            ev_in = torch.stack([torch.zeros((B, N, 2), dtype=dt) if e is None else e for e in olds]).contiguous()
+        olds = ts.carried(names)  # the array the last block wrote, or a list
+        if isinstance(olds, torch.Tensor):
+            ev_in = olds
+        else:
+            ev_in = torch.stack(olds).contiguous() if names and all(e is not None for e in olds) else None
+            if ev_in is None and any(e is not None for e in olds):  # some carried, some not (never by this path)
+                ev_in = torch.stack([torch.zeros((B, N, 2), dtype=dt) if e is None else e for e in olds]).contiguous()
         Gc = None if G is None else G.reshape(K, B, N, 2).to(dt).contiguous()
         zp, GHv, P0, Phi, Gvec, b0, ev_out = alif_block_numba(v0, a0, c.surrogate, cn, cols, Rd, c.detach_reset, Gc,
                                                               carry, ev_in)
@@ -346,9 +349,8 @@ class ALIFTrace(LayerTrace):
                 ts.add(name, bnd)
             if new_e is not None:
                 ts.mat[name] = new_e
-        if carry:
-            for j, n in enumerate(names):
-                ts.vec[n] = ev_out[j]
+        if carry and names:
+            ts.set_carried(names, ev_out)
 
     def _accumulators(self, ts, names, use_g, dtype, N):
         """The gradient accumulators the kernel adds into: the per-neuron ones are rows of one
