@@ -7,7 +7,7 @@ import torch
 
 from spikerec.hardware.online import OnlineLearner, load_stream, save_stream
 from spikerec.hardware.online.learner import classification_loss, mse_loss, mse_step_loss
-from spikerec.layers import ALIF, LeakyReadout
+from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.layers.lru import LRU
 from spikerec.models import RecurrentStack
 
@@ -24,6 +24,12 @@ def build(kind, leaky, H=5, N=6, K=3):
     elif kind == "lru_alif":
         lru = LRU(H, N)
         cells = [lru, ALIF(lru.output_size, N, surrogate=SURR, tau_mem=5.0, b=0.3, beta=0.5, recurrent=False)]
+        with torch.no_grad():
+            cells[1].weight.mul_(3.0)
+        width = N
+    elif kind == "lru_lif":
+        lru = LRU(H, N)
+        cells = [lru, LIF(lru.output_size, N, surrogate=SURR, tau_mem=5.0, threshold=0.3, learn_threshold=True)]
         with torch.no_grad():
             cells[1].weight.mul_(3.0)
         width = N
@@ -66,7 +72,7 @@ def close(a, b):
         assert torch.allclose(a[n], b[n], rtol=1e-10, atol=1e-12), (n, (a[n] - b[n]).abs().max())
 
 
-@pytest.mark.parametrize("kind", ["lru", "lru_alif", "alif"])
+@pytest.mark.parametrize("kind", ["lru", "lru_alif", "alif", "lru_lif"])
 @pytest.mark.parametrize("leaky", [False, True])
 @pytest.mark.parametrize("rule", ["full", "trunc1", "spatial"])
 def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
@@ -212,6 +218,49 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
     close(out[0][1], out[1][1])
     close(g_ref, out[1][1])
     assert out[1][1]["cells.0.recurrent_weight"].abs().sum() > 0
+    with torch.no_grad():
+        rate = float(cells[0](x)[0].mean())
+    assert 0.02 < rate < 0.9
+
+
+@pytest.mark.parametrize("reset,detach,recurrent", [("subtract", True, False), ("subtract", False, True),
+                                                     ("zero", False, False), ("zero", True, True), ("none", True, False)])
+@pytest.mark.parametrize("rule", ["full", "trunc1", "spatial"])
+def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, recurrent, rule, monkeypatch):
+    """Plain LIF layers (learned time constants and thresholds, lateral weights with their
+    self-connection) in chunked mode: the no-autograd block with the compiled per-neuron pass
+    (numba_kernels.chunk1_numba) equals the autograd block and the reference stream path, and the
+    fast stream path equals the reference one: outputs, losses, traces and gradients, with a
+    per-sample reset and steps without a loss."""
+    from spikerec.hardware.online import traces_lif
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    kw = dict(tau_mem=5.0, threshold=0.4, reset=reset, detach_reset=detach, recurrent=recurrent,
+              zero_diagonal=False, learn_threshold=True, surrogate=SURR)
+    cells = [LIF(5, 6, **kw), LIF(6, 6, **kw)]
+    for c in cells:
+        with torch.no_grad():
+            c.weight.mul_(2.0)
+    model = RecurrentStack(cells, LeakyReadout(6, 3, tau=4.0))
+    T, B = int(torch.randint(11, 18, ())), 3
+    x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
+    resets = [(6, torch.tensor([True, False, True]))]
+    calls = []
+    real = traces_lif.chunk1_numba
+    monkeypatch.setattr(traces_lif, "chunk1_numba", lambda *a: calls.append(1) or real(*a))
+    y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule)
+    assert bool(calls) == (rule == "full"), "the compiled per-neuron pass runs exactly under the J-rule"
+    y0, l0, tr0, g0 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, fast=False)
+    y2, l2, tr2, g2 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream", fast=False)
+    y3, l3, tr3, g3 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream")
+    assert torch.allclose(y0, y1, rtol=0, atol=1e-12) and torch.allclose(y1, y2, rtol=0, atol=1e-12)
+    assert torch.allclose(y2, y3, rtol=0, atol=1e-12)
+    assert torch.allclose(l0, l1, rtol=0, atol=1e-12) and torch.allclose(l1, l2, rtol=0, atol=1e-10)
+    close(tr0, tr1)
+    close(tr2, tr3)
+    for g in (g0, g2, g3):
+        close(g, g1)
+    assert g1["cells.0.weight"].abs().sum() > 0
     with torch.no_grad():
         rate = float(cells[0](x)[0].mean())
     assert 0.02 < rate < 0.9

@@ -82,9 +82,13 @@ def test_fast_path_declines_unsupported_stacks():
     lif = RecurrentStack([LIF(3, 4)], LeakyReadout(4, 2))
     lr = OnlineLearner(lif, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))
-    assert lr._fast_kinds is None  # LIF: the autograd path
+    assert lr._fast_kinds == ["lif", "readout"]  # a plain LIF has the hand-written spatial backward
+    cuba = RecurrentStack([LIF(3, 4, tau_syn=5.0)], LeakyReadout(4, 2))
+    lr = OnlineLearner(cuba, loss=step_loss)
+    lr.step(torch.randn(2, 3), torch.randn(2, 2))
+    assert lr._fast_kinds is None  # CUBA LIF: the autograd path
     with pytest.raises(ValueError, match="fast=True"):
-        OnlineLearner(lif, loss=step_loss, fast=True).step(torch.randn(2, 3))
+        OnlineLearner(cuba, loss=step_loss, fast=True).step(torch.randn(2, 3))
     drop = RecurrentStack([LRU(3, 4)], LeakyReadout(3, 2), dropout=0.5)
     lr = OnlineLearner(drop, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))

@@ -17,8 +17,8 @@ independent rows once the states are known, so:
 * reverse filter and contractions: :func:`.traces_base.chunk_contract` (a reverse linear scan
   for the LRU; the input-matrix contraction as one GEMM).
 
-It applies when every layer has a hand-written spatial backward (LRU, ALIF, leaky or linear
-readout; no active dropout) and the loss carries ``value_and_grad``; the result equals the
+It applies when every layer has a hand-written spatial backward (LRU, ALIF, plain LIF, leaky or
+linear readout; no active dropout) and the loss carries ``value_and_grad``; the result equals the
 autograd block of :meth:`OnlineLearner._block_batched` (tests/test_online_block.py, float64).
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
                 continue
             h_in, prev, new, _ = recs[l]
             G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
-            if kind in ("lru", "alif") and learner.block_closed_traces:
+            if kind in ("lru", "alif", "lif") and learner.block_closed_traces:
                 tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
             else:
                 chunk_contract(learner.traces[l], stack_partials(tr.partials(h_in, prev, new), K, B), G, carry)

@@ -334,7 +334,7 @@ def fused_supported(learner, dtype, device) -> bool:
         return False
     if trs[-1].cell.weight.dtype != dtype:
         return False
-    return all(tr.traced and tr.fused_ready(dtype, device) and (isinstance(tr, LRUTrace) or _alif_ok(tr))
+    return all(tr.traced and (isinstance(tr, LRUTrace) or _alif_ok(tr)) and tr.fused_ready(dtype, device)
                for tr in trs[:-1])
 
 

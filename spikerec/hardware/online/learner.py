@@ -270,7 +270,7 @@ class OnlineLearner:
             an LRU layer) on CPU tensors when numba is installed; ``False`` = torch only.
         fast: ``None`` = in ``stream`` mode, the hand-written spatial backward of
             :mod:`.spatial` and one compiled trace kernel per layer when every layer supports
-            them (LRU, ALIF, leaky or linear readout; no active dropout); in ``chunked`` /
+            them (LRU, ALIF, plain LIF, leaky or linear readout; no active dropout); in ``chunked`` /
             ``parallel`` mode, the cells' closed-form block scans and the losses' ``block``
             forms. ``False`` = the reference path (a per-step autograd backward, torch partials,
             step loops). ``True`` = like ``None``, but in ``stream`` mode an error says why the
@@ -753,8 +753,9 @@ class OnlineLearner:
             if fast_supported(self):
                 self._fast_kinds = fast_kinds(self)
             elif self.fast:
-                raise ValueError("OnlineLearner: fast=True needs a stack of LRU/ALIF layers with a leaky or linear "
-                                 "readout and no active dropout; use fast=None (automatic) or False")
+                raise ValueError("OnlineLearner: fast=True needs a stack of LRU, ALIF or plain (non-CUBA) LIF layers "
+                                 "with a leaky or linear readout and no active dropout; use fast=None (automatic) "
+                                 "or False")
         dev = torch.device(device)
         if self.use_triton or (self.use_triton is None and dev.type == "cuda"):
             from .triton_kernels import mat_trace_step, triton_available

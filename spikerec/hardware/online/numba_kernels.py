@@ -25,7 +25,7 @@ from ...surrogate import heaviside
 
 __all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba",
            "alif_trace_step_numba", "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
-           "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba"]
+           "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba", "chunk1_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -788,6 +788,101 @@ def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_
                 dummy4 if ew is None else ew.numpy(), dummy4 if er is None else er.numpy(), ew is not None,
                 er is not None, G_vec.numpy(), z2 if G_w is None else G_w.numpy(), z2 if G_r is None else G_r.numpy(),
                 z1 if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset))
+
+
+# --- the chunked block of a one-state layer (plain LIF) ------------------------------------------
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True)
+    def _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0):  # pragma: no cover - compiled
+        """The per-neuron part of :func:`.traces_base.chunk_contract` for a one-state layer (``k =
+        1``: every Jacobian is a number per sample and neuron), over a block ``J, G [K, B, N]``
+        with the immediate partials ``V [m, K, B, N]`` of ``m`` per-neuron parameters:
+
+            gh_{K-1} = g_{K-1},  gh_k = g_k + J_{k+1} gh_{k+1}          (``use_g``)
+            Gv[j, n] = sum_{k,b} gh_k V[j, k] + sum_b b0 ev_in[j],  b0 = J_0 gh_0
+            P0[b, k] = Phi_k = J_{K-1} ... J_{k+1},  phi = Phi_{-1} = J_{K-1} ... J_0     (``carry``)
+            ev_out[j] = sum_k Phi_k V[j, k] + phi ev_in[j]
+
+        (``ev_in`` taken as zero without ``has_ev``). The sums run in float64."""
+        K, B, N = J.shape
+        m = V.shape[0]
+        for j in range(m):
+            for n in range(N):
+                Gv[j, n] = 0.0
+        if use_g:
+            for b in range(B):
+                for n in range(N):
+                    gh[K - 1, b, n] = G[K - 1, b, n]
+            for k in range(K - 2, -1, -1):
+                for b in range(B):
+                    for n in range(N):
+                        gh[k, b, n] = G[k, b, n] + J[k + 1, b, n] * gh[k + 1, b, n]
+            for b in range(B):
+                for n in range(N):
+                    b0[b, n] = J[0, b, n] * gh[0, b, n]
+            for j in range(m):
+                for k in range(K):
+                    for b in range(B):
+                        for n in range(N):
+                            Gv[j, n] += gh[k, b, n] * V[j, k, b, n]
+                if has_ev:
+                    for b in range(B):
+                        for n in range(N):
+                            Gv[j, n] += b0[b, n] * ev_in[j, b, n]
+        if carry:
+            for b in range(B):
+                for n in range(N):
+                    P0[b, K - 1, n] = 1.0
+                for k in range(K - 2, -1, -1):
+                    for n in range(N):
+                        P0[b, k, n] = P0[b, k + 1, n] * J[k + 1, b, n]
+                for n in range(N):
+                    phi[b, n] = P0[b, 0, n] * J[0, b, n]
+            for j in range(m):
+                for b in range(B):
+                    for n in range(N):
+                        ev_out[j, b, n] = phi[b, n] * ev_in[j, b, n] if has_ev else 0.0
+                    for k in range(K):
+                        for n in range(N):
+                            ev_out[j, b, n] += P0[b, k, n] * V[j, k, b, n]
+
+
+def chunk1_numba(J, V, G, traces, carry: bool):
+    """:func:`_chunk1` on torch tensors: ``J [K, B, N]``, ``V [m, K, B, N]`` or ``None`` (no
+    per-neuron parameter), ``G [K, B, N]`` or ``None`` (no loss in the block), ``traces`` the
+    carried per-neuron traces as one ``[m, B, N]`` tensor, a list (``None`` where absent) or
+    ``None``. Returns ``(gh [K, B, N] or None, Gv [m, N] or None, new traces [m, B, N] or None,
+    P0 [B, K, N] or None, phi [B, N] or None, b0 [B, N] or None)``."""
+    c = _arr
+    Jn = c(J)
+    K, B, N = Jn.shape
+    npdt = Jn.dtype
+    m = 0 if V is None else V.shape[0]
+    Vn = c(V) if m else np.zeros((0, K, B, N), dtype=npdt)
+    use_g = G is not None
+    has_ev = False
+    if isinstance(traces, torch.Tensor):
+        E, has_ev = c(traces), True
+    elif traces is not None and m and any(t is not None for t in traces):
+        E, has_ev = np.zeros((m, B, N), dtype=npdt), True
+        for j, t in enumerate(traces):
+            if t is not None:
+                E[j] = c(t)
+    else:
+        E = np.zeros((max(m, 1), 1, 1), dtype=npdt)
+    gh = np.empty((K, B, N) if use_g else (1, 1, 1), dtype=npdt)
+    Gv = np.empty((max(m, 1), N), dtype=np.float64)
+    ev_out = np.empty((max(m, 1), B, N) if carry else (1, 1, 1), dtype=npdt)
+    P0 = np.empty((B, K, N) if carry else (1, 1, 1), dtype=npdt)
+    phi = np.empty((B, N) if carry else (1, 1), dtype=npdt)
+    b0 = np.empty((B, N) if use_g else (1, 1), dtype=npdt)
+    _chunk1(Jn, Vn, c(G) if use_g else gh, use_g, E, has_ev, bool(carry), gh, Gv, ev_out, P0, phi, b0)
+    t = torch.from_numpy
+    return (t(gh) if use_g else None, t(Gv[:m].astype(npdt)) if (use_g and m) else None,
+            t(ev_out[:m]) if (carry and m) else None, t(P0) if carry else None, t(phi) if carry else None,
+            t(b0) if use_g else None)
 
 
 # --- the chunked block of one LRU layer ------------------------------------------------------

@@ -29,7 +29,7 @@ from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
 from .numba_kernels import alif_spatial_numba, compiled_cpu
 from .traces_base import stream_step
-from .traces_lif import ALIFTrace, ReadoutTrace
+from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
 
 __all__ = ["supported", "fast_kinds", "fast_stream_step"]
@@ -40,6 +40,8 @@ def _kind(tr) -> str | None:
         return "lru"
     if isinstance(tr, ALIFTrace):
         return "alif"
+    if isinstance(tr, LIFTrace) and tr.block_ready:
+        return "lif"
     if isinstance(tr, ReadoutTrace):
         return "leaky_readout"
     if getattr(tr, "stateless", False) and isinstance(tr.cell, LeakyReadout):  # a linear readout
@@ -53,7 +55,7 @@ def fast_kinds(learner) -> list[str]:
 
 
 def supported(learner) -> bool:
-    """Whether every layer of ``learner`` has a hand-written spatial backward (LRU, ALIF, leaky or
+    """Whether every layer of ``learner`` has a hand-written spatial backward (LRU, ALIF, plain LIF, leaky or
     linear readout as the last layer) and no dropout is active."""
     drop = getattr(learner.model, "dropout", None)
     if drop is not None and drop.training:
@@ -161,6 +163,8 @@ def _output(tr, kind, new):
     c = tr.cell
     if kind == "alif":  # the spike z = H(v - b - beta a) (the surrogate's forward is the Heaviside step)
         return heaviside(new.v - (c.b.detach() + c.beta.detach() * new.a))
+    if kind == "lif":  # z = H(v - thr)
+        return heaviside(new.v - c.threshold.detach())
     return new.y  # leaky readout
 
 
@@ -239,6 +243,12 @@ def _spatial_backward(learner, kinds, recs, gy):
             gs[l] = g.view(g.shape[0], -1, 2)
             if l > 0:
                 g_out = torch.addmm(gu, g, Bi)
+        elif kind == "lif":  # z = H(v - thr): d l / d v = gz psi, d l / d thr = -gz psi
+            gp = g_out * c.surrogate.derivative(new.v - c.threshold.detach())
+            _acc(sp, c.threshold, gp.sum(0), -1.0)
+            gs[l] = gp.unsqueeze(-1)
+            if l > 0:
+                g_out = gp @ c.weight.detach()
         else:  # alif
             b, beta = c.b.detach(), c.beta.detach()
             comp = (alif_spatial_numba(g_out, new.v, new.a, b, beta, c.surrogate)

@@ -24,8 +24,8 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import (alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, compiled_cpu,
-                            compiled_dtype)
+from .numba_kernels import (alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
+                            compiled_cpu, compiled_dtype)
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -105,6 +105,108 @@ class LIFTrace(LayerTrace):
             mat["recurrent_weight"] = (cvec, zp)
         vec = {k: v for k, v in vec.items() if self.params.get(k) is not None}
         return Partials(J, vec, mat)
+
+    # --- the chunked block (plain LIF) -----------------------------------------------------------
+    @property
+    def block_ready(self) -> bool:
+        """Whether the chunked mode's no-autograd block applies (:mod:`.block`): a plain LIF (one
+        state ``v``; a CUBA layer keeps the autograd block)."""
+        return not self.cell.cuba
+
+    def make_consts(self, dtype):
+        """Per-sequence constants of the block scan: the detached, transposed input and lateral
+        weights, the bias, ``alpha`` and the threshold."""
+        c = self.cell
+        p = c.params()
+        alpha, _ = _lif.decays(p, c.options())
+        w = p.recurrent_weight
+        return {"Wt": c.weight.detach().t().to(dtype), "bias": None if c.bias is None else c.bias.detach().to(dtype),
+                "alpha": alpha.detach().to(dtype), "thr": c.threshold.detach().to(dtype),
+                "w_rec": None if w is None else w.detach().to(dtype)}
+
+    def scan_block(self, x, state, with_new: bool = False, with_out: bool = False):
+        """The states before each of the K steps of ``x [K, B, C]`` (``[K*B, N]`` fields) and the
+        final state; with ``with_new`` the states after each step, with ``with_out`` also the
+        spikes ``[K*B, N]``. The input currents of all K steps are one matmul; the time loop is
+        the layer's own forward backend (:mod:`spikerec.kernels.lif_sequence`: the compiled loop
+        without lateral weights on the CPU, else its torch loop), the same recurrence as
+        :meth:`step`. A CUBA layer runs the step loop (:meth:`scan_states`)."""
+        from ...kernels import lif_sequence, lif_sequence_numba
+
+        K, B = x.shape[0], x.shape[1]
+        if self.cell.cuba:  # the step loop (two states)
+            prevs, last = self.scan_states(x, state)
+            prev = type(state)(*(torch.cat([p[f] for p in prevs]) for f in range(len(state))))
+            if not (with_new or with_out):
+                return prev, last
+            new = self.step(x.reshape(K * B, *x.shape[2:]), prev)
+            return (prev, last, new, None) if with_out else (prev, last, new)
+        k = self.consts(x.dtype)
+        x2 = x.reshape(K * B, x.shape[-1])
+        I = (torch.addmm(k["bias"], x2, k["Wt"]) if k["bias"] is not None else x2 @ k["Wt"]).view(K, B, -1)
+        N = I.shape[-1]
+        reset, thr, alpha = self.cell.reset, k["thr"], k["alpha"]
+        compiled = k.get("compiled")
+        if compiled is None:  # the layer's forward backend for this dtype (fixed within a sequence)
+            compiled = k["compiled"] = lif_sequence._use_numba("auto", I, k["w_rec"])
+        if compiled:
+            Z, V, _, vT, _ = lif_sequence_numba.lif_forward(I, state.v, None, alpha, None, thr, reset)
+        else:
+            Z, V, _, vT, _ = lif_sequence._torch_forward(I, state.v, None, alpha, None, thr, k["w_rec"], reset,
+                                                         torch.gt(state.v, thr))
+        prev = _lif.LIFState(torch.cat([state.v[None], V[:-1]]).view(K * B, N))
+        last = _lif.LIFState(vT)
+        if not (with_new or with_out):
+            return prev, last
+        new = _lif.LIFState(V.view(K * B, N))
+        return (prev, last, new, Z.view(K * B, N)) if with_out else (prev, last, new)
+
+    def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
+        """The chunked block's contraction (the sums of :func:`.traces_base.chunk_contract`) for a
+        plain LIF: the partials are :meth:`partials` on the block's ``[K*B]`` rows; the
+        per-neuron part (reverse filter ``gh_k = g_k + J_{k+1} gh_{k+1}``, the products
+        ``Phi_k = J_{K-1} ... J_{k+1}``, the per-neuron sums and carried traces) is one compiled
+        pass (:func:`.numba_kernels.chunk1_numba`). The immediate partial of an input or lateral
+        weight is ``pre`` (``c = 1``), so with ``e`` the carried matrix trace ``[N, B, 1, H]`` and
+        ``b0 = J_0 gh_0``:
+
+            dW += gh^T pre + sum_b b0 e                   (one GEMM and one batched product)
+            e  <- sum_k Phi_k pre_k + Phi_{K-1,-1} e      (one GEMM per sample)
+
+        The torch form (:func:`.traces_base.chunk_contract`) runs where the compiled one does not
+        (no numba, not the CPU, a rule without ``J``)."""
+        P = self.partials(x, prev, new)
+        if not (self.use_J() and compiled_cpu(x)):
+            chunk_contract(ts, stack_partials(P, K, B), G, carry)
+            return
+        names = self.vec_names(P)
+        mats = [n for n in ("weight", "recurrent_weight") if n in P.mat and n in self.traced]
+        if G is None and not carry:
+            return
+        N = prev.v.shape[-1]
+        J = P.J.reshape(-1, N).expand(K * B, N).reshape(K, B, N)
+        V = torch.stack([P.vec[n].reshape(K, B, N) for n in names]) if names else None
+        old = ts.carried(names) if names else None
+        gh, Gv, ev_out, P0, phi, b0 = chunk1_numba(
+            J, V, None if G is None else G.reshape(K, B, N), None if old is None else
+            (old[..., 0] if isinstance(old, torch.Tensor) else [None if e is None else e[..., 0] for e in old]), carry)
+        if G is not None:
+            for j, n in enumerate(names):
+                ts.add(n, Gv[j])
+        for name in mats:
+            pre = P.mat[name][1].reshape(K, B, -1)
+            e = ts.mat.get(name)  # [N, B, 1, H]
+            if G is not None:
+                ts.add(name, gh.reshape(K * B, N).t() @ pre.reshape(K * B, -1))
+                if e is not None:  # sum_b b0[b, n] e[n, b, :] (elementwise: a batch of 1 x B products is slow)
+                    ts.add(name, (b0.t().unsqueeze(-1) * e[:, :, 0]).sum(1))
+            if carry:
+                q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1)).transpose(0, 1)  # [N, B, H]
+                if e is not None:
+                    q = q.addcmul(phi.t().unsqueeze(-1), e[:, :, 0])
+                ts.mat[name] = q.unsqueeze(2).contiguous()
+        if carry and names:
+            ts.set_carried(names, ev_out.unsqueeze(-1))
 
 
 class ALIFTrace(LayerTrace):
