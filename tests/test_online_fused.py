@@ -1,4 +1,4 @@
-"""The whole-stack compiled stream step (``fused_stack``: LRU and ALIF layers under a linear readout) against
+"""The whole-stack compiled stream step (``fused_stack``: LRU, ALIF and plain LIF layers under a linear readout) against
 the reference path (``fast=False``: per-step autograd backward, torch trace updates), and the
 closed-form loss gradients against autograd. float64, fresh random networks and inputs."""
 import pytest
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from spikerec.hardware.online import OnlineLearner, classification_loss, load_stream, mse_loss, save_stream
 from spikerec.hardware.online.learner import cross_entropy_step_loss, mse_step_loss
-from spikerec.layers import ALIF, LeakyReadout
+from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.layers.lru import LRU
 from spikerec.models import RecurrentStack
 
@@ -47,6 +47,57 @@ def build_alif(variant, H=5, N=6, K=3):
     else:  # mixed: ALIF under an LRU, LRU under an ALIF
         cells = [ALIF(H, N, recurrent=True, **kw), LRU(N, N), ALIF(N, N, **kw)]
     return RecurrentStack(cells, LeakyReadout(N, K))
+
+
+def build_lif(variant, H=5, N=6, K=3):
+    """Plain LIF stacks (the three resets, both reset-gradient forms, lateral weights with their
+    self-connection, learned thresholds, both inline surrogates) and a mixed LIF/LRU/ALIF stack."""
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    kw = dict(tau_mem=4.0, threshold=0.5, learn_threshold=True)
+    if variant == "subtract_rec":
+        cells = [LIF(H, N, recurrent=True, zero_diagonal=False, **kw), LIF(N, N, recurrent=True, **kw)]
+    elif variant == "zero_atan_nodetach":
+        cells = [LIF(H, N, reset="zero", surrogate="atan", detach_reset=False, **kw),
+                 LIF(N, N, reset="zero", recurrent=True, zero_diagonal=False, detach_reset=False, **kw)]
+    elif variant == "none":
+        cells = [LIF(H, N, reset="none", **kw), LIF(N, N, reset="none", recurrent=True, **kw)]
+    else:  # mixed: LIF under an LRU and an ALIF
+        cells = [LIF(H, N, recurrent=True, **kw), LRU(N, N), ALIF(N, N, tau_mem=3.0, b=0.2, beta=0.6)]
+    return RecurrentStack(cells, LeakyReadout(N, K))
+
+
+@pytest.mark.parametrize("variant", ["subtract_rec", "zero_atan_nodetach", "none", "mixed"])
+@pytest.mark.parametrize("loss", [user_loss, mse_step_loss])
+def test_fused_lif_equals_reference_with_resets(variant, loss):
+    model = build_lif(variant)
+    T, B = int(torch.randint(14, 20, ())), 3
+    x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
+    tgt = torch.randn(T, B, 3)
+    resets = [(5, torch.tensor([True, False, True])), (11, None)]
+    ref = run(model, x, tgt, False, loss, resets=resets, fast=False)
+    new = run(model, x, tgt, None, loss, resets=resets)
+    check_same(ref, new)
+    with torch.no_grad():  # the first layer fires, but not always
+        rate = float(model.cells[0](x)[0].mean())
+    assert 0.01 < rate < 0.9
+
+
+def test_fused_lif_float32_close_to_float64_reference():
+    model = build_lif("subtract_rec")
+    T, B = 14, 2
+    x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
+    tgt = torch.randn(T, B, 3)
+    ref = run(model, x, tgt, False, mse_step_loss, fast=False)
+    new = run(model.float(), x.float(), tgt.float(), None, mse_step_loss)
+    for n in ref[3]:
+        assert torch.allclose(ref[3][n], new[3][n].double(), rtol=1e-3, atol=1e-4), n
+
+
+def test_fused_lif_needs_an_inline_surrogate_and_a_plain_lif():
+    for cells in ([LIF(5, 6, surrogate="gaussian"), LIF(6, 6)], [LIF(5, 6, tau_syn=3.0), LIF(6, 6)]):
+        lr = OnlineLearner(RecurrentStack(cells, LeakyReadout(6, 3)), loss=mse_step_loss)
+        lr.step(torch.rand(2, 5), torch.randn(2, 3))
+        assert lr._fused_stack is None
 
 
 @pytest.mark.parametrize("variant", ["rec", "ff_atan_nodetach", "mixed"])
@@ -204,13 +255,13 @@ def test_fused_float32_close_to_float64_reference():
         assert torch.allclose(ref[3][n], new[3][n].double(), rtol=1e-3, atol=1e-4), n
 
 
-@pytest.mark.parametrize("net", ["lru", "alif"])
+@pytest.mark.parametrize("net", ["lru", "alif", "lif"])
 def test_fused_checkpoint_resume_bit_identical(tmp_path, net):
-    model = build("matD") if net == "lru" else build_alif("mixed")
+    model = build("matD") if net == "lru" else build_alif("mixed") if net == "alif" else build_lif("mixed")
     state = {k: v.clone() for k, v in model.state_dict().items()}
     T, B = 16, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
-    if net == "alif":
+    if net != "lru":
         x = (x > 0.3).double() * 1.5
 
     def make():

@@ -1,5 +1,5 @@
-"""Whole-stack compiled stream step for LRU and ALIF stacks with a linear readout (the stream
-mode's fastest path).
+"""Whole-stack compiled stream step for LRU, ALIF and plain LIF stacks with a linear readout (the
+stream mode's fastest path).
 
 Per time step, instead of ~40 small torch ops, this path makes one compiled (numba) call per
 layer for the forward pass and one per layer for the backward, on numpy views of the learner's
@@ -10,8 +10,10 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   pairs, ``gamma`` folded into ``B``), ``y_t = C_re Re h_t - C_im Im h_t + D u_t``; linear readout
   ``y = W h + b``; ALIF (:meth:`.traces_lif.ALIFTrace.step`): ``z_{t-1} = H(v_{t-1} - theta_{t-1})``,
   ``a_t = rho a_{t-1} + (1 - rho) z_{t-1}``, ``v_t = alpha v_{t-1} + W x_t + b_in + R z_{t-1}
-  - theta_t z_{t-1}``, spikes ``z_t = H(v_t - theta_t)``; the states are updated in place (the
-  previous state is kept in a scratch buffer for the traces);
+  - theta_t z_{t-1}``, spikes ``z_t = H(v_t - theta_t)``; plain LIF (:func:`spikerec.neurons.lif.step`):
+  ``v_t = alpha v_{t-1} + W x_t + b + R z_{t-1} - thr z_{t-1}`` (or the zero / no reset),
+  ``z_t = H(v_t - thr)``; the states are updated in place (the previous state is kept in a
+  scratch buffer for the traces);
 * the loss gradient ``d l_t / d y_t`` in closed form for the package's own losses (``mse`` and
   ``cross_entropy`` forms, see :func:`.learner.mse_step_loss`; the MSE with the readout's forward
   and backward in one compiled call); other losses use one autograd call on a leaf ``y_t``;
@@ -20,12 +22,15 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h`` (deferred: the rows are buffered for ``DEFER``
   steps and added in one GEMM, :meth:`FusedStack.flush_rows`), ``dD += gy u``,
   ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``; ALIF: ``g_v = gz sigma'(v - theta)``,
-  ``g_a = -beta g_v``, ``db -= sum g_v``, ``dbeta -= sum g_v a``, ``gx = g_v W``) and, in the same
+  ``g_a = -beta g_v``, ``db -= sum g_v``, ``dbeta -= sum g_v a``, ``gx = g_v W``; LIF: ``g_v = gz
+  sigma'(v - thr)``, ``dthr -= sum g_v``, ``gx = g_v W``) and, in the same
   compiled call, the trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL
   recursions of :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) or of
   :func:`.numba_kernels.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
   ``G += g . eps``; the ALIF layers' matrix traces are advanced every ``MAT_DEFER`` steps in one
-  pass (:meth:`FusedStack.flush_mats`, bit-identical to a pass per step).
+  pass (:meth:`FusedStack.flush_mats`, bit-identical to a pass per step); a LIF layer's trace step
+  (the recursions of :func:`.traces_base.stream_step` on the partials of
+  :meth:`.traces_lif.LIFTrace.partials`) runs in its backward call.
 
 It equals the torch reference (``fast=False``) in float64 to rounding
 (tests/test_online_fused.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
@@ -39,7 +44,7 @@ import torch
 from ...kernels.lif_sequence_numba import surrogate_code
 from .numba_kernels import numba_available
 from .traces_base import _STACK
-from .traces_lif import ALIFTrace
+from .traces_lif import ALIFTrace, LIFTrace
 from .traces_lru import LRUTrace
 
 __all__ = ["fused_supported", "FusedStack", "any_nan"]
@@ -213,7 +218,7 @@ if _nb is not None:
 
 if _nb is not None:
     from ...kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
-    from .numba_kernels import _alif_spatial_error, _alif_vec_step, _mat_nest_steps
+    from .numba_kernels import _alif_spatial_error, _alif_vec_step, _lif_partials, _mat_nest_steps
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
@@ -303,6 +308,108 @@ if _nb is not None:
             _mat_nest_steps(er, zs, Jcs, gs, use_gs, G_r, S)
 
 
+if _nb is not None:
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lif_fwd(x, v, pv, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, thr, mode, sur, p1, p2, cur,
+                 z):  # pragma: no cover - compiled
+        """One plain LIF step in place (the equations of :func:`spikerec.neurons.lif.step`, in its
+        order of operations): keeps the previous membrane in ``pv``, the previous spikes
+        ``H(v - thr)`` in ``zp`` and their surrogate derivative in ``psi`` (for the trace step),
+        writes the new spikes; ``mode`` 0 subtract, 1 zero, 2 no reset. The input current
+        ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
+        B, N = v.shape
+        zero, one = v.dtype.type(0), v.dtype.type(1)
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)
+        for b in range(B):
+            for n in range(pv.shape[1]):
+                pv[b, n] = v[b, n]
+            for n in range(zp.shape[1]):
+                zp[b, n] = one if v[b, n] - thr[n] > zero else zero
+            for n in range(psi.shape[1]):
+                psi[b, n] = sd_typed(v[b, n] - thr[n], sur, sg1, sg2, one)
+        np.dot(x, Wt, cur)
+        if has_r:
+            np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
+            for b in range(B):
+                for n in range(cur.shape[1]):
+                    cur[b, n] += z[b, n]
+        if has_bias:
+            for b in range(B):
+                for n in range(cur.shape[1]):
+                    cur[b, n] = cur[b, n] + bias[n]
+        for b in range(B):
+            if mode == 0:
+                for n in range(v.shape[1]):
+                    v[b, n] = (alpha[n] * pv[b, n] + cur[b, n]) - thr[n] * zp[b, n]
+            elif mode == 1:
+                for n in range(v.shape[1]):
+                    v[b, n] = alpha[n] * ((one - zp[b, n]) * pv[b, n]) + cur[b, n]
+            else:
+                for n in range(v.shape[1]):
+                    v[b, n] = alpha[n] * pv[b, n] + cur[b, n]
+            for n in range(z.shape[1]):
+                z[b, n] = one if v[b, n] - thr[n] > zero else zero
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lif_bwd(gout, use_g, x, slot, v, thr, sur, p1, p2, W, acc_thr, has_thr, gp, gin, need_gin, pv, psi, zp,
+                 cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd, mode, detach_reset,
+                 Jb):  # pragma: no cover - compiled
+        """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` (``gp = gout
+        sigma'(v - thr)``, ``dthr -= sum gp``, ``gin = gp W``, one GEMM), then its trace step
+        (the recursions of :func:`.traces_base.stream_step` on the partials of
+        :meth:`.traces_lif.LIFTrace.partials`, :func:`.numba_kernels._lif_partials`): the
+        stacked per-neuron traces ``ev [B, N, 1, m]`` (columns ``cols`` of ``cn``'s rows:
+        0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``), the input and lateral matrix traces
+        ``[N, B, 1, H]`` (``e <- J e + pre``), each with ``G += g . e``. ``slot`` is unused."""
+        B, N = v.shape
+        zero, one = v.dtype.type(0), v.dtype.type(1)
+        if use_g:
+            s1, s2 = sd_consts(sur, p1, p2)
+            sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)
+            for b in range(B):
+                for n in range(gp.shape[1]):
+                    gp[b, n] = gout[b, n] * sd_typed(v[b, n] - thr[n], sur, sg1, sg2, one)
+                if has_thr:
+                    for n in range(acc_thr.shape[0]):
+                        acc_thr[n] -= gp[b, n]
+            if need_gin:
+                np.dot(gp, W, gin)
+        m = cols.shape[0]
+        for b in range(B):
+            for n in range(N):
+                J, d_tau, d_thr = _lif_partials(pv[b, n], psi[b, n], zp[b, n], cn[0, n], cn[1, n], cn[2, n],
+                                                Rd[n] if has_rd else zero, has_rd, mode, detach_reset, zero, one)
+                Jb[b, n] = J
+                for j in range(m):
+                    c = cols[j]
+                    imm = d_tau if c == 0 else (d_thr if c == 1 else one)
+                    e = J * ev[b, n, 0, j] + imm
+                    ev[b, n, 0, j] = e
+                    if use_g:
+                        G_vec[c, n] += gp[b, n] * e
+        if has_w:
+            _lif_mat_step(ew, x, Jb, gp, use_g, G_w)
+        if has_r:
+            _lif_mat_step(er, zp, Jb, gp, use_g, G_r)
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lif_mat_step(e, pre, Jb, gp, use_g, G):  # pragma: no cover - compiled
+        """``e[n, b] <- J[b, n] e[n, b] + pre[b]`` on a one-state matrix trace ``e [N, B, 1, H]``
+        and ``G[n] += sum_b g[b, n] e[n, b]`` (the loops take their bounds from ``e``)."""
+        N, B, _, H = e.shape
+        for n in range(N):
+            for b in range(B):
+                j = Jb[b, n]
+                for h in range(H):
+                    e[n, b, 0, h] = j * e[n, b, 0, h] + pre[b, h]
+                if use_g:
+                    q = gp[b, n]
+                    for h in range(H):
+                        G[n, h] += q * e[n, b, 0, h]
+
+
 def any_nan(x: torch.Tensor) -> bool | None:
     """Whether the CPU float32/float64 2-d tensor ``x`` holds a NaN, by one compiled pass;
     ``None`` where this check does not apply (no numba, another dtype, layout or device)."""
@@ -317,9 +424,9 @@ def _is_linear_readout(tr) -> bool:
 
 
 def fused_supported(learner, dtype, device) -> bool:
-    """Whether the whole-stack path applies: every layer but the last an LRU or an ALIF layer
-    (:func:`_alif_ok`) with its compiled trace step ready, the last a linear (non-leaky) readout,
-    no active dropout, ``full``/``snap1``."""
+    """Whether the whole-stack path applies: every layer but the last an LRU, an ALIF layer
+    (:func:`_alif_ok`) or a plain LIF layer with its compiled trace step ready, the last a linear
+    (non-leaky) readout, no active dropout, ``full``/``snap1``."""
     if _nb is None or not numba_available() or learner.use_numba is False or learner.mode != "stream":
         return False
     if learner.rule not in ("full", "snap1") or torch.device(device).type != "cpu":
@@ -334,7 +441,7 @@ def fused_supported(learner, dtype, device) -> bool:
         return False
     if trs[-1].cell.weight.dtype != dtype:
         return False
-    return all(tr.traced and (isinstance(tr, LRUTrace) or _alif_ok(tr)) and tr.fused_ready(dtype, device)
+    return all(tr.traced and (isinstance(tr, (LRUTrace, LIFTrace)) or _alif_ok(tr)) and tr.fused_ready(dtype, device)
                for tr in trs[:-1])
 
 
@@ -529,6 +636,56 @@ class FusedStack:
                 acc_b, acc_beta, cn, Rd, dummy4)
         return _alif_fwd, fargs, _alif_bwd, bargs, 14, keep
 
+    def _bind_lif(self, l, tr, B, dummy1, dummy2):
+        """A plain LIF layer's compiled calls (as :meth:`_bind_lru`): the step of
+        :func:`spikerec.neurons.lif.step`, the spatial backward of its spikes and its trace step."""
+        from ...kernels.lif_sequence_numba import RESET_CODES
+
+        lr_, dt = self.learner, self.dtype
+        c, ts = tr.cell, lr_.traces[l]
+        k = tr.consts(dt)
+        names, cols, cn, Rd = tr.fused_setup(dt)
+        N, H = c.hidden_size, c.input_size
+        ev = ts.vec.get(_STACK)
+        if ev is None:
+            ev = torch.zeros((B, N, 1, len(names)), dtype=dt)
+            if names:
+                ts.vec[_STACK] = ev
+        mats = []
+        for name, width in (("weight", H), ("recurrent_weight", N)):
+            e = None
+            if name in tr.traced:
+                e = ts.mat.get(name)
+                if e is None:
+                    e = ts.mat[name] = torch.zeros((N, B, 1, width), dtype=dt)
+            mats.append(e)
+        Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
+        alpha = k["alpha"].to(dt).expand(N).contiguous()
+        thr = k["thr"].to(dt).expand(N).contiguous()
+        Wt = k["Wt"].contiguous()
+        bias = k["bias"].contiguous() if k["bias"] is not None else torch.zeros(1, dtype=dt)
+        Rt = k["w_rec"].t().contiguous() if k["w_rec"] is not None else torch.zeros((1, 1), dtype=dt)
+        W = c.weight.detach().to(dt).contiguous()
+        sur, p1, p2 = surrogate_code(c.surrogate)
+        st = lr_.states[l]
+        pv, zp, psi, z, cur, gp, Jb = (torch.empty_like(st.v) for _ in range(7))
+        acc_thr = self._acc(c.threshold)
+        gin = torch.zeros((B, H), dtype=dt)
+        dummy4 = torch.zeros((1, 1, 1, 1), dtype=dt)
+        mode = RESET_CODES[c.reset]
+        fargs = (_np(st.v), pv.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(), k["bias"] is not None,
+                 Rt.numpy(), k["w_rec"] is not None, alpha.numpy(), thr.numpy(), mode, sur, p1, p2, cur.numpy(),
+                 z.numpy())
+        bargs = (fargs[0], thr.numpy(), sur, p1, p2, W.numpy(), dummy1 if acc_thr is None else acc_thr.numpy(),
+                 acc_thr is not None, gp.numpy(), gin.numpy(), l > 0, pv.numpy(), psi.numpy(), zp.numpy(),
+                 cn.numpy(), cols, ev.numpy(), dummy4.numpy() if mats[0] is None else mats[0].numpy(),
+                 dummy4.numpy() if mats[1] is None else mats[1].numpy(), mats[0] is not None, mats[1] is not None,
+                 Gv.numpy(), dummy2 if Gw is None else Gw.numpy(), dummy2 if Gr is None else Gr.numpy(),
+                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, mode, bool(c.detach_reset), Jb.numpy())
+        keep = (st, pv, zp, psi, z, cur, gp, Jb, Wt, bias, Rt, W, alpha, thr, gin, ev, mats, Gv, Gw, Gr, acc_thr, cn,
+                Rd, dummy4)
+        return _lif_fwd, fargs, _lif_bwd, bargs, 9, keep
+
     def _acc(self, p):
         """The spatial accumulator of ``p`` (created as zeros), or ``None`` if ``p`` is not trained."""
         if not p.requires_grad:
@@ -556,7 +713,8 @@ class FusedStack:
         dummy1 = dummy2[0]
         self.layers = []
         for l, tr in enumerate(lr_.tracers[:-1]):
-            bind_layer = self._bind_lru if isinstance(tr, LRUTrace) else self._bind_alif
+            bind_layer = (self._bind_lru if isinstance(tr, LRUTrace) else self._bind_alif if isinstance(tr, ALIFTrace)
+                          else self._bind_lif)
             self.layers.append(bind_layer(l, tr, B, dummy1, dummy2))
         ro = lr_.tracers[-1].cell
         W = ro.weight.detach().to(dt).contiguous()

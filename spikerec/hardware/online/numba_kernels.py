@@ -790,6 +790,25 @@ def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_
                 z1 if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset))
 
 
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True, inline="always")
+    def _lif_partials(v0, psi, zp, alpha, dalpha, thr, rd, has_rd, mode, detach_reset, zero, one):  # pragma: no cover
+        """The Jacobian and immediate partials of :meth:`.traces_lif.LIFTrace.partials` (plain LIF)
+        at one sample and neuron, from the previous membrane ``v0``, its spike ``zp = H(v0 - thr)``
+        and surrogate derivative ``psi``; ``mode`` 0 subtract, 1 zero, 2 no reset; ``rd`` the
+        lateral self-weight. Returns ``(J, d v / d log_tau_mem, d v / d thr)`` (the bias's is 1)."""
+        dzr = zero if detach_reset else psi
+        dI_dv = rd * psi if has_rd else zero
+        if mode == 0:
+            dA_dv, dA_dthr, dA_da = alpha - thr * dzr, -zp + thr * dzr, v0
+        elif mode == 1:
+            dA_dv, dA_dthr, dA_da = alpha * (one - zp) - alpha * v0 * dzr, alpha * v0 * dzr, (one - zp) * v0
+        else:
+            dA_dv, dA_dthr, dA_da = alpha, zero, v0
+        return dA_dv + dI_dv, dA_da * dalpha, dA_dthr - dI_dv
+
+
 # --- the chunked block of a one-state layer (plain LIF) ------------------------------------------
 
 if _HAVE_NUMBA:

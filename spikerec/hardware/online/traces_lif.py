@@ -44,7 +44,42 @@ def _self_weight(cell):
     return None if w is None else torch.diagonal(w.detach())
 
 
-class LIFTrace(LayerTrace):
+class _FusedAccumulators:
+    """The gradient accumulators the compiled stream steps of the spiking layers add into."""
+
+    def _accumulators(self, ts, names, use_g, dtype, N):
+        """The gradient accumulators the kernel adds into: the per-neuron ones are rows of one
+        ``[len(_VEC_ORDER), N]`` buffer (shared with ``ts.G``, so they are read and checkpointed as
+        usual)."""
+        buf = getattr(ts, "_fused_buf", None)
+        if use_g and names:
+            rows = getattr(ts, "_fused_rows", None)  # the row views handed to ts.G (identity checks are cheap)
+            ok = (buf is not None and rows is not None and len(rows) == len(names)
+                  and all(ts.G.get(n) is r for n, r in zip(names, rows)))
+            if not ok:
+                buf = torch.zeros((len(self._VEC_ORDER), N), dtype=dtype)
+                for n in names:
+                    if n in ts.G:
+                        buf[self._VEC_ORDER.index(n)] += ts.G[n]
+                    ts.G[n] = buf[self._VEC_ORDER.index(n)]
+                ts._fused_buf = buf
+                ts._fused_rows = tuple(ts.G[n] for n in names)
+        if buf is None or not (use_g and names):
+            buf = torch.zeros((len(self._VEC_ORDER), N), dtype=dtype)
+        out = [buf]
+        for n in ("weight", "recurrent_weight"):
+            G = None
+            if use_g and n in self.traced:
+                G = ts.G.get(n)
+                if G is None:
+                    G = ts.G[n] = torch.zeros_like(self.params[n], memory_format=torch.contiguous_format)
+                elif not G.is_contiguous():
+                    G = ts.G[n] = G.contiguous()
+            out.append(G)
+        return out
+
+
+class LIFTrace(_FusedAccumulators, LayerTrace):
     kind = "LIF"
     input_params = ("weight", "bias")
 
@@ -105,6 +140,37 @@ class LIFTrace(LayerTrace):
             mat["recurrent_weight"] = (cvec, zp)
         vec = {k: v for k, v in vec.items() if self.params.get(k) is not None}
         return Partials(J, vec, mat)
+
+    # --- the whole-stack compiled stream step (plain LIF; .fused_stack) ---------------------------
+    _VEC_ORDER = ("log_tau_mem", "threshold", "bias")  # the columns of the compiled steps (partials' order)
+
+    def fused_ready(self, dtype, device) -> bool:
+        """Whether the compiled stream step of :mod:`.fused_stack` applies: a plain LIF, a
+        surrogate with an inline formula (fast sigmoid, arc-tangent), the ``full``/``snap1`` rule,
+        numba installed, CPU tensors of the parameters' float dtype."""
+        from ...kernels.lif_sequence_numba import surrogate_code
+
+        p = self.cell.weight
+        return (self.block_ready and surrogate_code(self.cell.surrogate)[0] in (1, 2) and compiled_dtype(dtype, device)
+                and self.use_J() and p.dtype == dtype and p.device.type == "cpu")
+
+    def fused_setup(self, dtype):
+        """The compiled trace step's per-sequence constants: ``(names, cols, cn, Rd)`` (the traced
+        per-neuron parameters, their columns in ``_VEC_ORDER``, the ``[3, N]`` rows ``alpha``,
+        ``d alpha / d log_tau_mem``, ``thr`` of :meth:`partials`, the lateral self-weights or
+        ``None``)."""
+        k = self.consts(dtype)
+        f = k.get("fused")
+        if f is None:
+            c = self.cell
+            names = [n for n in self._VEC_ORDER if self.params.get(n) is not None and n in self.traced]
+            cols = np.asarray([self._VEC_ORDER.index(n) for n in names], dtype=np.int64)
+            alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
+            N = c.hidden_size
+            cn = torch.stack([t.to(dtype).expand(N) for t in (alpha, dalpha, k["thr"])]).contiguous()
+            Rd = _self_weight(c)
+            f = k["fused"] = (names, cols, cn, None if Rd is None else Rd.to(dtype).contiguous())
+        return f
 
     # --- the chunked block (plain LIF) -----------------------------------------------------------
     @property
@@ -209,7 +275,7 @@ class LIFTrace(LayerTrace):
             ts.set_carried(names, ev_out.unsqueeze(-1))
 
 
-class ALIFTrace(LayerTrace):
+class ALIFTrace(_FusedAccumulators, LayerTrace):
     kind = "ALIF"
     k = 2
     input_params = ("weight", "bias")
@@ -453,37 +519,6 @@ class ALIFTrace(LayerTrace):
                 ts.mat[name] = new_e
         if carry and names:
             ts.set_carried(names, ev_out)
-
-    def _accumulators(self, ts, names, use_g, dtype, N):
-        """The gradient accumulators the kernel adds into: the per-neuron ones are rows of one
-        ``[5, N]`` buffer (shared with ``ts.G``, so they are read and checkpointed as usual)."""
-        buf = getattr(ts, "_fused_buf", None)
-        if use_g and names:
-            rows = getattr(ts, "_fused_rows", None)  # the row views handed to ts.G (identity checks are cheap)
-            ok = (buf is not None and rows is not None and len(rows) == len(names)
-                  and all(ts.G.get(n) is r for n, r in zip(names, rows)))
-            if not ok:
-                buf = torch.zeros((5, N), dtype=dtype)
-                for n in names:
-                    if n in ts.G:
-                        buf[self._VEC_ORDER.index(n)] += ts.G[n]
-                    ts.G[n] = buf[self._VEC_ORDER.index(n)]
-                ts._fused_buf = buf
-                ts._fused_rows = tuple(ts.G[n] for n in names)
-        if buf is None or not (use_g and names):
-            buf = torch.zeros((5, N), dtype=dtype)
-        out = [buf]
-        for n in ("weight", "recurrent_weight"):
-            G = None
-            if use_g and n in self.traced:
-                G = ts.G.get(n)
-                if G is None:
-                    G = ts.G[n] = torch.zeros_like(self.params[n], memory_format=torch.contiguous_format)
-                elif not G.is_contiguous():
-                    G = ts.G[n] = G.contiguous()
-            out.append(G)
-        return out
-
 
 class ReadoutTrace(LayerTrace):
     """Leaky-integrator readout ``y_t = alpha y_{t-1} + W x_t + b``: a layer of 1-d linear modules."""
