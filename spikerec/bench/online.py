@@ -1,12 +1,13 @@
 """``spikerec bench online``: peak memory and time of online learning vs BPTT.
 
-For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--quick``: 64,
-128, 256 and smaller nets), one gradient of a per-step MSE loss is computed by
+For a 2-layer LRU, a 2-layer ALIF and a 2-layer LIF network (``--nets``; LRU and ALIF by
+default) and T in {256, 1024, 4096} (``--quick``: 64, 128, 256 and smaller nets), one gradient
+of a per-step MSE loss is computed by
 
 * ``stream``: :meth:`~spikerec.hardware.online.OnlineLearner.step` fed one step at a time from a
   generator (the input is never held whole), with the package's ``mse_step_loss``, then
-  ``update()``; the fastest path that applies (for these LRU and ALIF stacks the whole-stack
-  compiled step of ``fused_stack``);
+  ``update()``; the fastest path that applies (for these stacks the whole-stack compiled step of
+  ``fused_stack``);
 * ``stream_layer``: the same with ``fused=False`` (torch forward and spatial backward, one compiled
   trace kernel per layer);
 * ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
@@ -23,9 +24,9 @@ For a 2-layer LRU and a 2-layer ALIF network and T in {256, 1024, 4096} (``--qui
 All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
 runs under the same load); the time is the best of ``--repeat`` rounds. With ``--processes N``
 that subprocess runs N times and each method keeps its best time over them (the range is
-printed): the BPTT reference's time moves by 10-30 % from one process to another. For the ALIF
-network the hidden layers' spike rate is printed (the same network for every method, so no method
-does less work by spiking less). Peak memory is taken on
+printed): the BPTT reference's time moves by 10-30 % from one process to another. For the
+spiking networks the hidden layers' spike rate is printed (the same network for every method,
+so no method does less work by spiking less). Peak memory is taken on
 the C allocator: glibc's ``mallinfo2`` (bytes in use in the heap plus mmapped blocks, which is
 where torch's CPU tensors live) sampled after every step of ``stream`` and after the call for
 the others, and every millisecond by a polling thread, minus the value just before; ``tracemalloc`` would not see torch's allocations and
@@ -105,7 +106,7 @@ def _reset_hwm() -> bool:
 def _build(net: str, H: int, N: int):
     import torch
 
-    from spikerec.layers import ALIF, LeakyReadout
+    from spikerec.layers import ALIF, LIF, LeakyReadout
     from spikerec.models import RecurrentStack
 
     torch.manual_seed(0)
@@ -114,6 +115,9 @@ def _build(net: str, H: int, N: int):
 
         cells = [LRU(H, N), LRU(H, N)]
         width = cells[-1].output_size
+    elif net == "lif":  # the layer's defaults: tau_mem 20, threshold 1, learned time constants and bias
+        cells = [LIF(H, N), LIF(N, N)]
+        width = N
     else:
         cells = [ALIF(H, N), ALIF(N, N)]
         width = N
@@ -169,10 +173,11 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     torch.set_num_threads(int(os.environ.get("SPIKEREC_BENCH_THREADS", "1")))
     model = _build(net, H, N)
     g = torch.Generator().manual_seed(1)
-    x = (torch.rand(T, B, H, generator=g) < 0.2).float() if net == "alif" else torch.randn(T, B, H, generator=g)
+    spiking = net in ("alif", "lif")
+    x = (torch.rand(T, B, H, generator=g) < 0.2).float() if spiking else torch.randn(T, B, H, generator=g)
     tgt = torch.randn(T, B, 10, generator=g)
     rate = None
-    if net == "alif":  # every method runs this network on this input: one spike rate for all
+    if spiking:  # every method runs this network on this input: one spike rate for all
         with torch.no_grad():
             _, _, hidden = model(x, record=True)
         rate = float(torch.stack([h.mean() for h in hidden]).mean())
@@ -256,7 +261,7 @@ def _machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="spikerec bench online", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small T and networks")
-    ap.add_argument("--nets", default="lru,alif", help="comma list of lru, alif")
+    ap.add_argument("--nets", default="lru,alif", help="comma list of lru, alif, lif")
     ap.add_argument("--methods", default="stream,chunked,bptt")
     ap.add_argument("--chunk", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=2)
@@ -274,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     Ts = [int(t) for t in args.T.split(",")] if args.T else list(size["T"])
     nets = [n.strip() for n in args.nets.split(",") if n.strip()]
     for n in nets:
-        if n not in ("lru", "alif"):
-            print(f"spikerec bench online: unknown net '{n}'; expected lru or alif", file=sys.stderr)
+        if n not in ("lru", "alif", "lif"):
+            print(f"spikerec bench online: unknown net '{n}'; expected lru, alif or lif", file=sys.stderr)
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
