@@ -223,20 +223,22 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
     assert 0.02 < rate < 0.9
 
 
-@pytest.mark.parametrize("reset,detach,recurrent", [("subtract", True, False), ("subtract", False, True),
-                                                     ("zero", False, False), ("zero", True, True), ("none", True, False)])
+@pytest.mark.parametrize("reset,detach,recurrent,surrogate", [
+    ("subtract", True, False, SURR), ("subtract", False, True, SURR), ("zero", False, False, "atan"),
+    ("zero", True, True, SURR), ("none", True, False, SURR), ("subtract", True, True, "sigmoid")])
 @pytest.mark.parametrize("rule", ["full", "trunc1", "spatial"])
-def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, recurrent, rule, monkeypatch):
+def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, recurrent, surrogate, rule, monkeypatch):
     """Plain LIF layers (learned time constants and thresholds, lateral weights with their
     self-connection) in chunked mode: the no-autograd block with the compiled per-neuron pass
     (numba_kernels.chunk1_numba) equals the autograd block and the reference stream path, and the
     fast stream path equals the reference one: outputs, losses, traces and gradients, with a
-    per-sample reset and steps without a loss."""
+    per-sample reset and steps without a loss; the surrogate's derivative inside the kernel (fast
+    sigmoid, arc-tangent) or from torch (sigmoid)."""
     from spikerec.hardware.online import traces_lif
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     kw = dict(tau_mem=5.0, threshold=0.4, reset=reset, detach_reset=detach, recurrent=recurrent,
-              zero_diagonal=False, learn_threshold=True, surrogate=SURR)
+              zero_diagonal=False, learn_threshold=True, surrogate=surrogate)
     cells = [LIF(5, 6, **kw), LIF(6, 6, **kw)]
     for c in cells:
         with torch.no_grad():
