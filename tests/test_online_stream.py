@@ -195,6 +195,83 @@ def test_bad_streaming_input_errors():
         OnlineLearner(model, mode="chunked", chunk=4).backward(x, torch.randn(6, 2, 2), mse_loss)
 
 
+def test_input_dtypes_and_class_labels_are_checked_before_the_step():
+    """Boolean spikes are cast to the parameters' dtype (as the model's forward does); a floating
+    input of another precision and class labels outside the readout are errors naming the step,
+    raised before any state changes, and the stream continues as a clean one."""
+    from spikerec.hardware.online.learner import cross_entropy_step_loss
+
+    model = one_layer("alif")
+    x = (torch.rand(6, 3, 4) < 0.4)
+    labels = torch.tensor([0, 1, 1])
+
+    def run(bad):
+        lr = OnlineLearner(model, loss=cross_entropy_step_loss())
+        ys = []
+        for t in range(6):
+            if bad and t == 3:
+                before = [f.clone() for s in lr.states for f in s]
+                with pytest.raises(ValueError, match=r"step 3\) x_t: dtype torch.float32 but the model's parameters"):
+                    lr.step(x[t].float(), labels)
+                with pytest.raises(ValueError, match=r"step 3\) target_t: class labels must lie in \[0, 1\]"):
+                    lr.step(x[t], torch.tensor([0, 2, 1]))
+                assert all(torch.equal(a, b) for a, b in zip(before, [f for s in lr.states for f in s]))
+            ys.append(lr.step(x[t], labels).output)  # bool spikes
+        return torch.stack(ys)
+
+    assert torch.equal(run(False), run(True))
+    with pytest.raises(ValueError, match="OnlineLearner input x: dtype torch.float32"):
+        OnlineLearner(model).backward(x.float(), torch.randn(6, 3, 2), mse_loss)
+
+
+@pytest.mark.parametrize("kw", [{}, {"mode": "chunked", "chunk": 4}, {"fast": False}])
+def test_update_then_the_callers_optimiser_equals_the_learners_own(kw):
+    """learner.update(); opt.step() with the caller's optimiser: the next step sees the new
+    parameters (the learner compares their versions), as with OnlineLearner(optimizer=opt)."""
+    g = torch.Generator().manual_seed(3)
+    xs, ts = torch.randn(13, 3, 4, generator=g), torch.randn(13, 3, 2, generator=g)
+    outs, params = [], []
+    for own in (True, False):
+        torch.manual_seed(0)
+        lru = LRU(4, 6)
+        model = RecurrentStack([lru, ALIF(lru.output_size, 5)], LeakyReadout(5, 2))
+        init = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        lr = OnlineLearner(model, loss=step_loss, optimizer=opt if own else None, update_every=4 if own else None,
+                           **kw)
+        ys = []
+        for t in range(13):
+            ys.append(lr.step(xs[t], ts[t]).output)
+            if not own and (t + 1) % 4 == 0:
+                lr.update()
+                opt.step()
+                opt.zero_grad()
+        outs.append(torch.stack(ys))
+        params.append([p.detach().clone() for p in model.parameters()])
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(*params))
+    assert not all(torch.equal(a, b) for a, b in zip(init, params[1]))  # the optimiser did step
+
+
+def test_exactness_names_the_layers_biased_by_the_layers_above():
+    from spikerec.layers.gru import GRU
+
+    two = RecurrentStack([LRU(4, 6), LRU(4, 6)], LeakyReadout(4, 2))
+    how = [h for _, _, h in OnlineLearner(two).exactness()]
+    assert "biased" in how[0] and "biased" not in how[1] and how[2] == "stateless (exact)"
+    leaky = RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=3.0))
+    how = [h for _, _, h in OnlineLearner(leaky).exactness()]
+    assert "biased" in how[0] and "biased" not in how[1]
+    gru = RecurrentStack([GRU(4, 5)], LeakyReadout(5, 2))
+    assert OnlineLearner(gru, rule="spatial").exactness()[0][2] == "spatial only (recurrent paths cut)"
+    x, tgt = torch.randn(7, 3, 4), torch.randn(7, 3, 2)
+    gru.zero_grad()
+    OnlineLearner(gru, rule="spatial").backward(x, tgt, mse_loss)
+    c = gru.cells[0].rnn
+    assert float(c.bias_ih_l0.grad.abs().sum()) > 0 and float(c.weight_ih_l0.grad.abs().sum()) > 0  # input parameters
+    assert float(c.weight_hh_l0.grad.abs().max()) == 0 and float(c.bias_hh_l0.grad.abs().max()) == 0
+
+
 RESUME = textwrap.dedent(
     """
     import sys, torch
@@ -280,8 +357,18 @@ def test_load_stream_errors(tmp_path):
         load_stream(bad, lr)
     lr.step(torch.randn(2, 4), torch.randn(2, 2))
     save_stream(tmp_path / "ok.safetensors", lr)
-    with pytest.raises(ValueError, match="mode is 'stream'"):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # every mismatch is found before the model (or an optimiser) is overwritten
+    with pytest.raises(ValueError, match="written by a learner with mode 'stream', this learner has 'chunked'"):
         load_stream(tmp_path / "ok.safetensors", OnlineLearner(model, mode="chunked", chunk=2))
+    with pytest.raises(ValueError, match="no optimiser state"):
+        load_stream(tmp_path / "ok.safetensors", OnlineLearner(model, optimizer=torch.optim.SGD(model.parameters(), 0.1)))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="model tensors of another shape"):
+        load_stream(tmp_path / "ok.safetensors", OnlineLearner(RecurrentStack([LRU(4, 9)], LeakyReadout(4, 2))))
 
 
 @pytest.mark.parametrize("k,bj,two", [(1, 3, False), (2, 1, True), (2, 3, False)])

@@ -88,15 +88,30 @@ def load_stream(path: str | os.PathLike, learner, optimizer=None) -> None:
     model = learner.model
     dev = next(model.parameters()).device
     msd = {k[6:]: v.to(dev) for k, v in tensors.items() if k.startswith("model/")}
-    missing = set(model.state_dict()) - set(msd)
+    # every check before anything is overwritten: the learner's rule and mode, the model's
+    # tensors and shapes, the optimiser's class
+    lmeta = meta["learner"]
+    for k in ("rule", "mode", "chunk"):
+        if lmeta.get(k) != getattr(learner, k):
+            raise ValueError(f"online checkpoint {path}: written by a learner with {k} {lmeta.get(k)!r}, this "
+                             f"learner has {getattr(learner, k)!r}")
+    own = model.state_dict()
+    missing = set(own) - set(msd)
     if missing:
         raise ValueError(f"online checkpoint {path}: model tensors missing: {sorted(missing)[:5]}")
-    model.load_state_dict(msd)
+    wrong = [f"{k} {tuple(msd[k].shape)} (the model's {tuple(v.shape)})" for k, v in own.items()
+             if tuple(msd[k].shape) != tuple(v.shape)]
+    if wrong:
+        raise ValueError(f"online checkpoint {path}: model tensors of another shape: {', '.join(wrong[:3])}")
     opt = optimizer if optimizer is not None else learner.optimizer
+    if meta["optimizer"] is None and opt is not None:
+        raise ValueError(f"online checkpoint {path}: has no optimiser state, but an optimiser was given")
+    if meta["optimizer"] is not None and opt is not None and meta["optimizer"]["class"] != type(opt).__name__:
+        raise ValueError(f"online checkpoint {path}: optimiser state of a {meta['optimizer']['class']}, got a "
+                         f"{type(opt).__name__}")
+    model.load_state_dict(msd)
     if meta["optimizer"] is not None and opt is not None:
         _unpack_optimizer(opt, {k: v.to(dev) for k, v in tensors.items() if k.startswith("optim/")}, meta["optimizer"])
-    elif opt is not None:
-        raise ValueError(f"online checkpoint {path}: has no optimiser state, but an optimiser was given")
     learner.load_state_tensors({k[8:]: v.to(dev) for k, v in tensors.items() if k.startswith("learner/")},
                                meta["learner"])
     learner._prepare()

@@ -57,6 +57,8 @@ import torch
 import torch.nn.functional as F
 
 from ...layers.alif import ALIF
+from ...layers.base import match_input_dtype
+from ...neurons.roles import Role, parameters_by_role
 from ...layers.lif import LIF
 from ...layers.lru import LRU
 from ...layers.readout import LeakyReadout
@@ -89,17 +91,25 @@ class GenericTrace(LayerTrace):
 
     Its parameters get ``d l_t / d theta`` through the instantaneous graph, which for
     recurrent parameters is the immediate partial of 1-step truncation (``trunc1``). Exact for stateless layers (a non-leaky readout), an approximation for
-    recurrent ones (a GRU). Under ``spatial`` only the parameters listed by the cell's
-    ``stability_groups()["depth"]`` (its input weights) keep their gradient."""
+    recurrent ones (a GRU). Under ``spatial`` only the cell's input parameters (role ``INPUT`` in
+    its ``param_specs``: input weights and biases; else its ``stability_groups()["depth"]``) keep
+    their gradient."""
 
     def __init__(self, cell, rule, stateless: bool):
         self.cell, self.rule, self.params = cell, rule, dict(cell.named_parameters())
         self.traced, self.mask, self.stateless = [], {}, stateless
         self.kind = type(cell).__name__
         self.frozen: set = set()
-        if rule == "spatial" and not stateless and hasattr(cell, "stability_groups"):
-            depth = {id(p) for p in cell.stability_groups().get("depth", [])}
-            self.frozen = {id(p) for p in cell.parameters() if id(p) not in depth}
+        if rule == "spatial" and not stateless:
+            specs = cell.param_specs() if callable(getattr(cell, "param_specs", None)) else None
+            if specs:  # the input parameters (role INPUT: weights and biases) keep their gradient
+                keep = {id(p) for _, p in parameters_by_role(cell, Role.INPUT)}
+            elif hasattr(cell, "stability_groups"):
+                keep = {id(p) for p in cell.stability_groups().get("depth", [])}
+            else:
+                keep = None
+            if keep is not None:
+                self.frozen = {id(p) for p in cell.parameters() if id(p) not in keep}
 
 
 def tracer_for(cell, rule: str, index: int) -> LayerTrace:
@@ -319,6 +329,10 @@ class OnlineLearner:
         self.fused = fused
         self._fused_stack = None  # the whole-stack compiled stream step, when it applies
         self._gen = 0  # bumped whenever states, traces or accumulators are replaced (re-binds the fused views)
+        self._all_params = list(model.parameters())
+        self._dtype = self._all_params[0].dtype if self._all_params else torch.get_default_dtype()
+        self._versions = None  # the parameters' versions when the constants were derived (_sync_params)
+        self._check_params = False  # compare them at the next step (after update() without an optimiser)
         # chunked / parallel with fast != False: a block with no autograd call (:mod:`.block`) where every
         # layer and the loss (``value_and_grad``) allow it; False selects the autograd block (for comparison)
         self.closed_form_block = True
@@ -351,18 +365,21 @@ class OnlineLearner:
         if self.rule == "bptt":
             return [(i, type(c).__name__, "BPTT (autograd through time)") for i, c in enumerate(self.model.layers)]
         out = []
+        stateful = [not (isinstance(tr, GenericTrace) and tr.stateless) for tr in self.tracers]
         for i, tr in enumerate(self.tracers):
             kind = type(tr.cell).__name__
-            if isinstance(tr, GenericTrace):
-                how = "stateless (exact)" if tr.stateless else "1-step truncation (approximation: no traces)"
-            elif self.rule == "trunc1":
-                how = "1-step truncation"
+            if isinstance(tr, GenericTrace) and tr.stateless:
+                how = "stateless (exact)"
             elif self.rule == "spatial":
                 how = "spatial only (recurrent paths cut)"
+            elif isinstance(tr, GenericTrace) or self.rule == "trunc1":
+                how = "1-step truncation (approximation: no traces)"
             else:
                 how = _EXACTNESS.get(tr.kind, "exact in-layer traces")
                 if getattr(tr.cell, "recurrent_weight", None) is not None:
                     how = "e-prop traces (approximation: lateral paths between neurons dropped)"
+            if any(stateful[i + 1:]) and not (isinstance(tr, GenericTrace) and tr.stateless):
+                how += "; the layer's gradient is biased: errors from the recurrent layers above arrive through the current step only"
             out.append((i, kind, how))
         return out
 
@@ -382,7 +399,9 @@ class OnlineLearner:
             self._leave_fast_paths()  # dropout switched on mid-stream: those paths do not apply it
         fused = self._fused_stack if self.mode == "stream" else None
         # the whole-stack step checks x_t for NaN in its own compiled pass (same error)
-        self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t", nan=fused is None)
+        x_t = self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t", nan=fused is None)
+        if self._check_params:
+            self._sync_params()
         if target_t is not None:
             if self.loss is None:
                 raise ValueError("OnlineLearner.step: a target was given but the learner has no loss; "
@@ -460,7 +479,9 @@ class OnlineLearner:
 
     def update(self) -> None:
         """Write the accumulated estimate into ``.grad`` (added) and, with an optimiser, step it
-        and zero its gradients. Parameter-derived constants are recomputed afterwards."""
+        and zero its gradients. Parameter-derived constants are recomputed afterwards; without an
+        optimiser, at the next step if the parameters changed in between (``update();
+        opt.step()``, see :meth:`refresh`)."""
         self._finish_block(carry=True)
         self._flush()
         self.since_update = 0
@@ -468,6 +489,8 @@ class OnlineLearner:
             self.optimizer.step()
             self.optimizer.zero_grad()
             self._prepare()
+        else:  # the caller may step an optimiser now: compare the parameters at the next step
+            self._check_params = True
 
     def discard(self) -> None:
         """Drop the accumulated (not yet applied) gradient estimate."""
@@ -490,6 +513,7 @@ class OnlineLearner:
             raise ValueError(f"{name}: expected shape [T, B, {self.model.input_size}] (time-first), got {got}")
         if x.is_complex():
             raise TypeError(f"{name}: expected a real tensor, got dtype {x.dtype}")
+        x = match_input_dtype(x, self._dtype, name)
         if self.rule == "bptt":
             if x.is_floating_point() and torch.isnan(x).any():
                 raise ValueError(f"{name}: contains NaN values")
@@ -505,7 +529,7 @@ class OnlineLearner:
         for t0 in range(0, T, K):
             t1 = min(T, t0 + K)
             if self.mode == "stream":
-                self._check_step(x[t0], f"OnlineLearner input x (step {t0})", start=False)
+                self._check_step(x[t0], f"OnlineLearner input x (step {t0})", start=False, nan=True)
                 if self._fused_stack is not None:
                     vg = getattr(loss_fn, "value_and_grad", None)
                     _, l = self._fused_stack.step(x[t0], lambda y, t=t0: loss_fn(y, target, t),
@@ -689,6 +713,8 @@ class OnlineLearner:
             raise ValueError(f"OnlineLearner input x (step {t0 + int(bad.nonzero()[0, 0])}): contains NaN values")
 
     def _check_step(self, x_t, name, start=True, nan=True):
+        """Check one step's input and return it in the parameters' dtype (boolean and integer
+        spikes are cast; a floating input of another precision is an error); starts the stream."""
         C = self.model.input_size
         if not isinstance(x_t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor of shape [B, {C}], got {type(x_t).__name__}")
@@ -696,6 +722,7 @@ class OnlineLearner:
             raise ValueError(f"{name}: expected shape [B, {C}], got {tuple(x_t.shape)}")
         if x_t.is_complex():
             raise TypeError(f"{name}: expected a real tensor, got dtype {x_t.dtype}")
+        x_t = match_input_dtype(x_t, self._dtype, name)
         if self.states is None:
             if start:
                 self._start(x_t.shape[0], x_t.device, x_t.dtype)
@@ -706,6 +733,7 @@ class OnlineLearner:
                                  f"(call reset() on a new learner for another batch size)")
         if nan:
             self._check_nan(x_t, name)
+        return x_t
 
     def _check_target(self, target_t):
         name = f"OnlineLearner.step (step {self.steps}) target_t"
@@ -718,6 +746,11 @@ class OnlineLearner:
         out = self.tracers[-1].cell.output_size
         if target_t.is_floating_point() and target_t.dim() == 2 and target_t.shape[1] != out:
             raise ValueError(f"{name}: expected shape [{B}, {out}] (the readout's size), got {tuple(target_t.shape)}")
+        if not (target_t.is_floating_point() or target_t.is_complex() or target_t.dtype == torch.bool):
+            lo, hi = int(target_t.min()), int(target_t.max())  # class labels: checked before the step runs
+            if lo < 0 or hi >= out:
+                raise ValueError(f"{name}: class labels must lie in [0, {out - 1}] (the readout's {out} outputs), "
+                                 f"got values from {lo} to {hi}")
         if self._target_shape is None:
             self._target_shape = tuple(target_t.shape)
         elif tuple(target_t.shape) != self._target_shape:
@@ -788,6 +821,26 @@ class OnlineLearner:
         for tr in self.tracers:
             if not isinstance(tr, GenericTrace):
                 tr.prepare()
+        self._versions = self._param_versions()
+
+    def _param_versions(self) -> tuple:
+        """The version counters of the model's parameters (an in-place change, such as an
+        optimiser step or ``load_state_dict``, bumps them)."""
+        return tuple(p._version for p in self._all_params)
+
+    def refresh(self) -> None:
+        """Re-derive the parameter-derived constants (decays, eigenvalues, transposed weights)
+        from the current parameters. The learner does this itself after its own optimiser step
+        and, at the next step, after :meth:`update` without an optimiser (when the caller steps
+        one); call it after changing the parameters any other way in the middle of a stream."""
+        self._prepare()
+
+    def _sync_params(self) -> None:
+        """:meth:`refresh` if the parameters changed since the constants were derived (checked
+        at the first step after an :meth:`update` without an optimiser)."""
+        self._check_params = False
+        if self._param_versions() != self._versions:
+            self._prepare()
 
     def _add_spatial(self, grads) -> None:
         """Accumulate the immediate (spatial) partials of the parameters, one per ``self.params``."""
