@@ -473,7 +473,9 @@ across calls; `update_every=K` steps the optimiser every `K` steps. The `copy-st
 copy problems back to back in every lane of the batch: no reset between them, so the network must
 also learn to let go of the previous pattern when the next one starts. The input comes from a
 generator, one step at a time, so nothing grows with the length of the run: the memory in use
-(the C allocator's bytes in use, glibc `mallinfo2`) is plotted beside the running loss."""),
+(the C allocator's bytes in use, glibc `mallinfo2`) is plotted beside the running loss. From the
+command line, `spikerec train copy-stream` trains on the same kind of stream (`[online] stream =
+true`) and writes the running loss and the memory to its run folder's `stream.png`."""),
     new_code_cell('''from tqdm.auto import tqdm
 
 from spikerec.bench.online import alloc_in_use

@@ -13,12 +13,13 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 SHORT_TRAIN = ["--set", "train.epochs=1"]
 SHORT = {  # what the README says the tests add (checked against its text below)
     ("train", "copy-online"): SHORT_TRAIN + ["--set", "data.options.n_samples=100"],
+    ("train", "copy-stream"): SHORT_TRAIN + ["--set", "data.options.n_samples=100"],
     ("train",): SHORT_TRAIN,
     ("export",): ["--samples", "32"],
     ("bench", "lif"): ["--T", "50", "--reps", "1"],
 }
-RULE = ("`train` commands that start a run get\n`--set train.epochs=1` (and `copy-online` also `--set data.options.n_samples=100`), `export` gets\n"
-        "`--samples 32`, `bench lif` gets `--T 50 --reps 1`.")
+RULE = ("`train` commands that start a run get\n`--set train.epochs=1` (and `copy-online` and `copy-stream` also "
+        "`--set data.options.n_samples=100`),\n`export` gets `--samples 32`, `bench lif` gets `--T 50 --reps 1`.")
 
 
 def _block() -> list[list[str]]:

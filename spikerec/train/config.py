@@ -116,6 +116,7 @@ class OnlineSection:
     rule: str = "full"
     mode: str = "stream"
     chunk: _COUNT = 0                         # 0 = none
+    stream: bool = False                      # one endless stream: sequences back to back, no resets (train/stream.py)
 
 
 #: the typed sections; ``[model]`` is free-form (checked against the cell constructors instead)

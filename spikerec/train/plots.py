@@ -5,7 +5,7 @@ import torch
 
 from ..atomic import atomic_save_figure
 
-__all__ = ["plot_curves", "plot_raster"]
+__all__ = ["plot_curves", "plot_raster", "plot_stream"]
 
 
 def _plt():
@@ -25,6 +25,42 @@ def _best_epoch(epochs: list[dict]):
     """The epoch record with the lowest validation loss (the weights ``keep_best`` keeps), or None."""
     valid = [r for r in epochs if r.get("valid_loss") is not None]
     return min(valid, key=lambda r: r["valid_loss"]) if valid else None
+
+
+def plot_stream(records: list[dict], path) -> str:
+    """An endless-stream run (``[online] stream = true``): the running loss (the mean of the
+    logged steps' losses over a window of a twentieth of the run) against the stream step
+    (left), and the growth of the allocator's bytes in use since the stream's first batch (right:
+    flat when the memory does not grow with the length of the stream). Dotted lines: the epochs'
+    ends (validation; the best weights are copied once there)."""
+    plt = _plt()
+    steps = [r for r in records if r.get("kind") == "step" and "stream_step" in r]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    if steps:
+        xs = [r["stream_step"] for r in steps]
+        losses = [r["loss"] for r in steps]
+        w = max(1, len(losses) // 20)
+        run = [sum(losses[max(0, i - w + 1):i + 1]) / len(losses[max(0, i - w + 1):i + 1]) for i in range(len(losses))]
+        a1.plot(xs, losses, lw=0.5, alpha=0.35, color="C0", label="logged steps")
+        a1.plot(xs, run, lw=1.2, color="C0", label=f"running loss (mean of {w})")
+        a1.legend(fontsize=8)
+        per = steps[-1]["stream_step"] / max(steps[-1]["step"], 1)  # stream steps per training step
+        for r in records:
+            if r.get("kind") == "epoch":
+                for ax in (a1, a2):
+                    ax.axvline(r["step"] * per, color="0.5", ls=":", lw=0.8)
+        mem = [(r["stream_step"], r["mem_mib"]) for r in steps if "mem_mib" in r]
+        if mem:
+            a2.plot(*zip(*mem), lw=1.0, color="C2")
+            top = max(1.0, 2.0 * max(abs(m) for _, m in mem))
+            a2.set_ylim(min(0.0, min(m for _, m in mem)) - 0.05 * top, top)
+    a1.set_xlabel("stream step"); a1.set_ylabel("loss per step with a target")
+    a2.set_xlabel("stream step"); a2.set_ylabel("allocator memory growth (MiB)")
+    for ax in (a1, a2):
+        ax.grid(alpha=0.3)
+    fig.suptitle("one endless stream, learned online step by step (no resets)")
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 def plot_curves(records: list[dict], path) -> str:

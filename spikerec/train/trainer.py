@@ -2,7 +2,8 @@
 
 Per step: forward the batch ``x[T, B, C]`` through the model, the loss of
 :mod:`spikerec.train.metrics`, backward (or :class:`spikerec.hardware.online.OnlineLearner`
-with ``learning = "online"``), gradient clipping of the global norm, Adam/AdamW with two
+with ``learning = "online"``; with ``[online] stream = true`` the batches are the next stretches
+of one endless stream, :mod:`spikerec.train.stream`), gradient clipping of the global norm, Adam/AdamW with two
 parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
 ``lr * f(step)`` with a linear warm-up over ``warmup`` of all steps and a cosine to
 ``lr * min_lr_factor`` (the LRU recipe: Orvieto et al. 2023, §2.2, App. D.2); the groups, the
@@ -39,6 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import optim
+from ..errors import ConfigError
 from ..data import dataset_info, get_dataset, make_loader
 from ..hardware.online import OnlineLearner
 from ..optim import lr_factor
@@ -48,7 +50,9 @@ from . import checkpoint as ckpt
 from . import distributed as ddp
 from .config import load_config, resolve_sizes
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
-from .plots import plot_curves, plot_raster
+from .plots import plot_curves, plot_raster, plot_stream
+from .stream import StreamLoss, stream_batch, stream_targets
+from ..bench.online import alloc_in_use
 from .runs import build_from_config, save_model, write_config
 
 __all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "TrainingStopped", "build_from_config", "lr_factor", "param_groups",
@@ -237,7 +241,12 @@ class Trainer:
         self.test_set = get_dataset(dc["name"], "test", **opts)
         seed = int(tc["seed"])
         kw = {"num_workers": int(dc["num_workers"])} if dc["num_workers"] else {}
-        self.train_loader = make_loader(self.train_set, dc["batch_size"], True, seed, **kw)
+        stream = tc["learning"] == "online" and bool(self.cfg["online"].get("stream", False))
+        if stream and len(self.train_set) < dc["batch_size"]:
+            raise ConfigError(f"[online] stream = true: the training set has {len(self.train_set)} sequences, fewer "
+                              f"than one batch of data.batch_size = {dc['batch_size']} lanes")
+        # a stream keeps its batch (lanes) throughout: the last, smaller batch of an epoch is dropped
+        self.train_loader = make_loader(self.train_set, dc["batch_size"], True, seed, drop_last=stream, **kw)
         ev = dc["eval_batch_size"]
         self.valid_loader = make_loader(self.valid_set, ev, False, seed, **kw) if self.valid_set is not None else None
         self.test_loader = make_loader(self.test_set, ev, False, seed, **kw)
@@ -257,9 +266,16 @@ class Trainer:
         elif self.dist.enabled:
             ddp.broadcast_parameters(self.model, self.dist)
         self.learner = None
+        self.stream = stream
+        self.stream_loss = self.mem_base = None
         if tc["learning"] == "online":
             oc = self.cfg["online"]
-            self.learner = OnlineLearner(self.model, rule=oc["rule"], mode=oc["mode"], chunk=oc["chunk"] or None)
+            if self.stream:  # one endless stream (train/stream.py): the learner carries its states across batches
+                kind = ("mse" if tc["loss"] == "mse" else
+                        "per_step" if getattr(self.train_set, "per_step_target", False) else "label")
+                self.stream_loss = StreamLoss(kind)
+            self.learner = OnlineLearner(self.model, rule=oc["rule"], mode=oc["mode"], chunk=oc["chunk"] or None,
+                                         loss=self.stream_loss)
         # state
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.running = [0.0, 0.0, 0.0, 0.0]
@@ -286,13 +302,17 @@ class Trainer:
         tensors.update(ot)
         rt, rmeta = ckpt.get_rng_state()
         tensors.update(rt)
+        stream_meta = None
+        if self.stream:  # the stream's layer states and traces (the accumulators are empty after update)
+            st, stream_meta = self.learner.state_tensors()
+            tensors.update({f"stream/{k}": v for k, v in st.items()})
         meta = {
             "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "running": self.running,
             "running_rates": self.run_rates, "best_loss": self.best_loss if math.isfinite(self.best_loss) else None,
             "has_best": self.best is not None, "bad_epochs": self.bad_epochs, "lsc_done": self.lsc_done,
             "optimizer": ometa, "rng": rmeta, "metrics_offsets": self.metrics.offsets(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "elapsed_s": self._elapsed(),
+            "elapsed_s": self._elapsed(), "stream": stream_meta, "stream_mem_base": self.mem_base,
         }
         path = ckpt.save_checkpoint(self.run_dir / "checkpoints", self.step, tensors, meta,
                                     keep=int(self.tc["keep_checkpoints"]))
@@ -339,6 +359,10 @@ class Trainer:
         self.last_ckpt = meta["path"]
         self.ckpt_step = self.step
         self.elapsed_before = float(meta.get("elapsed_s", 0.0))
+        if self.stream and meta.get("stream") is not None:
+            self.learner.load_state_tensors({k[7:]: v.to(self.device) for k, v in tensors.items()
+                                             if k.startswith("stream/")}, meta["stream"])
+            self.mem_base = alloc_in_use()  # this process's allocator: growth from the resumed stream on
         return True
 
     # ------------------------------------------------------------------ LSC phase
@@ -398,8 +422,16 @@ class Trainer:
         scale = self.dist.world_size / B_global  # per-process sum -> global mean after DDP's average
         rates: dict[str, float] = {}
         correct = counted = 0
+        count = float(x.shape[1])  # what the loss sum is averaged over: samples (stream: steps with a loss)
         mode = _readout_mode(self.model)
-        if self.learner is not None:
+        if self.stream:
+            _, targets = stream_targets(y, x.shape[0], tc["loss"], tc["loss_on"])
+            loss_val, n, correct, counted = stream_batch(self.learner, x, targets, self.stream_loss)
+            count = float(n)
+            ddp.all_reduce_grads(self.model.parameters(), self.dist)
+            if self.mem_base is None:  # after the first batch's allocations: the stream's growth from here on
+                self.mem_base = alloc_in_use()
+        elif self.learner is not None:
             fn = step_loss_fn(loss=tc["loss"], loss_on=tc["loss_on"], readout_mode=mode, steps=x.shape[0],
                               scale=x.shape[1] * scale)
             loss_val = float(self.learner.backward(x, y, fn)) / scale  # back to a per-process sum
@@ -418,7 +450,7 @@ class Trainer:
             correct, counted = accuracy_counts(ys.detach(), y, kind=tc["accuracy"], readout_mode=mode, loss=tc["loss"])
             rates = {k: v * x.shape[1] for k, v in firing_rates(hidden, self.cells).items()}
         keys = sorted(rates)
-        red = ddp.all_reduce_sum([loss_val, float(x.shape[1]), float(correct), float(counted)] + [rates[k] for k in keys],
+        red = ddp.all_reduce_sum([loss_val, count, float(correct), float(counted)] + [rates[k] for k in keys],
                                  self.dist, self.device)
         if not math.isfinite(red[0]):
             self.opt.zero_grad(set_to_none=True)
@@ -538,8 +570,11 @@ class Trainer:
                     bar.set_postfix(post, refresh=False)
                     bar.update(1)
                     if tc["log_every"] and self.step % int(tc["log_every"]) == 0:
-                        self.metrics.log({"kind": "step", "step": self.step, "epoch": self.epoch + 1,
-                                          "loss": lsum / max(n, 1), "lr": self.opt.param_groups[-1]["lr"]})
+                        rec = {"kind": "step", "step": self.step, "epoch": self.epoch + 1,
+                               "loss": lsum / max(n, 1), "lr": self.opt.param_groups[-1]["lr"]}
+                        if self.stream:
+                            rec.update(self._stream_record(x.shape[0], c, k))
+                        self.metrics.log(rec)
                     if self.batch_in_epoch < self.steps_per_epoch and self._checkpoint_due():
                         self._checkpoint()
                     self._maybe_stop()
@@ -565,6 +600,17 @@ class Trainer:
         ddp.barrier(self.dist)  # every process leaves the group together (none tears down while rank 0 still works)
         ddp.cleanup(self.dist)
         return summary
+
+    def _stream_record(self, T: int, correct: int, counted: int) -> dict:
+        """The stream's position (steps so far) and the growth of the allocator's bytes in use
+        since the end of its first batch (glibc ``mallinfo2``; absent where it is missing)."""
+        rec = {"stream_step": self.step * T}
+        if counted:
+            rec["acc"] = correct / counted
+        now = alloc_in_use()
+        if now is not None and self.mem_base is not None:
+            rec["mem_mib"] = (now - self.mem_base) / 2 ** 20
+        return rec
 
     def _end_epoch(self, elapsed: float) -> bool:
         """Validation, epoch record, best weights, early stopping, checkpoint. True = stop."""
@@ -592,7 +638,12 @@ class Trainer:
             val = ""
             if "valid_loss" in rec:
                 val = f" | valid loss {rec['valid_loss']:.4f}" + (f", acc {rec['valid_acc']:.3f}" if rec["valid_acc"] is not None else "")
-            self.echo(f"epoch {self.epoch + 1}/{tc['epochs']}: train loss {rec['train_loss']:.4f}{acc}{val} "
+            mem = ""
+            if self.stream:
+                grown = [r["mem_mib"] for r in self.metrics.records if r.get("kind") == "step" and "mem_mib" in r]
+                if grown:
+                    mem = f" | stream memory growth since its first batch: max {max(grown):.2f} MiB"
+            self.echo(f"epoch {self.epoch + 1}/{tc['epochs']}: train loss {rec['train_loss']:.4f}{acc}{val}{mem} "
                       f"({elapsed:.0f} s)")
             if stop:
                 self.echo(f"early stop: validation loss did not improve for {tc['early_stop_patience']} epochs")
@@ -623,6 +674,8 @@ class Trainer:
                                                               "test_loss": test["loss"], "steps": self.step})
         try:
             plot_curves(self.metrics.records, self.run_dir / "curves.png")
+            if self.stream:
+                plot_stream(self.metrics.records, self.run_dir / "stream.png")
             if self.cells:
                 x0, y0 = self.test_set[0]
                 plot_raster(self.model, x0.to(self.device), self.run_dir / "raster.png", label=y0 if isinstance(y0, int) else None)

@@ -746,11 +746,13 @@ class OnlineLearner:
         out = self.tracers[-1].cell.output_size
         if target_t.is_floating_point() and target_t.dim() == 2 and target_t.shape[1] != out:
             raise ValueError(f"{name}: expected shape [{B}, {out}] (the readout's size), got {tuple(target_t.shape)}")
-        if not (target_t.is_floating_point() or target_t.is_complex() or target_t.dtype == torch.bool):
-            lo, hi = int(target_t.min()), int(target_t.max())  # class labels: checked before the step runs
-            if lo < 0 or hi >= out:
-                raise ValueError(f"{name}: class labels must lie in [0, {out - 1}] (the readout's {out} outputs), "
-                                 f"got values from {lo} to {hi}")
+        if target_t.dim() == 1 and not (target_t.is_floating_point() or target_t.is_complex()
+                                        or target_t.dtype == torch.bool):
+            # class labels [B] (-100: ignored, as in cross_entropy): checked before the step runs
+            bad = (target_t != -100) & ((target_t < 0) | (target_t >= out))
+            if bool(bad.any()):
+                raise ValueError(f"{name}: class labels must lie in [0, {out - 1}] (the readout's {out} outputs) or "
+                                 f"be -100 (ignored), got {int(target_t[bad][0])}")
         if self._target_shape is None:
             self._target_shape = tuple(target_t.shape)
         elif tuple(target_t.shape) != self._target_shape:
