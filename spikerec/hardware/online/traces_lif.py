@@ -104,27 +104,33 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         v0 = prev.v
         u = v0 - thr
         zp = heaviside(u)
-        psi = c.surrogate.derivative(u)
         alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
-        dzr = torch.zeros_like(psi) if c.detach_reset else psi  # d z_reset / d v_{t-1}
         Rd = _self_weight(c)
-        dI_dv = Rd * psi if Rd is not None else torch.zeros_like(psi)
+        # d z_reset / d v_{t-1} = psi, or 0 with detach_reset (the terms it multiplies are then left out)
+        spike_reset = not c.detach_reset and c.reset != "none"
+        psi = c.surrogate.derivative(u) if (spike_reset or Rd is not None) else None
+        dI_dv = Rd * psi if Rd is not None else None
         if c.reset == "subtract":
-            dA_dv, dA_dthr, dA_da = alpha - thr * dzr, -zp + thr * dzr, v0
+            dA_dv, dA_dthr, dA_da = ((alpha - thr * psi, -zp + thr * psi, v0) if spike_reset
+                                     else (alpha.expand_as(v0), -zp, v0))
         elif c.reset == "zero":
-            dA_dv, dA_dthr, dA_da = alpha * (1 - zp) - alpha * v0 * dzr, alpha * v0 * dzr, (1 - zp) * v0
+            dA_dv = alpha * (1 - zp) - alpha * v0 * psi if spike_reset else alpha * (1 - zp)
+            dA_dthr = alpha * v0 * psi if spike_reset else torch.zeros_like(v0)
+            dA_da = (1 - zp) * v0
         else:
             dA_dv, dA_dthr, dA_da = alpha.expand_as(v0), torch.zeros_like(v0), v0
-        dI_dthr = -dI_dv
         one = torch.ones_like(v0)
         vec: dict[str, torch.Tensor] = {}
         if not c.cuba:
-            J = (dA_dv + dI_dv)[..., None, None]
+            J = (dA_dv if dI_dv is None else dA_dv + dI_dv)[..., None, None]
             vec["log_tau_mem"] = (dA_da * dalpha)[..., None]
-            vec["threshold"] = (dA_dthr + dI_dthr)[..., None]
+            vec["threshold"] = (dA_dthr if dI_dv is None else dA_dthr - dI_dv)[..., None]
             vec["bias"] = one[..., None]
             cvec = one[..., None]
         else:
+            if dI_dv is None:
+                dI_dv = torch.zeros_like(v0)
+            dI_dthr = -dI_dv
             alpha_s, dalpha_s = _dalpha(c.log_tau_syn.detach(), c.dt)
             a_s = alpha_s.expand_as(v0)
             J = torch.stack([torch.stack([a_s, dI_dv], -1), torch.stack([a_s, dA_dv + dI_dv], -1)], -2)
