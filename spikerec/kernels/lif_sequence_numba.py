@@ -11,12 +11,13 @@ Compilation is cached on disk (``cache=True``).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..surrogate import ATan, FastSigmoid
 from . import numba_available
 
-__all__ = ["available", "lif_forward", "lif_backward"]
+__all__ = ["available", "forward_consts", "lif_forward", "lif_backward"]
 
 RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
 
@@ -43,22 +44,32 @@ def _flat(p: torch.Tensor, B: int, N: int) -> torch.Tensor:
     return p.detach().expand(B, N).reshape(-1).contiguous()
 
 
-def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
-    """Forward loop: returns ``(Z, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``)."""
+def forward_consts(alpha, alpha_s, thr, B: int, N: int, dtype) -> tuple:
+    """The forward kernel's per-element constants for a batch of ``B``: ``alpha``, ``alpha_s``
+    (zeros without a synapse) and ``thr`` flattened to ``[B*N]`` numpy arrays of ``dtype``, and a
+    ``[B*N]`` zero state; made once per sequence by callers that run the kernel on many blocks
+    (:meth:`spikerec.hardware.online.traces_lif.LIFTrace.scan_block`)."""
+    zeros = np.zeros(B * N, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    flat = lambda p: _flat(p.to(dtype), B, N).numpy()  # noqa: E731
+    return flat(alpha), (zeros if alpha_s is None else flat(alpha_s)), flat(thr), zeros
+
+
+def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str, consts=None):
+    """Forward loop: returns ``(Z, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``);
+    ``consts``: :func:`forward_consts` of the same parameters and batch (else made here)."""
     fwd, _ = _kernels()
     T, B, N = I.shape
     syn = i0 is not None
-    V = torch.empty_like(I)
-    Zf = torch.empty_like(I)
-    Iseq = torch.empty_like(I) if syn else torch.empty(1, 1, dtype=I.dtype)
-    vT = torch.empty_like(v0)
-    iT = torch.empty_like(v0)
-    zeros = torch.zeros(B * N, dtype=I.dtype)
-    fwd(_np(I.reshape(T, B * N)), _np(v0.reshape(-1)), _np(i0.reshape(-1)) if syn else zeros.numpy(),
-        _flat(alpha, B, N).numpy(), _flat(alpha_s, B, N).numpy() if syn else zeros.numpy(), _flat(thr, B, N).numpy(),
-        RESET_CODES[reset], syn, V.view(T, B * N).numpy(), Zf.view(T, B * N).numpy(),
-        Iseq.view(T, B * N).numpy() if syn else Iseq.numpy(), vT.view(-1).numpy(), iT.view(-1).numpy())
-    return Zf, V, (Iseq if syn else None), vT, (iT if syn else None)
+    a, a_s, th, zeros = consts if consts is not None else forward_consts(alpha, alpha_s, thr, B, N, I.dtype)
+    # separate buffers: autograd keeps V (and the synaptic currents) for the backward, not Z
+    V, Zf = (np.empty((T, B * N), dtype=a.dtype) for _ in range(2))
+    Iseq = np.empty((T, B * N) if syn else (1, 1), dtype=a.dtype)
+    vT, iT = (np.empty(B * N, dtype=a.dtype) for _ in range(2))
+    fwd(_np(I.reshape(T, B * N)), _np(v0.reshape(-1)), _np(i0.reshape(-1)) if syn else zeros, a, a_s, th,
+        RESET_CODES[reset], syn, V, Zf, Iseq, vT, iT)
+    t = lambda a_, *shape: torch.from_numpy(a_).view(*shape)  # noqa: E731
+    return (t(Zf, T, B, N), t(V, T, B, N), (t(Iseq, T, B, N) if syn else None), t(vT, B, N),
+            (t(iT, B, N) if syn else None))
 
 
 def surrogate_code(sur) -> tuple[int, float, float]:

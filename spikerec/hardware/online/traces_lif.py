@@ -104,7 +104,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         v0 = prev.v
         u = v0 - thr
         zp = heaviside(u)
-        alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
+        alpha, dalpha = self._decay_partials(v0.dtype)
         Rd = _self_weight(c)
         # d z_reset / d v_{t-1} = psi, or 0 with detach_reset (the terms it multiplies are then left out)
         spike_reset = not c.detach_reset and c.reset != "none"
@@ -147,6 +147,14 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         vec = {k: v for k, v in vec.items() if self.params.get(k) is not None}
         return Partials(J, vec, mat)
 
+    def _decay_partials(self, dtype):
+        """``(alpha, d alpha / d log_tau_mem)`` of :func:`_dalpha`, once per sequence."""
+        k = self.consts(dtype)
+        out = k.get("dalpha")
+        if out is None:
+            out = k["dalpha"] = _dalpha(self.cell.log_tau_mem.detach(), self.cell.dt)
+        return out
+
     # --- the whole-stack compiled stream step (plain LIF; .fused_stack) ---------------------------
     _VEC_ORDER = ("log_tau_mem", "threshold", "bias")  # the columns of the compiled steps (partials' order)
 
@@ -171,7 +179,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             c = self.cell
             names = [n for n in self._VEC_ORDER if self.params.get(n) is not None and n in self.traced]
             cols = np.asarray([self._VEC_ORDER.index(n) for n in names], dtype=np.int64)
-            alpha, dalpha = _dalpha(c.log_tau_mem.detach(), c.dt)
+            alpha, dalpha = self._decay_partials(dtype)
             N = c.hidden_size
             cn = torch.stack([t.to(dtype).expand(N) for t in (alpha, dalpha, k["thr"])]).contiguous()
             Rd = _self_weight(c)
@@ -222,7 +230,10 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if compiled is None:  # the layer's forward backend for this dtype (fixed within a sequence)
             compiled = k["compiled"] = lif_sequence._use_numba("auto", I, k["w_rec"])
         if compiled:
-            Z, V, _, vT, _ = lif_sequence_numba.lif_forward(I, state.v, None, alpha, None, thr, reset)
+            fc = k.get(("forward", B))  # the kernel's flattened constants, once per sequence and batch size
+            if fc is None:
+                fc = k[("forward", B)] = lif_sequence_numba.forward_consts(alpha, None, thr, B, N, x.dtype)
+            Z, V, _, vT, _ = lif_sequence_numba.lif_forward(I, state.v, None, alpha, None, thr, reset, consts=fc)
         else:
             Z, V, _, vT, _ = lif_sequence._torch_forward(I, state.v, None, alpha, None, thr, k["w_rec"], reset,
                                                          torch.gt(state.v, thr))
