@@ -66,33 +66,6 @@ def build_lif(variant, H=5, N=6, K=3):
     return RecurrentStack(cells, LeakyReadout(N, K))
 
 
-@pytest.mark.parametrize("variant", ["subtract_rec", "zero_atan_nodetach", "none", "mixed"])
-@pytest.mark.parametrize("loss", [user_loss, mse_step_loss])
-def test_fused_lif_equals_reference_with_resets(variant, loss):
-    model = build_lif(variant)
-    T, B = int(torch.randint(14, 20, ())), 3
-    x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
-    tgt = torch.randn(T, B, 3)
-    resets = [(5, torch.tensor([True, False, True])), (11, None)]
-    ref = run(model, x, tgt, False, loss, resets=resets, fast=False)
-    new = run(model, x, tgt, None, loss, resets=resets)
-    check_same(ref, new)
-    with torch.no_grad():  # the first layer fires, but not always
-        rate = float(model.cells[0](x)[0].mean())
-    assert 0.01 < rate < 0.9
-
-
-def test_fused_lif_float32_close_to_float64_reference():
-    model = build_lif("subtract_rec")
-    T, B = 14, 2
-    x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
-    tgt = torch.randn(T, B, 3)
-    ref = run(model, x, tgt, False, mse_step_loss, fast=False)
-    new = run(model.float(), x.float(), tgt.float(), None, mse_step_loss)
-    for n in ref[3]:
-        assert torch.allclose(ref[3][n], new[3][n].double(), rtol=1e-3, atol=1e-4), n
-
-
 def test_fused_lif_needs_an_inline_surrogate_and_a_plain_lif():
     for cells in ([LIF(5, 6, surrogate="gaussian"), LIF(6, 6)], [LIF(5, 6, tau_syn=3.0), LIF(6, 6)]):
         lr = OnlineLearner(RecurrentStack(cells, LeakyReadout(6, 3)), loss=mse_step_loss)
@@ -100,10 +73,14 @@ def test_fused_lif_needs_an_inline_surrogate_and_a_plain_lif():
         assert lr._fused_stack is None
 
 
-@pytest.mark.parametrize("variant", ["rec", "ff_atan_nodetach", "mixed"])
+SPIKING = [("alif", v) for v in ("rec", "ff_atan_nodetach", "mixed")] + \
+    [("lif", v) for v in ("subtract_rec", "zero_atan_nodetach", "none", "mixed")]
+
+
+@pytest.mark.parametrize("kind,variant", SPIKING)
 @pytest.mark.parametrize("loss", [user_loss, mse_step_loss])
-def test_fused_alif_equals_reference_with_resets(variant, loss):
-    model = build_alif(variant)
+def test_fused_spiking_equals_reference_with_resets(kind, variant, loss):
+    model = (build_alif if kind == "alif" else build_lif)(variant)
     T, B = int(torch.randint(14, 20, ())), 3
     x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
     tgt = torch.randn(T, B, 3)
@@ -116,8 +93,9 @@ def test_fused_alif_equals_reference_with_resets(variant, loss):
     assert 0.01 < rate < 0.9
 
 
-def test_fused_alif_float32_close_to_float64_reference():
-    model = build_alif("rec")
+@pytest.mark.parametrize("kind", ["alif", "lif"])
+def test_fused_spiking_float32_close_to_float64_reference(kind):
+    model = build_alif("rec") if kind == "alif" else build_lif("subtract_rec")
     T, B = 14, 2
     x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
     tgt = torch.randn(T, B, 3)

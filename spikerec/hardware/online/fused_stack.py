@@ -455,6 +455,26 @@ def _np(t):
     return t.detach().numpy()
 
 
+def _spiking_traces(tr, ts, names, B, N, H, k, dt):
+    """A spiking layer's stacked per-neuron traces ``[B, N, k, m]`` and its input and lateral
+    matrix traces ``[N, B, k, H or N]`` (``None`` where not traced), created as zeros where the
+    stream has none yet."""
+    ev = ts.vec.get(_STACK)
+    if ev is None:
+        ev = torch.zeros((B, N, k, len(names)), dtype=dt)
+        if names:
+            ts.vec[_STACK] = ev
+    mats = []
+    for name, width in (("weight", H), ("recurrent_weight", N)):
+        e = None
+        if name in tr.traced:
+            e = ts.mat.get(name)
+            if e is None:
+                e = ts.mat[name] = torch.zeros((N, B, k, width), dtype=dt)
+        mats.append(e)
+    return ev, mats
+
+
 class FusedStack:
     """Bound numpy views of one learner's tensors and the per-step driver."""
 
@@ -585,19 +605,7 @@ class FusedStack:
         k = tr.consts(dt)
         names, cols, cn, Rd = tr.fused_setup(dt)
         N, H = c.hidden_size, c.input_size
-        ev = ts.vec.get(_STACK)
-        if ev is None:
-            ev = torch.zeros((B, N, 2, len(names)), dtype=dt)
-            if names:
-                ts.vec[_STACK] = ev
-        mats = []
-        for name, width in (("weight", H), ("recurrent_weight", N)):
-            e = None
-            if name in tr.traced:
-                e = ts.mat.get(name)
-                if e is None:
-                    e = ts.mat[name] = torch.zeros((N, B, 2, width), dtype=dt)
-            mats.append(e)
+        ev, mats = _spiking_traces(tr, ts, names, B, N, H, 2, dt)
         Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
         vec = lambda t: t.detach().to(dt).expand(N).contiguous()  # noqa: E731
         alpha, rho, omr, bb, beta = (vec(k[n]) for n in ("alpha_s", "rho_s", "one_m_rho_s", "b", "beta"))
@@ -646,19 +654,7 @@ class FusedStack:
         k = tr.consts(dt)
         names, cols, cn, Rd = tr.fused_setup(dt)
         N, H = c.hidden_size, c.input_size
-        ev = ts.vec.get(_STACK)
-        if ev is None:
-            ev = torch.zeros((B, N, 1, len(names)), dtype=dt)
-            if names:
-                ts.vec[_STACK] = ev
-        mats = []
-        for name, width in (("weight", H), ("recurrent_weight", N)):
-            e = None
-            if name in tr.traced:
-                e = ts.mat.get(name)
-                if e is None:
-                    e = ts.mat[name] = torch.zeros((N, B, 1, width), dtype=dt)
-            mats.append(e)
+        ev, mats = _spiking_traces(tr, ts, names, B, N, H, 1, dt)
         Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
         alpha = k["alpha"].to(dt).expand(N).contiguous()
         thr = k["thr"].to(dt).expand(N).contiguous()

@@ -118,6 +118,18 @@ class LayerTrace:
             state = self.step(x[t], state)
         return prevs, state
 
+    def scan_loop(self, x: torch.Tensor, state, with_new: bool = False, with_out: bool = False):
+        """:meth:`scan_states` in the form of a cell's ``scan_block``: the states before each step
+        as one state with ``[K*B, ...]`` fields, the final state and, with ``with_new``, the states
+        after each step (one :meth:`step` on the block's rows); ``with_out`` adds ``None``."""
+        K, B = x.shape[0], x.shape[1]
+        prevs, last = self.scan_states(x, state)
+        prev = type(state)(*(torch.cat([p[f] for p in prevs]) for f in range(len(state))))
+        if not with_new:
+            return prev, last
+        new = self.step(x.reshape(K * B, *x.shape[2:]), prev)
+        return (prev, last, new, None) if with_out else (prev, last, new)
+
     # --- helpers ------------------------------------------------------------------------------
     def use_J(self) -> bool:
         return self.rule in ("full", "snap1")

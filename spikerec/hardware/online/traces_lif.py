@@ -44,6 +44,14 @@ def _self_weight(cell):
     return None if w is None else torch.diagonal(w.detach())
 
 
+def _block_current(k, x):
+    """The input currents ``W x + b`` of a block ``x [K, B, C]`` in one matmul, ``[K, B, N]``
+    (``k``: the layer's constants with the transposed weight ``Wt`` and ``bias``)."""
+    K, B = x.shape[0], x.shape[1]
+    x2 = x.reshape(K * B, x.shape[-1])
+    return (torch.addmm(k["bias"], x2, k["Wt"]) if k["bias"] is not None else x2 @ k["Wt"]).view(K, B, -1)
+
+
 class _FusedAccumulators:
     """The gradient accumulators the compiled stream steps of the spiking layers add into."""
 
@@ -215,15 +223,9 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
 
         K, B = x.shape[0], x.shape[1]
         if self.cell.cuba:  # the step loop (two states)
-            prevs, last = self.scan_states(x, state)
-            prev = type(state)(*(torch.cat([p[f] for p in prevs]) for f in range(len(state))))
-            if not (with_new or with_out):
-                return prev, last
-            new = self.step(x.reshape(K * B, *x.shape[2:]), prev)
-            return (prev, last, new, None) if with_out else (prev, last, new)
+            return self.scan_loop(x, state, with_new or with_out, with_out)
         k = self.consts(x.dtype)
-        x2 = x.reshape(K * B, x.shape[-1])
-        I = (torch.addmm(k["bias"], x2, k["Wt"]) if k["bias"] is not None else x2 @ k["Wt"]).view(K, B, -1)
+        I = _block_current(k, x)
         N = I.shape[-1]
         reset, thr, alpha = self.cell.reset, k["thr"], k["alpha"]
         compiled = k.get("compiled")
@@ -349,15 +351,9 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
         K, B = x.shape[0], x.shape[1]
         if not (alif_sequence_numba.available() and x.device.type == "cpu"
                 and x.dtype in (torch.float32, torch.float64)):
-            prevs, last = self.scan_states(x, state)
-            prev = ALIFState(*(torch.cat([p[f] for p in prevs]) for f in range(2)))
-            if not with_new:
-                return prev, last
-            new = self.step(x.reshape(K * B, *x.shape[2:]), prev)
-            return (prev, last, new, None) if with_out else (prev, last, new)
+            return self.scan_loop(x, state, with_new, with_out)
         k = self.consts(x.dtype)
-        x2 = x.reshape(K * B, x.shape[-1])
-        I = (torch.addmm(k["bias"], x2, k["Wt"]) if k["bias"] is not None else x2 @ k["Wt"]).view(K, B, -1)
+        I = _block_current(k, x)
         N = I.shape[-1]
         fc = k.get("forward_np")  # the kernel's constants, made once per sequence
         if fc is None:
