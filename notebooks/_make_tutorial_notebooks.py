@@ -478,7 +478,7 @@ command line, `spikerec train copy-stream` trains on the same kind of stream (`[
 true`) and writes the running loss and the memory to its run folder's `stream.png`."""),
     new_code_cell('''from tqdm.auto import tqdm
 
-from spikerec.bench.online import alloc_in_use
+from spikerec.hardware.online.memory import alloc_in_use
 from spikerec.models import build_model
 
 cfg = load_config("copy-stream", ["data.options={pattern_length=4,pad_length=2}"] if QUICK else [])

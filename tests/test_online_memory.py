@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from spikerec.bench.online import alloc_in_use
+from spikerec.hardware.online.memory import alloc_in_use
 from spikerec.hardware.online import OnlineLearner
 from spikerec.layers import ALIF, LeakyReadout
 from spikerec.layers.lru import LRU
@@ -45,7 +45,9 @@ def test_stream_peak_allocator_memory_is_flat_in_T():
     torch.manual_seed(0)
     lru = LRU(32, 48)
     model = RecurrentStack([lru, ALIF(lru.output_size, 48, recurrent=False)], LeakyReadout(48, 3))
-    peak_growth(model, 64, 8, 32, 0)  # warm-up: first-call allocations
+    # warm-up: first-call allocations, including those of the first update in the middle of a
+    # stream (the first steps after it load compiled code once)
+    peak_growth(model, 600, 8, 32, 0)
     short = peak_growth(model, 256, 8, 32, 1)
     long = peak_growth(model, 4096, 8, 32, 2)
     assert short > 100_000  # the traces themselves are measured (not a vacuous zero)

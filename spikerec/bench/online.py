@@ -37,8 +37,6 @@ printed).
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import gc
 import json
 import os
@@ -49,38 +47,11 @@ import threading
 import time
 
 from ..atomic import atomic_path
+from ..hardware.online.memory import _MALLINFO2, alloc_in_use
 
 __all__ = ["main", "run_one", "alloc_in_use"]
 
 SIZES = {"full": dict(T=(256, 1024, 4096), B=8, H=64, N=64), "quick": dict(T=(64, 128, 256), B=4, H=32, N=32)}
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def _libc():
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = lib.mallinfo2
-        fn.restype = _MallInfo2
-        return fn
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLINFO2 = _libc()
-
-
-def alloc_in_use() -> int | None:
-    """Bytes the C allocator has handed out and not taken back (``uordblks + hblkhd`` of glibc's
-    ``mallinfo2``), or ``None`` where it is not available."""
-    if _MALLINFO2 is None:
-        return None
-    m = _MALLINFO2()
-    return int(m.uordblks + m.hblkhd)
 
 
 def _hwm_kb() -> int | None:

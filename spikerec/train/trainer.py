@@ -52,7 +52,7 @@ from .config import load_config, resolve_sizes
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
 from .plots import plot_curves, plot_raster, plot_stream
 from .stream import StreamLoss, stream_batch, stream_targets
-from ..bench.online import alloc_in_use
+from ..hardware.online.memory import alloc_in_use
 from .runs import build_from_config, save_model, write_config
 
 __all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "TrainingStopped", "build_from_config", "lr_factor", "param_groups",
