@@ -110,3 +110,18 @@ def test_lookup_and_errors():
     with pytest.raises(ValueError, match="missing 'name'"):
         get_surrogate({"slope": 1.0})
     assert heaviside(torch.tensor([0.0, 0.5])).tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_heaviside_written_in_place_equals_the_cast_comparison(dtype):
+    """The fast form (torch.gt into a tensor of x's dtype) against the boolean comparison and
+    its cast, on fresh random values and the edge cases (signed zeros, subnormals, inf, NaN);
+    the autograd and torch.func branches give the same values."""
+    edge = torch.tensor([0.0, -0.0, 1e-40, -1e-40, float("inf"), -float("inf"), float("nan")], dtype=dtype)
+    x = torch.cat([torch.randn(1000, dtype=dtype), edge])
+    ref = (x > 0).to(dtype)
+    fast = heaviside(x)
+    assert fast.dtype == dtype and torch.equal(fast, ref)
+    xg = x.clone().requires_grad_()
+    assert torch.equal(heaviside(xg), ref)
+    assert torch.equal(torch.func.vmap(heaviside)(x.view(-1, 1)).view(-1), ref)

@@ -76,7 +76,7 @@ def test_stream_batches_are_one_stream():
             for i in range(2):
                 if split == "reset" and i == 1:
                     lr.reset()
-                tot += stream_batch(lr, x[i], stream_targets(y[i], 6, "cross_entropy", "per_step")[1], loss)[0]
+                tot += stream_batch(lr, x[i], stream_targets(y[i], 6, "cross_entropy", "per_step"), loss)[0]
         else:
             tot = 0.0
             for t, (x_t, y_t) in enumerate(zip(torch.cat([x[0], x[1]]), torch.cat([y[0], y[1]]))):

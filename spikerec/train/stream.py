@@ -43,21 +43,21 @@ class StreamLoss:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target_t.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-def stream_targets(y: torch.Tensor, T: int, loss: str, loss_on: str) -> tuple[str, list]:
-    """The stream loss's kind and the per-step targets of one batch (``None`` at steps without
-    one): per-step targets ``y [T, B, ...]`` step by step (``None`` where every entry is
-    ignored), class labels ``y [B]`` at every step or at the last one."""
+def stream_targets(y: torch.Tensor, T: int, loss: str, loss_on: str) -> list:
+    """The per-step targets of one batch (``None`` at steps without one): per-step targets
+    ``y [T, B, ...]`` step by step (``None`` where every entry is ignored), class labels ``y [B]``
+    at every step or at the last one."""
     if loss == "mse" or y.is_floating_point():
         if y.dim() < 3:
             raise ValueError("online stream training with an MSE loss needs per-step targets [T, B, K]")
-        return "mse", list(y.unbind(0))
+        return list(y.unbind(0))
     if y.dim() >= 2:
         valid = (y != IGNORE_INDEX).flatten(1).any(1).tolist()
-        return "per_step", [yt if v else None for yt, v in zip(y.unbind(0), valid)]
+        return [yt if v else None for yt, v in zip(y.unbind(0), valid)]
     if loss_on == "last":
-        return "label", [None] * (T - 1) + [y]
+        return [None] * (T - 1) + [y]
     if loss_on in ("per_step", "mean"):
-        return "label", [y] * T
+        return [y] * T
     raise ValueError(f"online stream training needs a per-step loss: train.loss_on 'last' or 'per_step', got "
                      f"{loss_on!r}")
 

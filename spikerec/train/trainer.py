@@ -3,8 +3,8 @@
 Per step: forward the batch ``x[T, B, C]`` through the model, the loss of
 :mod:`spikerec.train.metrics`, backward (or :class:`spikerec.hardware.online.OnlineLearner`
 with ``learning = "online"``; with ``[online] stream = true`` the batches are the next stretches
-of one endless stream, :mod:`spikerec.train.stream`), gradient clipping of the global norm, Adam/AdamW with two
-parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
+of one endless stream, :mod:`spikerec.train.stream`), gradient clipping of the global norm,
+Adam/AdamW with two parameter groups (recurrent parameters with ``lr * recurrent_lr_factor``), learning rate
 ``lr * f(step)`` with a linear warm-up over ``warmup`` of all steps and a cosine to
 ``lr * min_lr_factor`` (the LRU recipe: Orvieto et al. 2023, §2.2, App. D.2); the groups, the
 optimiser and the schedule are :mod:`spikerec.optim`'s, shared with LSC and the deep LRU model.
@@ -43,6 +43,7 @@ from .. import optim
 from ..errors import ConfigError
 from ..data import dataset_info, get_dataset, make_loader
 from ..hardware.online import OnlineLearner
+from ..hardware.online.memory import alloc_in_use
 from ..optim import lr_factor
 from ..stability import lsc_pretrain
 from ..stability.progress import LSCProgressBar, lsc_warning
@@ -52,7 +53,6 @@ from .config import load_config, resolve_sizes
 from .metrics import MetricsLogger, accuracy_counts, firing_rates, sequence_loss, step_loss_fn
 from .plots import plot_curves, plot_raster, plot_stream
 from .stream import StreamLoss, stream_batch, stream_targets
-from ..hardware.online.memory import alloc_in_use
 from .runs import build_from_config, save_model, write_config
 
 __all__ = ["Trainer", "NonFiniteLoss", "StopRequested", "TrainingStopped", "build_from_config", "lr_factor", "param_groups",
@@ -312,7 +312,7 @@ class Trainer:
             "has_best": self.best is not None, "bad_epochs": self.bad_epochs, "lsc_done": self.lsc_done,
             "optimizer": ometa, "rng": rmeta, "metrics_offsets": self.metrics.offsets(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "elapsed_s": self._elapsed(), "stream": stream_meta, "stream_mem_base": self.mem_base,
+            "elapsed_s": self._elapsed(), "stream": stream_meta,
         }
         path = ckpt.save_checkpoint(self.run_dir / "checkpoints", self.step, tensors, meta,
                                     keep=int(self.tc["keep_checkpoints"]))
@@ -425,7 +425,7 @@ class Trainer:
         count = float(x.shape[1])  # what the loss sum is averaged over: samples (stream: steps with a loss)
         mode = _readout_mode(self.model)
         if self.stream:
-            _, targets = stream_targets(y, x.shape[0], tc["loss"], tc["loss_on"])
+            targets = stream_targets(y, x.shape[0], tc["loss"], tc["loss_on"])
             loss_val, n, correct, counted = stream_batch(self.learner, x, targets, self.stream_loss)
             count = float(n)
             ddp.all_reduce_grads(self.model.parameters(), self.dist)

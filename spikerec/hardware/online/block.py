@@ -62,12 +62,9 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
             else:
                 hk = h.reshape(K, B, *h.shape[1:])
                 out = None
-                if hasattr(tr, "scan_block"):  # the states before and after each step (and the outputs) from one scan
-                    prev, last, new, out = tr.scan_block(hk, s, with_new=True, with_out=True)
-                else:
-                    prevs, last = tr.scan_states(hk, s)
-                    prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
-                    new = tr.step(h, prev)
+                # the states before and after each step (and the outputs) from one scan
+                scan = tr.scan_block if hasattr(tr, "scan_block") else tr.scan_loop
+                prev, last, new, out = scan(hk, s, with_new=True, with_out=True)
                 learner.states[l] = last
                 if out is None:
                     out = _lru_out(tr.cell, h, new) if kind == "lru" else _output(tr, kind, new)

@@ -58,10 +58,10 @@ import torch.nn.functional as F
 
 from ...layers.alif import ALIF
 from ...layers.base import match_input_dtype
-from ...neurons.roles import Role, parameters_by_role
 from ...layers.lif import LIF
 from ...layers.lru import LRU
 from ...layers.readout import LeakyReadout
+from ...neurons.roles import Role, parameters_by_role
 from .block import block_supported, closed_form_block
 from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
@@ -378,7 +378,7 @@ class OnlineLearner:
                 how = _EXACTNESS.get(tr.kind, "exact in-layer traces")
                 if getattr(tr.cell, "recurrent_weight", None) is not None:
                     how = "e-prop traces (approximation: lateral paths between neurons dropped)"
-            if any(stateful[i + 1:]) and not (isinstance(tr, GenericTrace) and tr.stateless):
+            if stateful[i] and any(stateful[i + 1:]):
                 how += "; the layer's gradient is biased: errors from the recurrent layers above arrive through the current step only"
             out.append((i, kind, how))
         return out
@@ -1018,11 +1018,8 @@ class OnlineLearner:
                 out, new = tr.cell.step(hf, prev)
             else:
                 with torch.no_grad():  # the previous states of the block's steps
-                    if tr.fast and hasattr(tr, "scan_block"):  # all K at once ([K*B] fields)
-                        prev, s = tr.scan_block(hd, s)
-                    else:
-                        prevs, s = tr.scan_states(hd, s)
-                        prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
+                    scan = tr.scan_block if (tr.fast and hasattr(tr, "scan_block")) else tr.scan_loop
+                    prev, s = scan(hd, s)  # [K*B] fields (scan_block: all K at once)
                 self.states[l] = type(s)(*(f.detach() for f in s))
                 new = tr.step(hf, prev)
                 new = type(new)(*(f.view_as(f) if f.requires_grad else f.detach().requires_grad_() for f in new))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ...kernels import alif_sequence_numba
+from ...kernels.lif_sequence_numba import surrogate_code
 from ...layers.alif import ALIFState
 from ...layers.readout import ReadoutState
 from ... import neurons
@@ -170,8 +171,6 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         """Whether the compiled stream step of :mod:`.fused_stack` applies: a plain LIF, a
         surrogate with an inline formula (fast sigmoid, arc-tangent), the ``full``/``snap1`` rule,
         numba installed, CPU tensors of the parameters' float dtype."""
-        from ...kernels.lif_sequence_numba import surrogate_code
-
         p = self.cell.weight
         return (self.block_ready and surrogate_code(self.cell.surrogate)[0] in (1, 2) and compiled_dtype(dtype, device)
                 and self.use_J() and p.dtype == dtype and p.device.type == "cpu")
@@ -532,6 +531,7 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
                 ts.mat[name] = new_e
         if carry and names:
             ts.set_carried(names, ev_out)
+
 
 class ReadoutTrace(LayerTrace):
     """Leaky-integrator readout ``y_t = alpha y_{t-1} + W x_t + b``: a layer of 1-d linear modules."""
