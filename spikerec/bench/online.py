@@ -133,8 +133,44 @@ class _Peak:
         self.mib = max(0, self.peak - self.base) / 2 ** 20
 
 
-def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk: int, repeat: int) -> list[dict]:
-    """All ``methods`` for one configuration in this process, interleaved; returns one row each."""
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+class _CudaPeak:
+    """Peak growth of the CUDA caching allocator's bytes in use over a region."""
+
+    how = "CUDA allocator (torch.cuda.max_memory_allocated)"
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def __enter__(self):
+        import torch
+
+        _sync(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.base = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def sample(self):
+        pass
+
+    def __exit__(self, *exc):
+        import torch
+
+        _sync(self.device)
+        self.mib = max(0, torch.cuda.max_memory_allocated(self.device) - self.base) / 2 ** 20
+
+
+def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk: int, repeat: int,
+            device: str = "cpu") -> list[dict]:
+    """All ``methods`` for one configuration in this process, interleaved; returns one row each.
+    On a CUDA ``device`` the clock is read after a device synchronisation and the peak memory is
+    the CUDA allocator's."""
     import torch
 
     from spikerec.hardware.online import OnlineLearner, mse_loss
@@ -142,11 +178,12 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     from spikerec.hardware.online.subnormal import flush_subnormals
 
     torch.set_num_threads(int(os.environ.get("SPIKEREC_BENCH_THREADS", "1")))
-    model = _build(net, H, N)
+    model = _build(net, H, N).to(device)
     g = torch.Generator().manual_seed(1)
     spiking = net in ("alif", "lif")
     x = (torch.rand(T, B, H, generator=g) < 0.2).float() if spiking else torch.randn(T, B, H, generator=g)
     tgt = torch.randn(T, B, 10, generator=g)
+    x, tgt = x.to(device), tgt.to(device)
     rate = None
     if spiking:  # every method runs this network on this input: one spike rate for all
         with torch.no_grad():
@@ -178,27 +215,65 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
 
     for m in methods:  # warm-up: first-call allocations, kernel compilation
         run(m, None)
+    _sync(device)
     best = {m: float("inf") for m in methods}
     mem = {}
     for r in range(repeat):
         for m in methods:
             if r == 0:
-                with _Peak() as pk:
+                with (_CudaPeak(device) if device.startswith("cuda") else _Peak()) as pk:
                     t0 = time.perf_counter()
                     run(m, pk)
+                    _sync(device)
                     dt = time.perf_counter() - t0
                 mem[m] = (pk.mib, pk.how)
             else:
                 t0 = time.perf_counter()
                 run(m, None)
+                _sync(device)
                 dt = time.perf_counter() - t0
             best[m] = min(best[m], dt)
     rows = []
     for m in methods:
         rows.append({"net": net, "method": m, "T": T, "peak_mib": mem[m][0], "memory": mem[m][1],
                      "seq_s": best[m], "step_ms": best[m] / T * 1e3,
-                     "x_bptt": best[m] / best["bptt"] if "bptt" in best else None, "spike_rate": rate})
+                     "x_bptt": best[m] / best["bptt"] if "bptt" in best else None, "spike_rate": rate,
+                     "device": device})
     return rows
+
+
+def trace_kernel(device: str, N: int, B: int, H: int, k: int = 2, repeat: int = 20) -> list[dict]:
+    """The matrix-trace step alone (advance ``eps [N, B, k, H]`` and contract it with one error
+    ``g``) by the fused kernel of ``device`` (Triton on CUDA, numba on the CPU) and by the torch
+    reference, against the floor: a copy of the trace (its bytes read once and written once,
+    which is what the fused step must move). Float32; the time is the best of ``repeat`` after
+    a warm-up; GB/s counts the trace's bytes read plus written."""
+    import torch
+
+    from spikerec.hardware.online.numba_kernels import mat_trace_step_numba
+    from spikerec.hardware.online.triton_kernels import mat_trace_step, mat_trace_step_torch
+
+    g = torch.Generator().manual_seed(2)
+    r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
+    eps, J, c, x, gv = r(N, B, k, H), 0.9 * r(B, N, k, k) / k, r(B, N, k), r(B, H), r(B, N, k)
+    dst = torch.empty_like(eps)
+    fused = mat_trace_step if device.startswith("cuda") else mat_trace_step_numba
+    fns = {"fused": lambda: fused(eps, J, c, x, [gv]), "torch": lambda: mat_trace_step_torch(eps, J, c, x, [gv]),
+           "copy (floor)": lambda: dst.copy_(eps)}
+    nbytes = 2 * eps.numel() * eps.element_size()
+    best = {m: float("inf") for m in fns}
+    for m, f in fns.items():  # warm-up (compilation)
+        f()
+    for _ in range(repeat):
+        for m, f in fns.items():
+            eps.mul_(0.5)  # keeps the values bounded over the rounds (not timed)
+            _sync(device)
+            t0 = time.perf_counter()
+            f()
+            _sync(device)
+            best[m] = min(best[m], time.perf_counter() - t0)
+    return [{"what": m, "N": N, "B": B, "H": H, "k": k, "ms": best[m] * 1e3, "GB_s": nbytes / best[m] / 1e9,
+             "x_floor": best[m] / best["copy (floor)"], "device": device} for m in fns]
 
 
 def _best_over_processes(runs: list[list[dict]]) -> list[dict]:
@@ -217,7 +292,11 @@ def _best_over_processes(runs: list[list[dict]]) -> list[dict]:
     return out
 
 
-def _machine() -> str:
+def _machine(device: str = "cpu") -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}); host {_machine()}"
     name = platform.processor() or "unknown CPU"
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
@@ -240,13 +319,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=1,
                     help="fresh processes per (net, T); each method's time is its best over them and the "
                          "range is printed (the BPTT reference moves by 10-30%% from one process to another)")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where the model, input and "
+                    "learner run (on CUDA the online learner's matrix traces use the Triton kernel)")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (overrides the preset)")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help="input features and state size of each layer (overrides the preset)")
+    ap.add_argument("--trace-kernel", default=None, metavar="N,B,H",
+                    help="instead: time the matrix-trace step alone (fused kernel, torch reference, a copy of the "
+                         "trace as the floor) for traces [N, B, 2, H], e.g. 1024,32,1024")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(run_one(**json.loads(args.child))))
         return 0
-    size = SIZES["quick" if args.quick else "full"]
+    size = dict(SIZES["quick" if args.quick else "full"])
+    if args.batch is not None:
+        size["B"] = args.batch
+    if args.hidden is not None:
+        size["H"] = size["N"] = args.hidden
+    if min(size["B"], size["H"]) < 1:
+        print(f"spikerec bench online: --batch and --hidden must be >= 1, got {size['B']} and {size['H']}",
+              file=sys.stderr)
+        return 2
+    if args.device != "cpu":
+        import torch
+
+        try:
+            dev = torch.device(args.device)
+        except RuntimeError:
+            dev = None
+        if dev is None or dev.type != "cuda":
+            print(f"spikerec bench online: --device must be cpu, cuda or cuda:N, got {args.device!r}", file=sys.stderr)
+            return 2
+        if not torch.cuda.is_available():
+            print(f"spikerec bench online: --device {args.device}: CUDA is not available on this machine",
+                  file=sys.stderr)
+            return 2
     Ts = [int(t) for t in args.T.split(",")] if args.T else list(size["T"])
     nets = [n.strip() for n in args.nets.split(",") if n.strip()]
     for n in nets:
@@ -259,7 +368,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_layer, stream_ref, chunked, "
                   f"chunked_autograd, chunked_ref or bptt", file=sys.stderr)
             return 2
-    print(f"machine: {_machine()}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}; "
+    if args.trace_kernel:
+        try:
+            N, B, H = (int(v) for v in args.trace_kernel.split(","))
+        except ValueError:
+            print(f"spikerec bench online: --trace-kernel expects N,B,H (three integers), got {args.trace_kernel!r}",
+                  file=sys.stderr)
+            return 2
+        print(f"machine: {_machine(args.device)}")
+        rows = trace_kernel(args.device, N, B, H, repeat=args.repeat)
+        print(f"matrix-trace step, eps [{N}, {B}, 2, {H}] float32 ({2 * N * B * 2 * H * 4 / 1e6:.1f} MB read + written)")
+        for row in rows:
+            print(f"{row['what']:<14} {row['ms']:>9.3f} ms {row['GB_s']:>8.1f} GB/s {row['x_floor']:>6.2f}x floor")
+        if args.json:
+            with atomic_path(args.json) as tmp, open(tmp, "w") as f:
+                json.dump({"machine": _machine(args.device), "rows": rows}, f, indent=1)
+        return 0
+    print(f"machine: {_machine(args.device)}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}; "
           f"numba threads: {os.environ.get('NUMBA_NUM_THREADS', os.environ.get('SPIKEREC_BENCH_THREADS', '1'))}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
     rows = []
@@ -273,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     for net in nets:
         for T in Ts:
             spec = dict(net=net, methods=methods, T=T, B=size["B"], H=size["H"], N=size["N"], chunk=args.chunk,
-                        repeat=args.repeat)
+                        repeat=args.repeat, device=args.device)
             # numba's parallel kernels (the LRU scan) get the same thread count as torch: an idle
             # pool of one worker per core competes with the measured thread on a loaded machine
             env = dict(os.environ)
@@ -303,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{args.processes} processes"))
     if args.json:
         with atomic_path(args.json) as tmp, open(tmp, "w") as f:
-            json.dump({"machine": _machine(), "rows": rows}, f, indent=1)
+            json.dump({"machine": _machine(args.device), "rows": rows}, f, indent=1)
     return 0
 
 
