@@ -25,7 +25,8 @@ from ...surrogate import heaviside
 
 __all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba",
            "alif_trace_step_numba", "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
-           "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba", "chunk1_numba"]
+           "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba", "chunk1_numba",
+           "lif_block_numba", "lif_block_mat_numba", "lif_spatial_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -653,6 +654,39 @@ def alif_spatial_numba(gout, v, a, bb, beta, sur):
     return torch.from_numpy(gp), torch.from_numpy(gl), s[0], s[1]
 
 
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lif_spatial(gout, v, thr, sur, p1, p2, gp, want_sum, sums):  # pragma: no cover - compiled
+        """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` over ``[rows, N]``:
+        ``gp = gout sigma'(v - thr)`` (the surrogate inline, the loop vectorised) and, with
+        ``want_sum``, ``sums[n] = sum_rows gp`` in float64 (the threshold's gradient is minus it)."""
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2, one = gp.dtype.type(s1), gp.dtype.type(s2), gp.dtype.type(1)
+        for r in range(v.shape[0]):
+            for n in range(gp.shape[1]):
+                gp[r, n] = gout[r, n] * sd_typed(v[r, n] - thr[n], sur, sg1, sg2, one)
+            if want_sum:
+                for n in range(sums.shape[0]):
+                    sums[n] += gp[r, n]
+
+
+def lif_spatial_numba(gout, v, thr, sur, want_sum: bool):
+    """:func:`_lif_spatial` on torch tensors (``gout``, ``v`` ``[rows, N]``, ``thr`` ``[N]`` or a
+    scalar) for a surrogate with an inline form; returns ``(gp, sum gp or None)`` (the sum in the
+    arrays' dtype), or ``None`` for another surrogate (the caller uses torch)."""
+    code, p1, p2 = surrogate_code(sur)
+    if not code:
+        return None
+    R, N = v.shape
+    vn = _arr(v)
+    gp = np.empty((R, N), dtype=vn.dtype)
+    sums = np.zeros(N if want_sum else 1, dtype=np.float64)
+    _lif_spatial(_arr(gout), vn, _arr(thr.detach().to(v.dtype).expand(N).contiguous()), code, p1, p2, gp,
+                 bool(want_sum), sums)
+    return torch.from_numpy(gp), (torch.from_numpy(sums.astype(vn.dtype)) if want_sum else None)
+
+
 def alif_block_numba(v0, a0, sur, cn, cols, Rd, detach_reset, G, carry, ev_in):
     """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, the cell's surrogate ``sur``,
     ``G [K, B, N, 2]`` or ``None``, ``ev_in [m, B, N, 2]`` or ``None``; ``cn``, ``Rd``: torch or
@@ -902,6 +936,168 @@ def chunk1_numba(J, V, G, traces, carry: bool):
     return (t(gh) if use_g else None, t(Gv[:m].astype(npdt)) if (use_g and m) else None,
             t(ev_out[:m]) if (carry and m) else None, t(P0) if carry else None, t(phi) if carry else None,
             t(b0) if use_g else None)
+
+
+# --- the chunked block of a plain LIF layer: partials and per-neuron pass in one call ----------
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lif_block_vec(Vp, G, use_g, cn, rd, has_rd, mode, detach_reset, sur, p1, p2, cols, ev_in, has_ev, carry,
+                       need_zp, J, V, zp_out, gh, Gv, ev_out, P0, phi, b0):  # pragma: no cover - compiled
+        """The partials of :meth:`.traces_lif.LIFTrace.partials` on a block's previous membranes
+        ``Vp [K, B, N]`` (``_lif_partials`` per sample and neuron, the surrogate derivative of
+        ``v - thr`` inline: ``sur`` 1 fast sigmoid, 2 arc-tangent), written as ``J [K, B, N]``,
+        the traced columns ``V [m, K, B, N]`` (``cols``: 0 ``log_tau_mem``, 1 ``threshold``,
+        2 ``bias``) and, with ``need_zp``, the previous spikes ``zp_out`` (the lateral weights'
+        presynaptic term); then :func:`_chunk1` on them. ``cn [3, N]``: ``alpha``,
+        ``d alpha / d log_tau_mem``, ``thr``."""
+        K, B, N = Vp.shape
+        R = K * B
+        dt = Vp.dtype.type
+        zero, one = dt(0), dt(1)
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2 = dt(s1), dt(s2)
+        v2, J2, zp2 = Vp.reshape(R, N), J.reshape(R, N), zp_out.reshape(-1, zp_out.shape[-1])
+        psi = np.empty((R, N), dtype=Vp.dtype)
+        # The partials of _lif_partials as  J = alpha - z1 zp + psi (cJ0 + cJ1 v0),
+        # d v / d log_tau_mem = dalpha v0 (1 - m1 zp),  d v / d thr = -m0 zp + psi (cT0 + cT1 v0),
+        # with per-neuron coefficients fixed by the reset mode (m0: subtract, m1: zero), detach_reset
+        # (nd = 0) and the lateral self-weight: one pass per array written, the mode outside the
+        # loops, so that each pass vectorises.
+        nd = zero if detach_reset else one
+        m0 = one if mode == 0 else zero
+        m1 = one if mode == 1 else zero
+        z1 = np.empty(N, dtype=Vp.dtype)
+        cJ0 = np.empty(N, dtype=Vp.dtype)
+        cJ1 = np.empty(N, dtype=Vp.dtype)
+        cT0 = np.empty(N, dtype=Vp.dtype)
+        cT1 = np.empty(N, dtype=Vp.dtype)
+        for n in range(N):
+            a, t = cn[0, n], cn[2, n]
+            r = rd[n] if has_rd else zero
+            z1[n] = a * m1
+            cJ0[n] = -t * nd * m0 + r
+            cJ1[n] = -a * nd * m1
+            cT0[n] = t * nd * m0 - r
+            cT1[n] = a * nd * m1
+        thr = cn[2]
+        alpha = cn[0]
+        dal = cn[1]
+        if sur == 1:
+            for i in range(R):
+                for n in range(N):
+                    d = one + sg1 * abs(v2[i, n] - thr[n])
+                    psi[i, n] = sg2 / (d * d)
+        else:
+            for i in range(R):
+                for n in range(N):
+                    u = sg1 * (v2[i, n] - thr[n])
+                    psi[i, n] = sg2 / (one + u * u)
+        for i in range(R):
+            for n in range(N):
+                v0 = v2[i, n]
+                zp = one if v0 - thr[n] > zero else zero
+                J2[i, n] = (alpha[n] - z1[n] * zp) + psi[i, n] * (cJ0[n] + cJ1[n] * v0)
+        for j in range(cols.shape[0]):
+            c = cols[j]
+            Vj = V[j].reshape(R, N)
+            if c == 0:
+                for i in range(R):
+                    for n in range(N):
+                        v0 = v2[i, n]
+                        zp = one if v0 - thr[n] > zero else zero
+                        Vj[i, n] = dal[n] * v0 * (one - m1 * zp)
+            elif c == 1:
+                for i in range(R):
+                    for n in range(N):
+                        v0 = v2[i, n]
+                        zp = one if v0 - thr[n] > zero else zero
+                        Vj[i, n] = -m0 * zp + psi[i, n] * (cT0[n] + cT1[n] * v0)
+            else:
+                for i in range(R):
+                    for n in range(N):
+                        Vj[i, n] = one
+        if need_zp:
+            for i in range(R):
+                for n in range(N):
+                    zp2[i, n] = one if v2[i, n] - thr[n] > zero else zero
+        _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0)
+
+    @_nb.njit(cache=True, nogil=True)
+    def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi):  # pragma: no cover - compiled
+        """The carried matrix trace ``e [N, B, 1, H]`` of a block: ``Gm[n] += sum_b b0[b, n] e[n, b]``
+        (``use_g``, with the trace before the block), then ``e[n, b] <- phi[b, n] e[n, b] + q[b, n]``
+        (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``)."""
+        N, B, _, H = e.shape
+        if use_g and has_e:
+            for n in range(N):
+                for b in range(B):
+                    s = b0[b, n]
+                    for h in range(H):
+                        Gm[n, h] += s * e[n, b, 0, h]
+        if carry:
+            for n in range(N):
+                for b in range(B):
+                    if has_e:
+                        f = phi[b, n]
+                        for h in range(H):
+                            e[n, b, 0, h] = f * e[n, b, 0, h] + q[b, n, h]
+                    else:
+                        for h in range(H):
+                            e[n, b, 0, h] = q[b, n, h]
+
+
+def lif_block_numba(Vp, G, cn, Rd, mode: int, detach_reset: bool, sur: tuple, cols, traces, carry: bool,
+                    need_zp: bool):
+    """:func:`_lif_block_vec` on torch tensors: ``Vp [K, B, N]`` the membranes before each step,
+    ``G [K, B, N]`` or ``None``, ``cn [3, N]`` and ``Rd`` as :meth:`.traces_lif.LIFTrace.fused_setup`
+    gives them, ``sur = (code, p1, p2)`` (code 1 or 2), ``traces`` the carried per-neuron traces as
+    for :func:`chunk1_numba`. Returns ``(gh or None, Gv [m, N] or None, new traces [m, B, N] or
+    None, P0 [B, K, N] or None, phi or None, b0 or None, zp [K, B, N] or None)`` as torch tensors
+    (``Gv`` in float64)."""
+    Vn = _arr(Vp)
+    K, B, N = Vn.shape
+    npdt = Vn.dtype
+    m = len(cols)
+    use_g = G is not None
+    has_ev = False
+    if isinstance(traces, torch.Tensor):
+        E, has_ev = _arr(traces), True
+    elif traces is not None and m and any(t is not None for t in traces):
+        E, has_ev = np.zeros((m, B, N), dtype=npdt), True
+        for j, t in enumerate(traces):
+            if t is not None:
+                E[j] = _arr(t)
+    else:
+        E = np.zeros((max(m, 1), 1, 1), dtype=npdt)
+    J = np.empty((K, B, N), dtype=npdt)
+    V = np.empty((m, K, B, N), dtype=npdt)
+    zp = np.empty((K, B, N) if need_zp else (1, 1, 1), dtype=npdt)
+    gh = np.empty((K, B, N) if use_g else (1, 1, 1), dtype=npdt)
+    Gv = np.empty((max(m, 1), N), dtype=np.float64)
+    ev_out = np.empty((max(m, 1), B, N) if carry else (1, 1, 1), dtype=npdt)
+    P0 = np.empty((B, K, N) if carry else (1, 1, 1), dtype=npdt)
+    phi = np.empty((B, N) if carry else (1, 1), dtype=npdt)
+    b0 = np.empty((B, N) if use_g else (1, 1), dtype=npdt)
+    rd = _arr(Rd) if Rd is not None else np.zeros(1, dtype=npdt)
+    _lif_block_vec(Vn, _arr(G) if use_g else gh, use_g, _arr(cn), rd, Rd is not None, mode, bool(detach_reset),
+                   sur[0], sur[1], sur[2], cols, E, has_ev, bool(carry), bool(need_zp), J, V, zp, gh, Gv, ev_out,
+                   P0, phi, b0)
+    t = torch.from_numpy
+    return (t(gh) if use_g else None, t(Gv[:m]) if (use_g and m) else None,
+            t(ev_out[:m]) if (carry and m) else None, t(P0) if carry else None, t(phi) if carry else None,
+            t(b0) if use_g else None, t(zp) if need_zp else None)
+
+
+def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi) -> None:
+    """:func:`_lif_block_mat` on torch tensors: ``e`` (contiguous) updated in place, read as zero
+    without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``, ``phi`` used with ``carry``."""
+    dt = e.numpy().dtype
+    z2 = np.zeros((1, 1), dtype=dt)
+    _lif_block_mat(e.numpy(), bool(has_e), b0 is not None, z2 if b0 is None else _arr(b0),
+                   z2 if b0 is None else Gm.numpy(), bool(carry), _arr(q) if carry else np.zeros((1, 1, 1), dtype=dt),
+                   _arr(phi) if carry else z2)
 
 
 # --- the chunked block of one LRU layer ------------------------------------------------------

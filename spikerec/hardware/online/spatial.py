@@ -27,7 +27,7 @@ import torch
 
 from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
-from .numba_kernels import alif_spatial_numba, compiled_cpu
+from .numba_kernels import alif_spatial_numba, compiled_cpu, lif_spatial_numba
 from .traces_base import stream_step
 from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
@@ -244,8 +244,16 @@ def _spatial_backward(learner, kinds, recs, gy):
             if l > 0:
                 g_out = torch.addmm(gu, g, Bi)
         elif kind == "lif":  # z = H(v - thr): d l / d v = gz psi, d l / d thr = -gz psi
-            gp = g_out * c.surrogate.derivative(new.v - c.threshold.detach())
-            _acc(sp, c.threshold, gp.sum(0), -1.0)
+            learn_thr = c.threshold.requires_grad
+            comp = (lif_spatial_numba(g_out, new.v, c.threshold, c.surrogate, learn_thr)
+                    if _compiled_rows(g_out, new.v) else None)
+            if comp is not None:  # one compiled pass (a surrogate with an inline form)
+                gp, s_thr = comp
+            else:
+                gp = g_out * c.surrogate.derivative(new.v - c.threshold.detach())
+                s_thr = gp.sum(0) if learn_thr else None
+            if learn_thr:
+                _acc(sp, c.threshold, s_thr, -1.0)
             gs[l] = gp.unsqueeze(-1)
             if l > 0:
                 g_out = gp @ c.weight.detach()

@@ -19,13 +19,14 @@ import numpy as np
 import torch
 
 from ...kernels import alif_sequence_numba
-from ...kernels.lif_sequence_numba import surrogate_code
+from ...kernels.lif_sequence_numba import RESET_CODES, surrogate_code
 from ...layers.alif import ALIFState
 from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
 from .numba_kernels import (alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
+                            lif_block_mat_numba, lif_block_numba,
                             compiled_cpu, compiled_dtype)
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
@@ -234,11 +235,15 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             fc = k.get(("forward", B))  # the kernel's flattened constants, once per sequence and batch size
             if fc is None:
                 fc = k[("forward", B)] = lif_sequence_numba.forward_consts(alpha, None, thr, B, N, x.dtype)
-            Z, V, _, vT, _ = lif_sequence_numba.lif_forward(I, state.v, None, alpha, None, thr, reset, consts=fc)
+            Vb = torch.empty((K + 1, B, N), dtype=x.dtype)  # [v_before, v_1 .. v_K]: prev and new are views
+            Vb[0] = state.v
+            Z, V, _, vT, _ = lif_sequence_numba.lif_forward(I, state.v, None, alpha, None, thr, reset, consts=fc,
+                                                            v_out=Vb[1:])
+            prev = _lif.LIFState(Vb[:-1].view(K * B, N))
         else:
             Z, V, _, vT, _ = lif_sequence._torch_forward(I, state.v, None, alpha, None, thr, k["w_rec"], reset,
                                                          torch.gt(state.v, thr))
-        prev = _lif.LIFState(torch.cat([state.v[None], V[:-1]]).view(K * B, N))
+            prev = _lif.LIFState(torch.cat([state.v[None], V[:-1]]).view(K * B, N))
         last = _lif.LIFState(vT)
         if not (with_new or with_out):
             return prev, last
@@ -259,6 +264,9 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
 
         The torch form (:func:`.traces_base.chunk_contract`) runs where the compiled one does not
         (no numba, not the CPU, a rule without ``J``)."""
+        if self.use_J() and compiled_cpu(x) and surrogate_code(self.cell.surrogate)[0] in (1, 2):
+            self._block_contract_compiled(ts, x, prev, G, carry, K, B)
+            return
         P = self.partials(x, prev, new)
         if not (self.use_J() and compiled_cpu(x)):
             chunk_contract(ts, stack_partials(P, K, B), G, carry)
@@ -289,6 +297,58 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
                 if e is not None:
                     q = q.addcmul(phi.t().unsqueeze(-1), e[:, :, 0])
                 ts.mat[name] = q.unsqueeze(2).contiguous()
+        if carry and names:
+            ts.set_carried(names, ev_out.unsqueeze(-1))
+
+    def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int) -> None:
+        """:meth:`block_contract` with the partials computed inside the compiled per-neuron pass
+        (:func:`.numba_kernels.lif_block_numba`: a surrogate with an inline formula), the two
+        products of each matrix trace as torch GEMMs (``dW += gh^T pre``; ``q_b = Phi_b^T pre_b``,
+        one batched product) and the carried trace's update and ``b0`` term in one compiled pass
+        (:func:`.numba_kernels.lif_block_mat_numba`), in place."""
+        if G is None and not carry:
+            return
+        dt = x.dtype
+        names, cols, cn, Rd = self.fused_setup(dt)
+        c = self.cell
+        mats = [n for n in ("weight", "recurrent_weight") if self.params.get(n) is not None and n in self.traced]
+        N = prev.v.shape[-1]
+        old = ts.carried(names) if names else None
+        gh, Gv, ev_out, P0, phi, b0, zp = lif_block_numba(
+            prev.v.reshape(K, B, N), None if G is None else G.reshape(K, B, N), cn, Rd,
+            RESET_CODES[c.reset], c.detach_reset, surrogate_code(c.surrogate), cols,
+            None if old is None else
+            (old[..., 0] if isinstance(old, torch.Tensor) else [None if e is None else e[..., 0] for e in old]),
+            carry, "recurrent_weight" in mats)
+        if G is not None:
+            for j, n in enumerate(names):
+                ts.add(n, Gv[j])
+        for name in mats:
+            pre = (x if name == "weight" else zp).reshape(K, B, -1)
+            H = pre.shape[-1]
+            e = ts.mat.get(name)  # [N, B, 1, H]
+            has_e = e is not None
+            if has_e and not (e.is_contiguous() and e.dtype == dt):
+                e = e.contiguous().to(dt)
+            Gm, own = None, False
+            if G is not None:  # dW += gh^T pre, into the accumulator itself where it has this layout
+                Gm = ts.G.get(name)
+                p = self.params[name]
+                if Gm is None and p.dtype == dt and tuple(p.shape) == (N, H):
+                    Gm = ts.G[name] = torch.zeros((N, H), dtype=dt)
+                own = Gm is not None and Gm.is_contiguous() and Gm.dtype == dt and tuple(Gm.shape) == (N, H)
+                if not own:
+                    Gm = torch.zeros((N, H), dtype=dt)
+                Gm.addmm_(gh.reshape(K * B, N).t(), pre.reshape(K * B, H))
+            q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1)) if carry else None  # [B, N, H]
+            if carry and not has_e:
+                e = torch.empty((N, B, 1, H), dtype=dt)
+            if e is not None:
+                lif_block_mat_numba(e, has_e, None if G is None else b0, Gm, carry, q, phi)
+                if carry:
+                    ts.mat[name] = e
+            if G is not None and not own:
+                ts.add(name, Gm)
         if carry and names:
             ts.set_carried(names, ev_out.unsqueeze(-1))
 
