@@ -17,7 +17,7 @@ import torch
 from ..surrogate import ATan, FastSigmoid
 from . import numba_available
 
-__all__ = ["available", "forward_consts", "lif_forward", "lif_backward"]
+__all__ = ["available", "forward_consts", "forward_kernel", "lif_forward", "lif_backward"]
 
 RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
 
@@ -27,6 +27,12 @@ def _kernels():
 
     numba_for_kernels()
     return k.fwd, k.bwd
+
+
+def forward_kernel():
+    """The compiled forward loop (the kernel :func:`lif_forward` calls), with numba's thread count
+    set as for every call of it; for callers that keep its operands and constants themselves."""
+    return _kernels()[0]
 
 
 def available() -> bool:

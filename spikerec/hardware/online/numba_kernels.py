@@ -26,7 +26,7 @@ from ...surrogate import heaviside
 __all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba",
            "alif_trace_step_numba", "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
            "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba", "chunk1_numba",
-           "lif_block_numba", "lif_block_mat_numba", "lif_spatial_numba"]
+           "lif_block_numba", "lif_block_mat_numba", "lif_block_workspace", "lif_spatial_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -944,13 +944,14 @@ if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _lif_block_vec(Vp, G, use_g, cn, rd, has_rd, mode, detach_reset, sur, p1, p2, cols, ev_in, has_ev, carry,
-                       need_zp, J, V, zp_out, gh, Gv, ev_out, P0, phi, b0):  # pragma: no cover - compiled
+                       need_zp, J, V, zp_out, gh, Gv, ev_out, P0, phi, b0, Gacc):  # pragma: no cover - compiled
         """The partials of :meth:`.traces_lif.LIFTrace.partials` on a block's previous membranes
         ``Vp [K, B, N]`` (``_lif_partials`` per sample and neuron, the surrogate derivative of
         ``v - thr`` inline: ``sur`` 1 fast sigmoid, 2 arc-tangent), written as ``J [K, B, N]``,
         the traced columns ``V [m, K, B, N]`` (``cols``: 0 ``log_tau_mem``, 1 ``threshold``,
         2 ``bias``) and, with ``need_zp``, the previous spikes ``zp_out`` (the lateral weights'
-        presynaptic term); then :func:`_chunk1` on them. ``cn [3, N]``: ``alpha``,
+        presynaptic term); then :func:`_chunk1` on them, and (``use_g``) its per-neuron sums
+        added to the accumulator rows ``Gacc[cols[j]]``. ``cn [3, N]``: ``alpha``,
         ``d alpha / d log_tau_mem``, ``thr``."""
         K, B, N = Vp.shape
         R = K * B
@@ -1023,6 +1024,11 @@ if _HAVE_NUMBA:
                 for n in range(N):
                     zp2[i, n] = one if v2[i, n] - thr[n] > zero else zero
         _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0)
+        if use_g:
+            for j in range(cols.shape[0]):
+                r = cols[j]
+                for n in range(N):
+                    Gacc[r, n] += dt(Gv[j, n])
 
     @_nb.njit(cache=True, nogil=True)
     def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi):  # pragma: no cover - compiled
@@ -1048,56 +1054,57 @@ if _HAVE_NUMBA:
                             e[n, b, 0, h] = q[b, n, h]
 
 
-def lif_block_numba(Vp, G, cn, Rd, mode: int, detach_reset: bool, sur: tuple, cols, traces, carry: bool,
-                    need_zp: bool):
+def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
+    """The scratch arrays of :func:`lif_block_numba` for blocks of ``K`` steps, batch ``B``, ``N``
+    neurons and ``m`` traced per-neuron parameters (made once per sequence and block size)."""
+    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    t = lambda *shape: torch.empty(shape, dtype=dtype)  # noqa: E731
+    ws = {"J": t(K, B, N), "V": t(m, K, B, N), "zp": t(K, B, N), "gh": t(K, B, N), "P0": t(B, K, N), "phi": t(B, N),
+          "b0": t(B, N), "Gv": np.empty((max(m, 1), N), dtype=np.float64), "none3": np.zeros((max(m, 1), 1, 1), npdt),
+          "z2": np.zeros((1, 1), npdt), "z3": np.zeros((1, 1, 1), npdt)}
+    ws["np"] = {k: v.numpy() for k, v in ws.items() if isinstance(v, torch.Tensor)}
+    return ws
+
+
+def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, sur: tuple, cols, traces, carry: bool,
+                    need_zp: bool, ws: dict, Gacc):
     """:func:`_lif_block_vec` on torch tensors: ``Vp [K, B, N]`` the membranes before each step,
-    ``G [K, B, N]`` or ``None``, ``cn [3, N]`` and ``Rd`` as :meth:`.traces_lif.LIFTrace.fused_setup`
-    gives them, ``sur = (code, p1, p2)`` (code 1 or 2), ``traces`` the carried per-neuron traces as
-    for :func:`chunk1_numba`. Returns ``(gh or None, Gv [m, N] or None, new traces [m, B, N] or
-    None, P0 [B, K, N] or None, phi or None, b0 or None, zp [K, B, N] or None)`` as torch tensors
-    (``Gv`` in float64)."""
+    ``G [K, B, N]`` or ``None``, ``cn [3, N]`` and the lateral self-weights ``rd`` (numpy, as
+    :meth:`.traces_lif.LIFTrace.fused_setup` gives them), ``sur = (code, p1, p2)`` (code 1 or 2),
+    ``traces`` the carried per-neuron traces as for :func:`chunk1_numba`, ``ws`` a
+    :func:`lif_block_workspace`, ``Gacc`` the per-neuron accumulator rows (numpy ``[3, N]``) the
+    sums are added to. Returns ``(gh, new traces [m, B, N] or None, P0, phi, b0, zp)``: workspace
+    tensors (valid until the next call with ``ws``) except the new traces, a new tensor."""
     Vn = _arr(Vp)
     K, B, N = Vn.shape
-    npdt = Vn.dtype
     m = len(cols)
     use_g = G is not None
     has_ev = False
     if isinstance(traces, torch.Tensor):
         E, has_ev = _arr(traces), True
     elif traces is not None and m and any(t is not None for t in traces):
-        E, has_ev = np.zeros((m, B, N), dtype=npdt), True
+        E, has_ev = np.zeros((m, B, N), dtype=Vn.dtype), True
         for j, t in enumerate(traces):
             if t is not None:
                 E[j] = _arr(t)
     else:
-        E = np.zeros((max(m, 1), 1, 1), dtype=npdt)
-    J = np.empty((K, B, N), dtype=npdt)
-    V = np.empty((m, K, B, N), dtype=npdt)
-    zp = np.empty((K, B, N) if need_zp else (1, 1, 1), dtype=npdt)
-    gh = np.empty((K, B, N) if use_g else (1, 1, 1), dtype=npdt)
-    Gv = np.empty((max(m, 1), N), dtype=np.float64)
-    ev_out = np.empty((max(m, 1), B, N) if carry else (1, 1, 1), dtype=npdt)
-    P0 = np.empty((B, K, N) if carry else (1, 1, 1), dtype=npdt)
-    phi = np.empty((B, N) if carry else (1, 1), dtype=npdt)
-    b0 = np.empty((B, N) if use_g else (1, 1), dtype=npdt)
-    rd = _arr(Rd) if Rd is not None else np.zeros(1, dtype=npdt)
-    _lif_block_vec(Vn, _arr(G) if use_g else gh, use_g, _arr(cn), rd, Rd is not None, mode, bool(detach_reset),
-                   sur[0], sur[1], sur[2], cols, E, has_ev, bool(carry), bool(need_zp), J, V, zp, gh, Gv, ev_out,
-                   P0, phi, b0)
-    t = torch.from_numpy
-    return (t(gh) if use_g else None, t(Gv[:m]) if (use_g and m) else None,
-            t(ev_out[:m]) if (carry and m) else None, t(P0) if carry else None, t(phi) if carry else None,
-            t(b0) if use_g else None, t(zp) if need_zp else None)
+        E = ws["none3"]
+    w = ws["np"]
+    ev_t = torch.empty((m, B, N), dtype=Vp.dtype) if (carry and m) else None
+    _lif_block_vec(Vn, _arr(G) if use_g else w["gh"], use_g, cn, rd, has_rd, mode, detach_reset, sur[0], sur[1], sur[2],
+                   cols, E, has_ev, bool(carry), bool(need_zp), w["J"], w["V"], w["zp"], w["gh"], ws["Gv"],
+                   ev_t.numpy() if ev_t is not None else ws["z3"], w["P0"], w["phi"], w["b0"], Gacc)
+    return ws["gh"], ev_t, ws["P0"], ws["phi"], ws["b0"], ws["zp"]
 
 
-def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi) -> None:
+def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict) -> None:
     """:func:`_lif_block_mat` on torch tensors: ``e`` (contiguous) updated in place, read as zero
-    without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``, ``phi`` used with ``carry``."""
-    dt = e.numpy().dtype
-    z2 = np.zeros((1, 1), dtype=dt)
-    _lif_block_mat(e.numpy(), bool(has_e), b0 is not None, z2 if b0 is None else _arr(b0),
-                   z2 if b0 is None else Gm.numpy(), bool(carry), _arr(q) if carry else np.zeros((1, 1, 1), dtype=dt),
-                   _arr(phi) if carry else z2)
+    without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``, ``phi`` used with ``carry``;
+    ``ws`` a :func:`lif_block_workspace` (its placeholders)."""
+    z2 = ws["z2"]
+    _lif_block_mat(e.numpy(), has_e, b0 is not None, z2 if b0 is None else b0.numpy(),
+                   z2 if b0 is None else Gm.numpy(), carry, q.numpy() if carry else ws["z3"],
+                   phi.numpy() if carry else z2)
 
 
 # --- the chunked block of one LRU layer ------------------------------------------------------

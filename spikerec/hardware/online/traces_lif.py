@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...kernels import alif_sequence_numba
+from ...kernels import alif_sequence_numba, lif_sequence, lif_sequence_numba
 from ...kernels.lif_sequence_numba import RESET_CODES, surrogate_code
 from ...layers.alif import ALIFState
 from ...layers.readout import ReadoutState
@@ -26,7 +26,7 @@ from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
 from .numba_kernels import (alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
-                            lif_block_mat_numba, lif_block_numba,
+                            lif_block_mat_numba, lif_block_numba, lif_block_workspace,
                             compiled_cpu, compiled_dtype)
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
@@ -219,8 +219,6 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         the layer's own forward backend (:mod:`spikerec.kernels.lif_sequence`: the compiled loop
         without lateral weights on the CPU, else its torch loop), the same recurrence as
         :meth:`step`. A CUBA layer runs the step loop (:meth:`scan_states`)."""
-        from ...kernels import lif_sequence, lif_sequence_numba
-
         K, B = x.shape[0], x.shape[1]
         if self.cell.cuba:  # the step loop (two states)
             return self.scan_loop(x, state, with_new or with_out, with_out)
@@ -232,13 +230,20 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if compiled is None:  # the layer's forward backend for this dtype (fixed within a sequence)
             compiled = k["compiled"] = lif_sequence._use_numba("auto", I, k["w_rec"])
         if compiled:
-            fc = k.get(("forward", B))  # the kernel's flattened constants, once per sequence and batch size
-            if fc is None:
-                fc = k[("forward", B)] = lif_sequence_numba.forward_consts(alpha, None, thr, B, N, x.dtype)
+            fp = k.get(("forward", B))  # the kernel and its flattened constants, once per sequence and batch size
+            if fp is None:
+                fc = lif_sequence_numba.forward_consts(alpha, None, thr, B, N, x.dtype)
+                fp = k[("forward", B)] = (lif_sequence_numba.RESET_CODES[reset], fc, np.empty(B * N, fc[0].dtype),
+                                          np.empty((1, 1), fc[0].dtype), lif_sequence_numba.forward_kernel())
+            # the layer's forward loop without lif_forward's wrapper (its constants and kernel kept per
+            # sequence; a block is one work item of the kernel, so numba's thread count is not reset)
+            mode, (a, a_s, th, zeros), i_scratch, no_syn, fwd = fp
             Vb = torch.empty((K + 1, B, N), dtype=x.dtype)  # [v_before, v_1 .. v_K]: prev and new are views
             Vb[0] = state.v
-            Z, V, _, vT, _ = lif_sequence_numba.lif_forward(I, state.v, None, alpha, None, thr, reset, consts=fc,
-                                                            v_out=Vb[1:])
+            Z, vT = torch.empty((K, B, N), dtype=x.dtype), torch.empty((B, N), dtype=x.dtype)
+            fwd(I.view(K, B * N).numpy(), Vb[0].view(-1).numpy(), zeros, a, a_s, th, mode, False,
+                Vb[1:].view(K, B * N).numpy(), Z.view(K, B * N).numpy(), no_syn, vT.view(-1).numpy(), i_scratch)
+            V = Vb[1:]
             prev = _lif.LIFState(Vb[:-1].view(K * B, N))
         else:
             Z, V, _, vT, _ = lif_sequence._torch_forward(I, state.v, None, alpha, None, thr, k["w_rec"], reset,
@@ -264,7 +269,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
 
         The torch form (:func:`.traces_base.chunk_contract`) runs where the compiled one does not
         (no numba, not the CPU, a rule without ``J``)."""
-        if self.use_J() and compiled_cpu(x) and surrogate_code(self.cell.surrogate)[0] in (1, 2):
+        if (self.use_J() and compiled_cpu(x) and self.cell.weight.dtype == x.dtype
+                and surrogate_code(self.cell.surrogate)[0] in (1, 2)):
             self._block_contract_compiled(ts, x, prev, G, carry, K, B)
             return
         P = self.partials(x, prev, new)
@@ -300,29 +306,46 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if carry and names:
             ts.set_carried(names, ev_out.unsqueeze(-1))
 
+    def _block_plan(self, dt, K: int, B: int) -> dict:
+        """What the compiled block contraction fixes per sequence (and block size): the traced
+        per-neuron and matrix parameters, the compiled pass's constants as numpy arrays, the
+        reset, surrogate and workspace."""
+        k = self.consts(dt)
+        plan = k.get(("block_plan", K, B))
+        if plan is None:
+            c = self.cell
+            names, cols, cn, Rd = self.fused_setup(dt)
+            mats = tuple(n for n in ("weight", "recurrent_weight") if self.params.get(n) is not None and n in self.traced)
+            N = c.hidden_size
+            plan = k[("block_plan", K, B)] = {
+                "names": names, "cols": cols, "cn": cn.numpy(), "has_rd": Rd is not None,
+                "rd": Rd.numpy() if Rd is not None else np.zeros(1, dtype=cn.numpy().dtype),
+                "mats": mats, "mode": RESET_CODES[c.reset], "detach": bool(c.detach_reset),
+                "sur": surrogate_code(c.surrogate), "ws": lif_block_workspace(K, B, N, len(names), dt)}
+        return plan
+
     def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int) -> None:
         """:meth:`block_contract` with the partials computed inside the compiled per-neuron pass
-        (:func:`.numba_kernels.lif_block_numba`: a surrogate with an inline formula), the two
-        products of each matrix trace as torch GEMMs (``dW += gh^T pre``; ``q_b = Phi_b^T pre_b``,
-        one batched product) and the carried trace's update and ``b0`` term in one compiled pass
+        (:func:`.numba_kernels.lif_block_numba`: a surrogate with an inline formula; its sums added
+        straight into the per-neuron accumulators), the two products of each matrix trace as torch
+        GEMMs (``dW += gh^T pre`` into the accumulator; ``q_b = Phi_b^T pre_b``, one batched
+        product) and the carried trace's ``b0`` term and update in one compiled pass
         (:func:`.numba_kernels.lif_block_mat_numba`), in place."""
         if G is None and not carry:
             return
         dt = x.dtype
-        names, cols, cn, Rd = self.fused_setup(dt)
-        c = self.cell
-        mats = [n for n in ("weight", "recurrent_weight") if self.params.get(n) is not None and n in self.traced]
+        plan = self._block_plan(dt, K, B)
+        names, mats, ws = plan["names"], plan["mats"], plan["ws"]
         N = prev.v.shape[-1]
+        accs = self._accumulators(ts, names, G is not None, dt, N)
         old = ts.carried(names) if names else None
-        gh, Gv, ev_out, P0, phi, b0, zp = lif_block_numba(
-            prev.v.reshape(K, B, N), None if G is None else G.reshape(K, B, N), cn, Rd,
-            RESET_CODES[c.reset], c.detach_reset, surrogate_code(c.surrogate), cols,
+        gh, ev_out, P0, phi, b0, zp = lif_block_numba(
+            prev.v.view(K, B, N), None if G is None else G.reshape(K, B, N), plan["cn"], plan["rd"], plan["has_rd"],
+            plan["mode"], plan["detach"], plan["sur"], plan["cols"],
             None if old is None else
             (old[..., 0] if isinstance(old, torch.Tensor) else [None if e is None else e[..., 0] for e in old]),
-            carry, "recurrent_weight" in mats)
-        if G is not None:
-            for j, n in enumerate(names):
-                ts.add(n, Gv[j])
+            carry, "recurrent_weight" in mats, ws, accs[0].numpy())
+        gh2 = gh.view(K * B, N)
         for name in mats:
             pre = (x if name == "weight" else zp).reshape(K, B, -1)
             H = pre.shape[-1]
@@ -330,25 +353,16 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             has_e = e is not None
             if has_e and not (e.is_contiguous() and e.dtype == dt):
                 e = e.contiguous().to(dt)
-            Gm, own = None, False
-            if G is not None:  # dW += gh^T pre, into the accumulator itself where it has this layout
-                Gm = ts.G.get(name)
-                p = self.params[name]
-                if Gm is None and p.dtype == dt and tuple(p.shape) == (N, H):
-                    Gm = ts.G[name] = torch.zeros((N, H), dtype=dt)
-                own = Gm is not None and Gm.is_contiguous() and Gm.dtype == dt and tuple(Gm.shape) == (N, H)
-                if not own:
-                    Gm = torch.zeros((N, H), dtype=dt)
-                Gm.addmm_(gh.reshape(K * B, N).t(), pre.reshape(K * B, H))
+            Gm = accs[1] if name == "weight" else accs[2]  # dW += gh^T pre
+            if G is not None:
+                Gm.addmm_(gh2.t(), pre.reshape(K * B, H))
             q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1)) if carry else None  # [B, N, H]
             if carry and not has_e:
                 e = torch.empty((N, B, 1, H), dtype=dt)
             if e is not None:
-                lif_block_mat_numba(e, has_e, None if G is None else b0, Gm, carry, q, phi)
+                lif_block_mat_numba(e, has_e, None if G is None else b0, Gm, carry, q, phi, ws)
                 if carry:
                     ts.mat[name] = e
-            if G is not None and not own:
-                ts.add(name, Gm)
         if carry and names:
             ts.set_carried(names, ev_out.unsqueeze(-1))
 
