@@ -51,6 +51,7 @@ __all__ = ["fused_supported", "FusedStack", "any_nan"]
 
 DEFER = 32  # steps of the LRU layers' C gradient buffered before one GEMM (FusedStack.flush_rows)
 MAT_DEFER = 8  # steps of the ALIF layers' matrix traces applied in one pass (FusedStack.flush_mats)
+LIF_DEFER = 64  # steps of the LIF layers' matrix traces applied in closed form at once (FusedStack.flush_lif)
 
 try:
     import numba as _nb
@@ -354,15 +355,18 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _lif_bwd(gout, use_g, x, slot, v, thr, sur, p1, p2, W, acc_thr, has_thr, gp, gin, need_gin, pv, psi, zp,
-                 cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd, mode, detach_reset,
-                 Jb):  # pragma: no cover - compiled
+                 cn, cols, ev, has_w, has_r, G_vec, Rd, has_rd, mode, detach_reset,
+                 Jbuf, gbuf, xbuf, zbuf):  # pragma: no cover - compiled
         """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` (``gp = gout
         sigma'(v - thr)``, ``dthr -= sum gp``, ``gin = gp W``, one GEMM), then its trace step
         (the recursions of :func:`.traces_base.stream_step` on the partials of
         :meth:`.traces_lif.LIFTrace.partials`, :func:`.numba_kernels._lif_partials`): the
         stacked per-neuron traces ``ev [B, N, 1, m]`` (columns ``cols`` of ``cn``'s rows:
-        0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``), the input and lateral matrix traces
-        ``[N, B, 1, H]`` (``e <- J e + pre``), each with ``G += g . e``. ``slot`` is unused."""
+        0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``) with ``G += g . e``. The input and
+        lateral matrix traces ``[N, B, 1, H]`` (``e <- J e + pre``, ``G += g . e``) are
+        deferred: this step's ``J``, ``g`` (zero without a loss) and presynaptic rows go to row
+        ``slot`` of the step buffers, applied in closed form every ``LIF_DEFER`` steps
+        (:meth:`FusedStack.flush_lif`)."""
         B, N = v.shape
         zero, one = v.dtype.type(0), v.dtype.type(1)
         if use_g:
@@ -381,7 +385,7 @@ if _nb is not None:
             for n in range(N):
                 J, d_tau, d_thr = _lif_partials(pv[b, n], psi[b, n], zp[b, n], cn[0, n], cn[1, n], cn[2, n],
                                                 Rd[n] if has_rd else zero, has_rd, mode, detach_reset, zero, one)
-                Jb[b, n] = J
+                Jbuf[slot, b, n] = J
                 for j in range(m):
                     c = cols[j]
                     imm = d_tau if c == 0 else (d_thr if c == 1 else one)
@@ -389,25 +393,53 @@ if _nb is not None:
                     ev[b, n, 0, j] = e
                     if use_g:
                         G_vec[c, n] += gp[b, n] * e
-        if has_w:
-            _lif_mat_step(ew, x, Jb, gp, use_g, G_w)
-        if has_r:
-            _lif_mat_step(er, zp, Jb, gp, use_g, G_r)
-
-    @_nb.njit(cache=True, nogil=True)
-    def _lif_mat_step(e, pre, Jb, gp, use_g, G):  # pragma: no cover - compiled
-        """``e[n, b] <- J[b, n] e[n, b] + pre[b]`` on a one-state matrix trace ``e [N, B, 1, H]``
-        and ``G[n] += sum_b g[b, n] e[n, b]`` (the loops take their bounds from ``e``)."""
-        N, B, _, H = e.shape
-        for n in range(N):
+        if has_w or has_r:
             for b in range(B):
-                j = Jb[b, n]
-                for h in range(H):
-                    e[n, b, 0, h] = j * e[n, b, 0, h] + pre[b, h]
-                if use_g:
-                    q = gp[b, n]
-                    for h in range(H):
-                        G[n, h] += q * e[n, b, 0, h]
+                for n in range(gbuf.shape[2]):
+                    gbuf[slot, b, n] = gp[b, n] if use_g else zero
+        if has_w:
+            for b in range(B):
+                for h in range(xbuf.shape[2]):
+                    xbuf[slot, b, h] = x[b, h]
+        if has_r:
+            for b in range(B):
+                for n in range(zbuf.shape[2]):
+                    zbuf[slot, b, n] = zp[b, n]
+
+
+def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
+    """Apply ``S`` deferred steps of a plain LIF layer's matrix traces at once. With the step
+    rows ``J_k``, ``g_k`` (``[B, N]``, ``g`` zero at steps without a loss) and presynaptic rows
+    ``pre_k`` (``[B, H]``: the input for ``weight``, the previous spikes for ``recurrent_weight``),
+    the per-step recursion ``e_k = J_k e_{k-1} + pre_k``, ``G += g_k . e_k`` sums to
+
+        gh_k = g_k + J_{k+1} gh_{k+1},  Phi_k = J_{S-1} ... J_{k+1},  phi = Phi_0 J_0
+        G += gh^T pre + sum_b (J_0 gh_0) e_{-1},   e <- sum_k Phi_k pre_k + phi e_{-1}
+
+    (the chunked block's closed form, :meth:`.traces_lif.LIFTrace.block_contract`): the
+    reverse filter and the products in one compiled pass (:func:`.numba_kernels.chunk1_numba`),
+    ``gh^T pre`` as one GEMM, the ``Phi`` sum as one batched product and the rest in one
+    compiled pass per trace, in place. ``bufs = (J, g, x, z)``, ``mats`` ``[(pre buffer, trace
+    [N, B, 1, H] or None, accumulator or None)]``."""
+    from .numba_kernels import chunk1_numba, lif_block_mat_numba
+
+    Jb, gb = bufs[0][:S], bufs[1][:S]
+    _, B, N = Jb.shape
+    gh, _, _, P0, phi, b0 = chunk1_numba(Jb, None, gb if use_g else None, None, True)
+    ws = _LIF_WS.setdefault(Jb.dtype, {"z2": np.zeros((1, 1), Jb.numpy().dtype),
+                                       "z3": np.zeros((1, 1, 1), Jb.numpy().dtype)})
+    for pre_buf, e, G in mats:
+        if e is None:
+            continue
+        pre = pre_buf[:S]
+        H = pre.shape[-1]
+        if use_g:
+            G.addmm_(gh.view(S * B, N).t(), pre.reshape(S * B, H))
+        q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1))  # [B, N, H]: sum_k Phi_k pre_k
+        lif_block_mat_numba(e, True, b0 if use_g else None, G, True, q, phi, ws)
+
+
+_LIF_WS: dict = {}  # placeholders of lif_block_mat_numba by dtype
 
 
 def any_nan(x: torch.Tensor) -> bool | None:
@@ -489,6 +521,11 @@ class FusedStack:
         self.mats = []  # per ALIF layer with matrix traces: the arguments of _alif_mats
         self.mbufs = {}  # their step buffers by layer
         self.mfill = 0  # matrix-trace steps deferred since the last pass (flush_mats)
+        self.lmats = []  # per LIF layer with matrix traces: (step buffers, [(pre buffer, trace, accumulator)])
+        self.lbufs = {}  # their step buffers by layer (J, g, x, z [LIF_DEFER, B, .]); kept across rebinds
+        self.lfill = 0  # LIF steps deferred since the last closed-form pass (flush_lif)
+        self.lany = False  # whether one of them had a loss
+        self.restore_lif = None  # deferred LIF steps from a checkpoint, copied in at the next bind
 
     # --- the deferred output-map gradient of the LRU layers -------------------------------------
     def flush_rows(self) -> None:
@@ -507,15 +544,39 @@ class FusedStack:
                 dCi.addmm_(gyt, HI[:f].reshape(-1, HI.shape[-1]), alpha=-1.0)
         self.fill = 0
 
-    def flush_mats(self) -> None:
+    def flush_mats(self, lif: bool = True) -> None:
         """Apply the deferred steps of the ALIF layers' matrix traces (``mfill`` of them, at most
         ``MAT_DEFER - 1``) in one pass per trace. The same operations in the same order as one
         pass per step, so when this runs does not change any result (a checkpoint flushes
-        first: :attr:`.learner.OnlineLearner.traces`)."""
+        first: :attr:`.learner.OnlineLearner.traces`). With ``lif``, also the LIF layers'
+        deferred steps (:meth:`flush_lif`)."""
         if self.mfill:
             for args in self.mats:
                 _alif_mats(*args, self.mfill)
         self.mfill = 0
+        if lif:
+            self.flush_lif()
+
+    def flush_lif(self) -> None:
+        """Apply the ``lfill`` deferred steps of the LIF layers' matrix traces in closed form
+        (:func:`apply_lif_window`: two GEMMs and one compiled pass per trace instead of a pass
+        over the trace per step). The sum is the per-step recursion's, rounded in another
+        order; the windows fall on the same steps in a run resumed from a checkpoint (the
+        buffers are saved, :meth:`saved_lif`), so the results are the same bits."""
+        S = self.lfill
+        if not S:
+            return
+        for bufs, mats in self.lmats:
+            apply_lif_window(bufs, mats, S, self.lany)
+        self.lfill = 0
+        self.lany = False
+
+    def saved_lif(self) -> tuple[list, bool]:
+        """The deferred LIF steps not yet applied: per LIF layer with matrix traces, copies of
+        its ``(J, g, x, z)`` step rows (``x``, ``z`` empty where not traced), and whether one of
+        the steps had a loss."""
+        S = self.lfill
+        return [tuple(b[:S].clone() for b in bufs) for bufs, _ in self.lmats], self.lany
 
     def saved_rows(self) -> list:
         """The buffered rows not yet flushed, ``[(GY, Re h, Im h)]`` per LRU layer (copies)."""
@@ -664,22 +725,28 @@ class FusedStack:
         W = c.weight.detach().to(dt).contiguous()
         sur, p1, p2 = surrogate_code(c.surrogate)
         st = lr_.states[l]
-        pv, zp, psi, z, cur, gp, Jb = (torch.empty_like(st.v) for _ in range(7))
+        pv, zp, psi, z, cur, gp = (torch.empty_like(st.v) for _ in range(6))
         acc_thr = self._acc(c.threshold)
         gin = torch.zeros((B, H), dtype=dt)
-        dummy4 = torch.zeros((1, 1, 1, 1), dtype=dt)
         mode = RESET_CODES[c.reset]
+        has_w, has_r = mats[0] is not None, mats[1] is not None
+        lb = self.lbufs.get(l)  # the deferred steps' J, g and presynaptic rows; kept across rebinds
+        D = LIF_DEFER if (has_w or has_r) else 1
+        shapes = ((D, B, N), (D, B, N), (D if has_w else 0, B, H), (D if has_r else 0, B, N))
+        if lb is None or tuple(t.shape for t in lb) != shapes or lb[0].dtype != dt:
+            lb = self.lbufs[l] = tuple(torch.zeros(sh, dtype=dt) for sh in shapes)
+        if has_w or has_r:
+            self.lmats.append((lb, [(lb[2], mats[0], Gw), (lb[3], mats[1], Gr)]))
         fargs = (_np(st.v), pv.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(), k["bias"] is not None,
                  Rt.numpy(), k["w_rec"] is not None, alpha.numpy(), thr.numpy(), mode, sur, p1, p2, cur.numpy(),
                  z.numpy())
         bargs = (fargs[0], thr.numpy(), sur, p1, p2, W.numpy(), dummy1 if acc_thr is None else acc_thr.numpy(),
                  acc_thr is not None, gp.numpy(), gin.numpy(), l > 0, pv.numpy(), psi.numpy(), zp.numpy(),
-                 cn.numpy(), cols, ev.numpy(), dummy4.numpy() if mats[0] is None else mats[0].numpy(),
-                 dummy4.numpy() if mats[1] is None else mats[1].numpy(), mats[0] is not None, mats[1] is not None,
-                 Gv.numpy(), dummy2 if Gw is None else Gw.numpy(), dummy2 if Gr is None else Gr.numpy(),
-                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, mode, bool(c.detach_reset), Jb.numpy())
-        keep = (st, pv, zp, psi, z, cur, gp, Jb, Wt, bias, Rt, W, alpha, thr, gin, ev, mats, Gv, Gw, Gr, acc_thr, cn,
-                Rd, dummy4)
+                 cn.numpy(), cols, ev.numpy(), has_w, has_r, Gv.numpy(),
+                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, mode, bool(c.detach_reset),
+                 *(t.numpy() for t in lb))
+        keep = (st, pv, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, thr, gin, ev, mats, Gv, Gw, Gr, acc_thr, cn,
+                Rd, lb)
         return _lif_fwd, fargs, _lif_bwd, bargs, 9, keep
 
     def _acc(self, p):
@@ -698,8 +765,10 @@ class FusedStack:
         dt = self.dtype
         self.flush_rows()  # into the accumulators bound so far
         self.flush_mats()  # into the traces bound so far
+        restore_lif, self.restore_lif = self.restore_lif, None  # taken first: binding reads the traces
         self.rows = []
         self.mats = []
+        self.lmats = []
         self.layers = self.fwd_args = self.bwd_args = None  # the old bindings' buffers go first
         states = lr_.states
         B = states[0][0].shape[0]
@@ -726,7 +795,8 @@ class FusedStack:
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
         # the step-buffer slot each layer's backward takes: the LRU's C rows, the ALIF's matrix traces
-        self.slot_kind = [0 if isinstance(tr, LRUTrace) else 1 for tr in lr_.tracers[:-1]]
+        self.slot_kind = [0 if isinstance(tr, LRUTrace) else 1 if isinstance(tr, ALIFTrace) else 2
+                          for tr in lr_.tracers[:-1]]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         self.gen = lr_._gen
@@ -739,6 +809,19 @@ class FusedStack:
                 for buf, t in zip(bufs, got):
                     buf[: t.shape[0]].copy_(t)
                 self.fill = got[0].shape[0]
+        if restore_lif is not None:  # deferred LIF steps of a checkpoint (saved_lif), not yet applied
+            saved, any_g = restore_lif
+            if len(saved) != len(self.lmats):
+                raise ValueError(f"OnlineLearner checkpoint: {len(saved)} deferred LIF trace buffers, this "
+                                 f"stack has {len(self.lmats)}")
+            for (bufs, _), got in zip(self.lmats, saved):
+                for buf, t in zip(bufs, got):
+                    if buf.shape[1:] != t.shape[1:] or t.shape[0] > LIF_DEFER:
+                        raise ValueError(f"OnlineLearner checkpoint: deferred LIF steps of shape {tuple(t.shape)}, "
+                                         f"this stack's are [{LIF_DEFER}, {', '.join(map(str, buf.shape[1:]))}]")
+                    buf[: t.shape[0]].copy_(t)
+                self.lfill = got[0].shape[0]
+            self.lany = bool(any_g)
 
     # --- one step -------------------------------------------------------------------------------
     def step(self, x_t, closure, value_and_grad=None, mse_target=None, check_nan=False):
@@ -766,13 +849,13 @@ class FusedStack:
                                                     *self.ro_bwd[1:], self.gh_np), dtype=self.dtype)
             y_t = self.ystate[0].clone()
             gcur = self.gh_np
-            slots = (self.fill, self.mfill)
+            slots = (self.fill, self.mfill, self.lfill)
             for l in range(len(self.layers) - 1, -1, -1):
                 f, ba, gi = self.bwd_args[l]
                 f(gcur, True, ins[l], slots[self.slot_kind[l]], *ba)
                 gcur = ba[gi]
             self._row_written()
-            self._mats_written()
+            self._mats_written(True)
             return y_t, loss
         _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
@@ -801,21 +884,26 @@ class FusedStack:
             gcur = self.gh_np
         else:
             gcur = self.ro_args[0][:0]  # unused
-        slots = (self.fill, self.mfill)
+        slots = (self.fill, self.mfill, self.lfill)
         for l in range(len(self.layers) - 1, -1, -1):
             f, ba, gi = self.bwd_args[l]
             f(gcur, use_g, ins[l], slots[self.slot_kind[l]], *ba)
             gcur = ba[gi]  # the error reaching the layer's input
         if use_g:
             self._row_written()
-        self._mats_written()
+        self._mats_written(use_g)
         return y_t, loss
 
-    def _mats_written(self):
+    def _mats_written(self, use_g: bool):
         if self.mats:
             self.mfill += 1
             if self.mfill == MAT_DEFER:  # the backward calls of this step applied them
                 self.mfill = 0
+        if self.lmats:
+            self.lfill += 1
+            self.lany = self.lany or use_g
+            if self.lfill == LIF_DEFER:
+                self.flush_lif()
 
     def _row_written(self):
         if self.rows:

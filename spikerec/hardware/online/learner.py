@@ -344,9 +344,12 @@ class OnlineLearner:
         any matrix-trace steps the whole-stack step has deferred applied first (bit-identical to
         applying them step by step; :meth:`.fused_stack.FusedStack.flush_mats`)."""
         fs = self.__dict__.get("_fused_stack")
-        if fs is not None and fs.mfill:
+        if fs is not None and (fs.mfill or fs.lfill or fs.restore_lif is not None):
             with flush_subnormals():  # as in the steps (:mod:`.subnormal`)
                 fs.flush_mats()
+                if fs.restore_lif is not None:  # restored deferred LIF steps, read before the next step
+                    (rows, any_g), fs.restore_lif = fs.restore_lif, None
+                    self._apply_saved_lif(rows, any_g)
         return self._trace_states  # AttributeError before the first stream
 
     @traces.setter
@@ -399,7 +402,7 @@ class OnlineLearner:
             self._leave_fast_paths()  # dropout switched on mid-stream: those paths do not apply it
         fused = self._fused_stack if self.mode == "stream" else None
         # the whole-stack step checks x_t for NaN in its own compiled pass (same error)
-        x_t = self._check_step(x_t, f"OnlineLearner.step (step {self.steps}) x_t", nan=fused is None)
+        x_t = self._check_step(x_t, None, nan=fused is None)  # None: the step's name, built only for an error
         if self._check_params:
             self._sync_params()
         if target_t is not None:
@@ -580,7 +583,16 @@ class OnlineLearner:
         for l, s in enumerate(self.states):
             for f, v in zip(type(s)._fields, s):
                 tensors[f"state/{l}/{f}"] = v
-        for l, ts in enumerate(self._traces):
+        fs = self._fused_stack
+        if fs is not None:  # the ALIF passes (same bits whenever applied); the LIF window is stored as it is
+            with flush_subnormals():
+                fs.flush_mats(lif=False)
+            lif_rows, lif_any = fs.saved_lif()
+            meta["fused_lif"] = [len(lif_rows), lif_any]
+            for j, bufs in enumerate(lif_rows):
+                for name, v in zip(("J", "g", "x", "z"), bufs):
+                    tensors[f"fused_lif/{j}/{name}"] = v
+        for l, ts in enumerate(self._trace_states):
             for n, v in ts.vec.items():
                 tensors[f"trace_vec/{l}/{_key(n)}"] = v
             for n, v in ts.mat.items():
@@ -640,7 +652,7 @@ class OnlineLearner:
                 ts = self._traces[int(l)]
                 d = {"trace_vec": ts.vec, "trace_mat": ts.mat, "acc": ts.G}[kind]
                 d[_unkey(n)] = v.clone()
-            elif kind in ("pending", "block_start", "fused_rows"):
+            elif kind in ("pending", "block_start", "fused_rows", "fused_lif"):
                 continue
             elif kind == "spatial":
                 if rest not in named:
@@ -661,6 +673,13 @@ class OnlineLearner:
             self._fused_stack.restore = rows
         elif rows:  # this learner takes another path: add the rows now
             self._add_saved_rows(rows)
+        n_lif, lif_any = meta.get("fused_lif", (0, False))
+        lif_rows = [tuple(tensors[f"fused_lif/{j}/{n}"] for n in ("J", "g", "x", "z")) for j in range(int(n_lif))]
+        if lif_rows and lif_rows[0][0].shape[0]:
+            if self._fused_stack is not None:
+                self._fused_stack.restore_lif = (lif_rows, bool(lif_any))
+            else:  # this learner takes another path: apply the deferred steps to the traces now
+                self._apply_saved_lif(lif_rows, bool(lif_any))
         self._gen += 1
 
     # --- internals ------------------------------------------------------------------------------
@@ -688,6 +707,7 @@ class OnlineLearner:
                 v.mul_(keep.view(1, -1, *([1] * (v.dim() - 2))).to(v.dtype))
 
     def _check_nan(self, x_t, name):
+        """Raise for NaN in the step input ``x_t`` (``name`` ``None``: the current step's)."""
         if not x_t.is_floating_point():
             return
         if x_t.device.type == "cpu":
@@ -699,7 +719,7 @@ class OnlineLearner:
                 return
         elif not bool(torch.isnan(x_t).any()):
             return
-        raise ValueError(f"{name}: contains NaN values")
+        raise ValueError(f"{name or f'OnlineLearner.step (step {self.steps}) x_t'}: contains NaN values")
 
     def _check_nan_block(self, xb, t0):
         """:meth:`_check_nan` of the steps ``t0, t0+1, ...`` of ``xb [K, B, C]`` with one reduction
@@ -714,8 +734,16 @@ class OnlineLearner:
 
     def _check_step(self, x_t, name, start=True, nan=True):
         """Check one step's input and return it in the parameters' dtype (boolean and integer
-        spikes are cast; a floating input of another precision is an error); starts the stream."""
+        spikes are cast; a floating input of another precision is an error); starts the stream.
+        ``name`` (for the error messages) ``None``: ``OnlineLearner.step (step N) x_t``."""
         C = self.model.input_size
+        if (type(x_t) is torch.Tensor and self.states is not None and x_t.dtype == self._dtype and x_t.dim() == 2
+                and x_t.shape[1] == C and x_t.shape[0] == self.states[0][0].shape[0]):
+            if nan:  # the usual step: a tensor of the stream's shape and dtype
+                self._check_nan(x_t, name)
+            return x_t
+        if name is None:
+            name = f"OnlineLearner.step (step {self.steps}) x_t"
         if not isinstance(x_t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor of shape [B, {C}], got {type(x_t).__name__}")
         if x_t.dim() != 2 or x_t.shape[-1] != C:
@@ -736,6 +764,10 @@ class OnlineLearner:
         return x_t
 
     def _check_target(self, target_t):
+        known = self._target_shape
+        if (known is not None and type(target_t) is torch.Tensor and target_t.is_floating_point()
+                and target_t.shape == known):
+            return  # a floating target of the shape the stream's first target was checked with
         name = f"OnlineLearner.step (step {self.steps}) target_t"
         if not isinstance(target_t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(target_t).__name__}")
@@ -1083,6 +1115,30 @@ class OnlineLearner:
                     if p.requires_grad:
                         g = sign * (gyt @ h.reshape(-1, h.shape[-1])).to(p.dtype)
                         self.spatial[p] = self.spatial[p] + g if p in self.spatial else g
+
+    def _apply_saved_lif(self, rows, any_g: bool) -> None:
+        """Apply deferred LIF matrix-trace steps saved by a learner that took the whole-stack step
+        (:meth:`load_state_tensors`) to this learner's traces and accumulators."""
+        from .fused_stack import apply_lif_window
+
+        lif = [(tr, ts) for tr, ts in zip(self.tracers, self._trace_states) if isinstance(tr, LIFTrace)
+               and not tr.cell.cuba and any(n in tr.traced for n in ("weight", "recurrent_weight"))]
+        if len(lif) != len(rows):
+            raise ValueError(f"OnlineLearner checkpoint: {len(rows)} deferred LIF trace buffers, the model has "
+                             f"{len(lif)} plain LIF layers with traced weights")
+        with torch.no_grad(), flush_subnormals():
+            for (tr, ts), bufs in zip(lif, rows):
+                mats = []
+                for name, pre in (("weight", bufs[2]), ("recurrent_weight", bufs[3])):
+                    e = ts.mat.get(name) if name in tr.traced else None
+                    if e is not None:
+                        e = ts.mat[name] = e.contiguous()
+                        G = ts.G.get(name)
+                        if G is None or not G.is_contiguous():
+                            G = ts.G[name] = (torch.zeros_like(tr.params[name], memory_format=torch.contiguous_format)
+                                              if G is None else G.contiguous())
+                    mats.append((pre, e, G if e is not None else None))
+                apply_lif_window(bufs, mats, bufs[0].shape[0], any_g)
 
     def _flush(self):
         """Add the accumulated estimate to ``.grad`` and reset the accumulators. Parameters the
