@@ -671,20 +671,20 @@ if _HAVE_NUMBA:
                     sums[n] += gp[r, n]
 
 
-def lif_spatial_numba(gout, v, thr, sur, want_sum: bool):
-    """:func:`_lif_spatial` on torch tensors (``gout``, ``v`` ``[rows, N]``, ``thr`` ``[N]`` or a
-    scalar) for a surrogate with an inline form; returns ``(gp, sum gp or None)`` (the sum in the
-    arrays' dtype), or ``None`` for another surrogate (the caller uses torch)."""
-    code, p1, p2 = surrogate_code(sur)
+def lif_spatial_numba(gout, v, thr, sur: tuple, want_sum: bool):
+    """:func:`_lif_spatial` on torch tensors (``gout``, ``v`` ``[rows, N]``; ``thr`` the threshold
+    row ``[N]`` as a numpy array of their dtype; ``sur = (code, slope, scale)`` of
+    :func:`surrogate_code`); returns ``(gp, sum gp or None)`` (the sum in the arrays' dtype), or
+    ``None`` for a surrogate without an inline form (the caller uses torch)."""
+    code, p1, p2 = sur
     if not code:
         return None
     R, N = v.shape
     vn = _arr(v)
-    gp = np.empty((R, N), dtype=vn.dtype)
+    gp = torch.empty((R, N), dtype=v.dtype)
     sums = np.zeros(N if want_sum else 1, dtype=np.float64)
-    _lif_spatial(_arr(gout), vn, _arr(thr.detach().to(v.dtype).expand(N).contiguous()), code, p1, p2, gp,
-                 bool(want_sum), sums)
-    return torch.from_numpy(gp), (torch.from_numpy(sums.astype(vn.dtype)) if want_sum else None)
+    _lif_spatial(_arr(gout), vn, thr, code, p1, p2, gp.numpy(), bool(want_sum), sums)
+    return gp, (torch.from_numpy(sums.astype(vn.dtype)) if want_sum else None)
 
 
 def alif_block_numba(v0, a0, sur, cn, cols, Rd, detach_reset, G, carry, ev_in):

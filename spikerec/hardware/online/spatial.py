@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ...kernels.lif_sequence_numba import surrogate_code
 from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
 from .numba_kernels import alif_spatial_numba, compiled_cpu, lif_spatial_numba
@@ -245,8 +246,14 @@ def _spatial_backward(learner, kinds, recs, gy):
                 g_out = torch.addmm(gu, g, Bi)
         elif kind == "lif":  # z = H(v - thr): d l / d v = gz psi, d l / d thr = -gz psi
             learn_thr = c.threshold.requires_grad
-            comp = (lif_spatial_numba(g_out, new.v, c.threshold, c.surrogate, learn_thr)
-                    if _compiled_rows(g_out, new.v) else None)
+            comp = None
+            if _compiled_rows(g_out, new.v):
+                k = tr.consts(g_out.dtype)
+                sc = k.get("spatial")  # the surrogate's code and the threshold row, once per sequence
+                if sc is None:
+                    N = new.v.shape[-1]
+                    sc = k["spatial"] = (surrogate_code(c.surrogate), k["thr"].expand(N).contiguous().numpy())
+                comp = lif_spatial_numba(g_out, new.v, sc[1], sc[0], learn_thr)
             if comp is not None:  # one compiled pass (a surrogate with an inline form)
                 gp, s_thr = comp
             else:
