@@ -8,7 +8,7 @@ import torch
 
 from spikerec.hardware.online.memory import alloc_in_use
 from spikerec.hardware.online import OnlineLearner
-from spikerec.layers import ALIF, LeakyReadout
+from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.layers.lru import LRU
 from spikerec.models import RecurrentStack
 
@@ -41,10 +41,16 @@ def peak_growth(model, T, B, H, seed):
 
 
 @pytest.mark.skipif(alloc_in_use() is None, reason="needs glibc's mallinfo2")
-def test_stream_peak_allocator_memory_is_flat_in_T():
+@pytest.mark.parametrize("net", ["lru_alif", "lif"])
+def test_stream_peak_allocator_memory_is_flat_in_T(net):
+    """The LRU/ALIF stack, and a LIF stack whose matrix traces are applied in windows of steps
+    (the windows' buffers are the same size at any T)."""
     torch.manual_seed(0)
-    lru = LRU(32, 48)
-    model = RecurrentStack([lru, ALIF(lru.output_size, 48, recurrent=False)], LeakyReadout(48, 3))
+    if net == "lif":
+        model = RecurrentStack([LIF(32, 48, recurrent=True), LIF(48, 48)], LeakyReadout(48, 3))
+    else:
+        lru = LRU(32, 48)
+        model = RecurrentStack([lru, ALIF(lru.output_size, 48, recurrent=False)], LeakyReadout(48, 3))
     # warm-up: first-call allocations, including those of the first update in the middle of a
     # stream (the first steps after it load compiled code once)
     peak_growth(model, 600, 8, 32, 0)
