@@ -543,3 +543,53 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
                 assert torch.equal(got[n], want[n]), n
             else:
                 assert torch.allclose(got[n], want[n], rtol=1e-10, atol=1e-11), n
+
+
+@pytest.mark.parametrize("net", ["lru", "alif", "lif"])
+def test_one_call_driver_is_bit_identical_to_the_calls_one_by_one(net, monkeypatch):
+    """With the package's MSE the whole-stack step is one compiled call (fused_driver): outputs,
+    losses, traces and gradients are the same bits as the kernels called one by one (float32,
+    several LIF windows and LRU row flushes, a reset, steps without a loss), and a NaN in x_t is
+    still reported before anything changes."""
+    from spikerec.hardware.online import fused_driver
+    from spikerec.hardware.online.fused_stack import LIF_DEFER
+
+    model = (build("matD") if net == "lru" else build_alif("mixed") if net == "alif" else build_lif("mixed")).float()
+    T, B = LIF_DEFER + 21, 3
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    x = torch.randn(T, B, 5, generator=g).float()
+    if net != "lru":
+        x = (x > 0.3).float() * 1.5
+    tgt = torch.randn(T, B, 3, generator=g).float()
+    monkeypatch.setattr(fused_driver, "AFTER_STEPS", 5)  # the driver from the 5th step on
+    out = []
+    for use in (True, False):
+        if not use:
+            monkeypatch.setattr(fused_driver, "available", lambda: False)
+        model.zero_grad()
+        lr = OnlineLearner(model, loss=mse_step_loss)
+        ys, ls = [], []
+        for t in range(T):
+            if t == 30:
+                lr.reset(torch.tensor([False, True, False]))
+            r = lr.step(x[t], None if t % 7 == 6 else tgt[t])
+            ys.append(r.output)
+            ls.append(torch.zeros(()) if r.loss is None else r.loss)
+        assert (lr._fused_stack.driver is not None) == use
+        bad = x[0].clone()
+        bad[1, 2] = float("nan")
+        before = [f.clone() for s in lr.states for f in s]
+        with pytest.raises(ValueError, match=f"step {T}.*NaN"):
+            lr.step(bad, tgt[0])
+        assert all(torch.equal(a, f) for a, f in zip(before, (f for s in lr.states for f in s)))
+        traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+        lr.update()
+        out.append((torch.stack(ys), torch.stack(ls), traces,
+                    {n: p.grad.clone() for n, p in named(model) if p.grad is not None}))
+    (y0, l0, tr0, g0), (y1, l1, tr1, g1) = out
+    assert torch.equal(y0, y1) and torch.equal(l0, l1)
+    assert tr0.keys() == tr1.keys() and g0.keys() == g1.keys()
+    for n in tr0:
+        assert torch.equal(tr0[n], tr1[n]), n
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n

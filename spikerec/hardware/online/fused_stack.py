@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from ...kernels.lif_sequence_numba import surrogate_code
-from .numba_kernels import numba_available
+from . import fused_driver
+from .numba_kernels import lif_block_mat_numba, numba_available
 from .traces_base import _STACK
 from .traces_lif import ALIFTrace, LIFTrace
 from .traces_lru import LRUTrace
@@ -63,7 +64,7 @@ except Exception:  # pragma: no cover - optional
 _FM = {"reassoc", "contract", "nsz"}
 
 if _nb is not None:
-    from .numba_kernels import _lru_trace
+    from .numba_kernels import _chunk1, _lru_trace
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
     def _mse(y, target, gy):  # pragma: no cover - compiled
@@ -417,17 +418,17 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
         G += gh^T pre + sum_b (J_0 gh_0) e_{-1},   e <- sum_k Phi_k pre_k + phi e_{-1}
 
     (the chunked block's closed form, :meth:`.traces_lif.LIFTrace.block_contract`): the
-    reverse filter and the products in one compiled pass (:func:`.numba_kernels.chunk1_numba`),
+    reverse filter and the products in one compiled pass (:func:`.numba_kernels._chunk1`),
     ``gh^T pre`` as one GEMM, the ``Phi`` sum as one batched product and the rest in one
     compiled pass per trace, in place. ``bufs = (J, g, x, z)``, ``mats`` ``[(pre buffer, trace
     [N, B, 1, H] or None, accumulator or None)]``."""
-    from .numba_kernels import chunk1_numba, lif_block_mat_numba
-
     Jb, gb = bufs[0][:S], bufs[1][:S]
     _, B, N = Jb.shape
-    gh, _, _, P0, phi, b0 = chunk1_numba(Jb, None, gb if use_g else None, None, True)
-    ws = _LIF_WS.setdefault(Jb.dtype, {"z2": np.zeros((1, 1), Jb.numpy().dtype),
-                                       "z3": np.zeros((1, 1, 1), Jb.numpy().dtype)})
+    ws = _window_workspace(S, B, N, Jb.dtype)
+    w = ws["np"]
+    _chunk1(Jb.numpy(), ws["V0"], gb.numpy() if use_g else w["gh"], use_g, ws["z3"], False, True, w["gh"], ws["Gv"],
+            ws["z3"], w["P0"], w["phi"], w["b0"])
+    gh, P0, phi, b0 = ws["gh"], ws["P0"], ws["phi"], ws["b0"]
     for pre_buf, e, G in mats:
         if e is None:
             continue
@@ -439,7 +440,23 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
         lif_block_mat_numba(e, True, b0 if use_g else None, G, True, q, phi, ws)
 
 
-_LIF_WS: dict = {}  # placeholders of lif_block_mat_numba by dtype
+def _window_workspace(S: int, B: int, N: int, dtype) -> dict:
+    """Scratch arrays of :func:`apply_lif_window` for windows of ``S`` steps (kept per shape)."""
+    key = (S, B, N, dtype)
+    ws = _LIF_WS.get(key)
+    if ws is None:
+        if len(_LIF_WS) > 16:  # windows cut short by update/reset come in many lengths: keep few
+            _LIF_WS.clear()
+        npdt = torch.empty(0, dtype=dtype).numpy().dtype
+        t = lambda *shape: torch.empty(shape, dtype=dtype)  # noqa: E731
+        ws = _LIF_WS[key] = {"gh": t(S, B, N), "P0": t(B, S, N), "phi": t(B, N), "b0": t(B, N),
+                             "Gv": np.empty((1, N), dtype=np.float64), "V0": np.empty((0, S, B, N), npdt),
+                             "z2": np.zeros((1, 1), npdt), "z3": np.zeros((1, 1, 1), npdt)}
+        ws["np"] = {k: v.numpy() for k, v in ws.items() if isinstance(v, torch.Tensor)}
+    return ws
+
+
+_LIF_WS: dict = {}  # scratch arrays of apply_lif_window by window shape and dtype
 
 
 def any_nan(x: torch.Tensor) -> bool | None:
@@ -526,6 +543,8 @@ class FusedStack:
         self.lfill = 0  # LIF steps deferred since the last closed-form pass (flush_lif)
         self.lany = False  # whether one of them had a loss
         self.restore_lif = None  # deferred LIF steps from a checkpoint, copied in at the next bind
+        self.bound = self.driver = None  # the one-call step of the package's MSE (fused_driver), per binding
+        self.nsteps = 0  # steps this stack has run (the driver is compiled after fused_driver.AFTER_STEPS)
 
     # --- the deferred output-map gradient of the LRU layers -------------------------------------
     def flush_rows(self) -> None:
@@ -799,6 +818,10 @@ class FusedStack:
                           for tr in lr_.tracers[:-1]]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
+        if self.gy is None or self.gy.shape != self.ystate[0].shape:
+            self.gy = torch.empty_like(self.ystate[0])
+        self.bound = self.driver = None
+        self._bind_driver(self.nsteps >= fused_driver.AFTER_STEPS)
         self.gen = lr_._gen
         if self.restore is not None:  # rows of a checkpoint (state_tensors), not yet added
             saved, self.restore = self.restore, None
@@ -823,6 +846,15 @@ class FusedStack:
                 self.lfill = got[0].shape[0]
             self.lany = bool(any_g)
 
+    def _bind_driver(self, compile_new: bool) -> None:
+        """The one-call step of the package's MSE for this binding (:mod:`.fused_driver`): taken
+        where the layout's driver is compiled, compiled too with ``compile_new``."""
+        if fused_driver.available():
+            self.bound, self.driver = fused_driver.build(
+                [(f, fa, b, ba, gi) for f, fa, b, ba, gi, _ in self.layers],
+                (*self.ro_args, self.yout_np, self.gy.numpy(), *self.ro_bwd[1:], self.gh_np),
+                _any_nan, _readout_mse, self.slot_kind, compile_new)
+
     # --- one step -------------------------------------------------------------------------------
     def step(self, x_t, closure, value_and_grad=None, mse_target=None, check_nan=False):
         """Forward, loss gradient, spatial backward and trace step of every layer; returns
@@ -834,6 +866,16 @@ class FusedStack:
             self.bind()
         x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
         u = x.numpy()
+        self.nsteps += 1
+        if self.driver is None and self.nsteps == fused_driver.AFTER_STEPS:
+            self._bind_driver(True)
+        if mse_target is not None and self.driver is not None:  # the whole step in one compiled call
+            lv, found_nan = self.driver(self.bound, u, mse_target.numpy(), check_nan, self.fill, self.mfill, self.lfill)
+            if found_nan:  # checked before any state changed
+                raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
+            self._row_written()
+            self._mats_written(True)
+            return self.ystate[0].clone(), torch.scalar_tensor(lv, dtype=self.dtype)
         if check_nan and _any_nan(u):  # before any state changes
             raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
         ins = []

@@ -331,6 +331,8 @@ class OnlineLearner:
         self._gen = 0  # bumped whenever states, traces or accumulators are replaced (re-binds the fused views)
         self._all_params = list(model.parameters())
         self._dtype = self._all_params[0].dtype if self._all_params else torch.get_default_dtype()
+        self._dropout = getattr(model, "dropout", None)  # the stack's dropout module (its mode is read per step)
+        self._x_shape = None  # [B, C] of the stream's steps (set when a stream starts)
         self._versions = None  # the parameters' versions when the constants were derived (_sync_params)
         self._check_params = False  # compare them at the next step (after update() without an optimiser)
         # chunked / parallel with fast != False: a block with no autograd call (:mod:`.block`) where every
@@ -393,10 +395,21 @@ class OnlineLearner:
         ``loss(y_t, target_t)`` adds its gradient estimate to the accumulators. Returns
         ``StepResult(output, loss)``. Runs with subnormal floats flushed to zero, the caller's
         setting restored after (:mod:`.subnormal`), as do :meth:`backward` and trace reads."""
+        fs = self._fused_stack
+        if (fs is not None and fs.driver is not None and type(x_t) is torch.Tensor and type(target_t) is torch.Tensor
+                and x_t.shape == self._x_shape and target_t.shape == self._target_shape
+                and x_t.dtype is fs.dtype and target_t.dtype is fs.dtype and x_t.is_cpu and target_t.is_cpu
+                and not (x_t.requires_grad or target_t.requires_grad) and target_t.is_contiguous()
+                and self.loss is mse_step_loss and self.mode == "stream" and not self._check_params
+                and not self._pending and (self._dropout is None or not self._dropout.training)):
+            # the usual step of a stream on the one-call compiled step: the checks below, in brief
+            # (this shape and dtype were checked in full at the stream's first step)
+            y, l = fs.step(x_t, None, mse_target=target_t, check_nan=True)
+            return self._stepped(y, l)
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
-        drop = getattr(self.model, "dropout", None)
+        drop = self._dropout
         if drop is not None and drop.training and (self._fused_stack is not None
                                                    or getattr(self, "_fast_kinds", None) is not None):
             self._leave_fast_paths()  # dropout switched on mid-stream: those paths do not apply it
@@ -431,6 +444,10 @@ class OnlineLearner:
                 y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
         else:
             y, l = self._chunk_step(x_t, target_t)
+        return self._stepped(y, l)
+
+    def _stepped(self, y, l) -> StepResult:
+        """Count the step and apply the update policy (``update_every``)."""
         self.steps += 1
         self.since_update += 1
         if isinstance(self.update_every, int) and self.since_update >= self.update_every:
@@ -643,6 +660,7 @@ class OnlineLearner:
                 raise ValueError(f"OnlineLearner checkpoint: layer {l} state fields {names}, the model's are "
                                  f"{list(type(s)._fields)}")
             self.states.append(type(s)(*(tensors[f"state/{l}/{f}"].clone() for f in names)))
+        self._x_shape = torch.Size((s0.shape[0], self.model.input_size))
         self._begin_traces(s0.device)
         named = dict(self.model.named_parameters())
         for key, v in tensors.items():
@@ -794,6 +812,7 @@ class OnlineLearner:
     def _start(self, B, device, dtype):
         """A fresh stream: initial states, empty traces and accumulators."""
         self.states = list(self.model.initial_state(B, device, dtype))
+        self._x_shape = torch.Size((B, self.model.input_size))
         self._prepare()
         self._begin_traces(device)
         self.steps, self.since_update = 0, 0
