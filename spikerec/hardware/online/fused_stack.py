@@ -856,6 +856,26 @@ class FusedStack:
                 _any_nan, _readout_mse, self.slot_kind, compile_new)
 
     # --- one step -------------------------------------------------------------------------------
+    def step_mse(self, x_t, target_t):
+        """:meth:`step` with ``mse_target=target_t`` and the NaN check, for the learner's usual step
+        (``x_t``, ``target_t`` contiguous CPU tensors of the stack's dtype and the stream's
+        shapes, checked by the caller) on the one-call compiled step; falls back to :meth:`step`
+        where a rebinding leaves this stack without it."""
+        if self.gen != self.learner._gen:
+            self.bind()
+        self.nsteps += 1
+        if self.driver is None:
+            self.nsteps -= 1
+            return self.step(x_t, None, mse_target=target_t, check_nan=True)
+        lv, found_nan = self.driver(self.bound, x_t.numpy(), target_t.numpy(), True, self.fill, self.mfill, self.lfill)
+        if found_nan:  # checked before any state changed
+            raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
+        if self.rows:
+            self._row_written()
+        if self.mats or self.lmats:
+            self._mats_written(True)
+        return self.ystate[0].clone(), torch.scalar_tensor(lv, dtype=self.dtype)
+
     def step(self, x_t, closure, value_and_grad=None, mse_target=None, check_nan=False):
         """Forward, loss gradient, spatial backward and trace step of every layer; returns
         ``(y_t, loss_t)`` (``loss_t`` ``None`` without a loss). ``mse_target`` (a contiguous

@@ -399,12 +399,13 @@ class OnlineLearner:
         if (fs is not None and fs.driver is not None and type(x_t) is torch.Tensor and type(target_t) is torch.Tensor
                 and x_t.shape == self._x_shape and target_t.shape == self._target_shape
                 and x_t.dtype is fs.dtype and target_t.dtype is fs.dtype and x_t.is_cpu and target_t.is_cpu
-                and not (x_t.requires_grad or target_t.requires_grad) and target_t.is_contiguous()
+                and not (x_t.requires_grad or target_t.requires_grad) and x_t.is_contiguous()
+                and target_t.is_contiguous()
                 and self.loss is mse_step_loss and self.mode == "stream" and not self._check_params
                 and not self._pending and (self._dropout is None or not self._dropout.training)):
             # the usual step of a stream on the one-call compiled step: the checks below, in brief
             # (this shape and dtype were checked in full at the stream's first step)
-            y, l = fs.step(x_t, None, mse_target=target_t, check_nan=True)
+            y, l = fs.step_mse(x_t, target_t)
             return self._stepped(y, l)
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
