@@ -213,8 +213,12 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
             lr.closed_form_block = m == "chunked"
             lr.backward(x, tgt, mse_loss)
 
-    for m in methods:  # warm-up: first-call allocations, kernel compilation
-        run(m, None)
+    from spikerec.hardware.online import fused_driver
+
+    for m in methods:  # warm-up: first-call allocations, kernel compilation (the stream's one-call
+        # step is compiled once its layout has run fused_driver.AFTER_STEPS steps: warm up that long)
+        for _ in range(-(-fused_driver.AFTER_STEPS // T) if m.startswith("stream") else 1):
+            run(m, None)
     _sync(device)
     best = {m: float("inf") for m in methods}
     mem = {}

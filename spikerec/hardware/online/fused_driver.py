@@ -12,13 +12,14 @@ functions with the same arguments, so the result is bit-identical to the call-by
 
 The generated function and the struct's constructor are compiled once per layout (the kinds of
 layers and the types of their arguments) and process, in 2-3 s. So that short streams do not pay
-for it, a binding takes the driver once its stack has run ``AFTER_STEPS`` steps in this process
-(or at once where the layout's driver is compiled already): tiered, as a JIT compiles a loop
-once it has run often.
+for it, a layout's driver is compiled once streams of that layout have run ``AFTER_STEPS`` steps
+in this process (in one stream or over many, such as the batch form's one stream per sequence),
+and taken at once by every later binding of the layout: tiered, as a JIT compiles a loop once
+it has run often.
 """
 from __future__ import annotations
 
-__all__ = ["available", "build"]
+__all__ = ["available", "build", "count_step"]
 
 try:  # numba is optional, and StructRef is an experimental part of it
     import numba as _nb
@@ -40,8 +41,17 @@ try:  # numba is optional, and StructRef is an experimental part of it
 except Exception:  # pragma: no cover - depends on the numba version
     _OK = False
 
-_COMPILED: dict = {}  # (layout key) -> (constructor, driver)
-AFTER_STEPS = 512  # steps of one stack (FusedStack) after which its layout's driver is compiled
+_COMPILED: dict = {}  # layout number -> (constructor, driver)
+_LAYOUTS: dict = {}  # layout key (the driver's source, kernels and field types) -> layout number
+_STEPS: dict = {}  # layout number -> steps run without the driver in this process
+AFTER_STEPS = 512  # steps of one layout after which its driver is compiled
+
+
+def count_step(layout: int) -> bool:
+    """Count a step of ``layout`` run without its driver; True once the layout has run
+    ``AFTER_STEPS`` such steps (its driver is then worth compiling)."""
+    n = _STEPS[layout] = _STEPS.get(layout, 0) + 1
+    return n >= AFTER_STEPS
 
 
 def available() -> bool:
@@ -54,8 +64,9 @@ def build(layers, readout, any_nan, readout_mse, slot_kind, compile_new: bool = 
     ``(W, bias, has_b, y, gy, dW, db, has_w, has_db, gh)``, the NaN check and the readout/MSE
     kernel, and each layer's step-buffer slot (0 the LRU's rows, 1 the ALIF's and 2 the LIF's
     matrix-trace steps). ``driver(bound, u, target, check_nan, s0, s1, s2)`` returns
-    ``(loss, found_nan)``; with ``found_nan`` nothing was changed. Without ``compile_new``,
-    ``(None, None)`` where this layout's driver is not compiled yet."""
+    ``(loss, found_nan)``; with ``found_nan`` nothing was changed. Returns ``(bound, driver,
+    layout number)``; without ``compile_new``, ``(None, None, layout number)`` where this layout's
+    driver is not compiled yet."""
     values: list = []
 
     def field(v) -> str:
@@ -87,9 +98,10 @@ def build(layers, readout, any_nan, readout_mse, slot_kind, compile_new: bool = 
     src = "\n".join(lines) + "\n"
     ftypes = tuple(_nb.typeof(v) for v in values)
     key = (src, tuple(f.__name__ for f, _, b, _, _ in layers for f in (f, b)), ftypes)
-    made = _COMPILED.get(key)
+    layout = _LAYOUTS.setdefault(key, len(_LAYOUTS))
+    made = _COMPILED.get(layout)
     if made is None and not compile_new:
-        return None, None
+        return None, None, layout
     if made is None:
         st_type = _BoundType([(f"f{i}", t) for i, t in enumerate(ftypes)])
         params = ", ".join(f"f{i}" for i in range(len(values)))
@@ -98,6 +110,6 @@ def build(layers, readout, any_nan, readout_mse, slot_kind, compile_new: bool = 
         ns = {"structref": _structref, "st_type": st_type}
         exec(ctor_src, ns)  # noqa: S102 - generated from the layout above, no outside input
         exec(src, glob)  # noqa: S102
-        made = _COMPILED[key] = (_nb.njit(ns["ctor"]), _nb.njit(glob["drv"]))
+        made = _COMPILED[layout] = (_nb.njit(ns["ctor"]), _nb.njit(glob["drv"]))
     ctor, drv = made
-    return ctor(*values), drv
+    return ctor(*values), drv, layout

@@ -544,7 +544,7 @@ class FusedStack:
         self.lany = False  # whether one of them had a loss
         self.restore_lif = None  # deferred LIF steps from a checkpoint, copied in at the next bind
         self.bound = self.driver = None  # the one-call step of the package's MSE (fused_driver), per binding
-        self.nsteps = 0  # steps this stack has run (the driver is compiled after fused_driver.AFTER_STEPS)
+        self.layout = None  # the binding's layout number (fused_driver)
 
     # --- the deferred output-map gradient of the LRU layers -------------------------------------
     def flush_rows(self) -> None:
@@ -820,8 +820,8 @@ class FusedStack:
         self.gh_np = self.readout[4].numpy()
         if self.gy is None or self.gy.shape != self.ystate[0].shape:
             self.gy = torch.empty_like(self.ystate[0])
-        self.bound = self.driver = None
-        self._bind_driver(self.nsteps >= fused_driver.AFTER_STEPS)
+        self.bound = self.driver = self.layout = None
+        self._bind_driver(False)
         self.gen = lr_._gen
         if self.restore is not None:  # rows of a checkpoint (state_tensors), not yet added
             saved, self.restore = self.restore, None
@@ -850,7 +850,7 @@ class FusedStack:
         """The one-call step of the package's MSE for this binding (:mod:`.fused_driver`): taken
         where the layout's driver is compiled, compiled too with ``compile_new``."""
         if fused_driver.available():
-            self.bound, self.driver = fused_driver.build(
+            self.bound, self.driver, self.layout = fused_driver.build(
                 [(f, fa, b, ba, gi) for f, fa, b, ba, gi, _ in self.layers],
                 (*self.ro_args, self.yout_np, self.gy.numpy(), *self.ro_bwd[1:], self.gh_np),
                 _any_nan, _readout_mse, self.slot_kind, compile_new)
@@ -863,9 +863,7 @@ class FusedStack:
         where a rebinding leaves this stack without it."""
         if self.gen != self.learner._gen:
             self.bind()
-        self.nsteps += 1
         if self.driver is None:
-            self.nsteps -= 1
             return self.step(x_t, None, mse_target=target_t, check_nan=True)
         lv, found_nan = self.driver(self.bound, x_t.numpy(), target_t.numpy(), True, self.fill, self.mfill, self.lfill)
         if found_nan:  # checked before any state changed
@@ -886,9 +884,9 @@ class FusedStack:
             self.bind()
         x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
         u = x.numpy()
-        self.nsteps += 1
-        if self.driver is None and self.nsteps == fused_driver.AFTER_STEPS:
-            self._bind_driver(True)
+        if (mse_target is not None and self.driver is None and self.layout is not None
+                and fused_driver.count_step(self.layout)):
+            self._bind_driver(True)  # this layout has run often enough with the package's MSE
         if mse_target is not None and self.driver is not None:  # the whole step in one compiled call
             lv, found_nan = self.driver(self.bound, u, mse_target.numpy(), check_nan, self.fill, self.mfill, self.lfill)
             if found_nan:  # checked before any state changed
