@@ -424,11 +424,13 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
     [N, B, 1, H] or None, accumulator or None)]``."""
     Jb, gb = bufs[0][:S], bufs[1][:S]
     _, B, N = Jb.shape
-    ws = _window_workspace(S, B, N, Jb.dtype)
+    ws = _window_workspace(max(S, LIF_DEFER), B, N, Jb.dtype)
     w = ws["np"]
-    _chunk1(Jb.numpy(), ws["V0"], gb.numpy() if use_g else w["gh"], use_g, ws["z3"], False, True, w["gh"], ws["Gv"],
-            ws["z3"], w["P0"], w["phi"], w["b0"])
-    gh, P0, phi, b0 = ws["gh"], ws["P0"], ws["phi"], ws["b0"]
+    # a shorter window (cut by update, reset, ...) works in the first S rows: no allocation, so the
+    # memory of a stream does not depend on where its windows end
+    gh, P0, phi, b0 = ws["gh"][:S], ws["P0"][:, :S], ws["phi"], ws["b0"]
+    _chunk1(Jb.numpy(), ws["V0"][:, :S], gb.numpy() if use_g else w["gh"][:S], use_g, ws["z3"], False, True,
+            w["gh"][:S], ws["Gv"], ws["z3"], w["P0"][:, :S], w["phi"], w["b0"])
     for pre_buf, e, G in mats:
         if e is None:
             continue
@@ -441,11 +443,11 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
 
 
 def _window_workspace(S: int, B: int, N: int, dtype) -> dict:
-    """Scratch arrays of :func:`apply_lif_window` for windows of ``S`` steps (kept per shape)."""
+    """Scratch arrays of :func:`apply_lif_window` for windows of up to ``S`` steps (kept per shape)."""
     key = (S, B, N, dtype)
     ws = _LIF_WS.get(key)
     if ws is None:
-        if len(_LIF_WS) > 16:  # windows cut short by update/reset come in many lengths: keep few
+        if len(_LIF_WS) > 16:  # one per layer width, batch size and dtype: keep few
             _LIF_WS.clear()
         npdt = torch.empty(0, dtype=dtype).numpy().dtype
         t = lambda *shape: torch.empty(shape, dtype=dtype)  # noqa: E731
