@@ -872,8 +872,13 @@ class FusedStack:
             raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
         if self.rows:
             self._row_written()
-        if self.mats or self.lmats:
+        if self.mats:
             self._mats_written(True)
+        elif self.lmats:  # (_mats_written for a stack without ALIF matrix traces)
+            self.lfill += 1
+            self.lany = True
+            if self.lfill == LIF_DEFER:
+                self.flush_lif()
         return self.ystate[0].clone(), torch.scalar_tensor(lv, dtype=self.dtype)
 
     def step(self, x_t, closure, value_and_grad=None, mse_target=None, check_nan=False):

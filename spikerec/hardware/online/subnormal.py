@@ -50,11 +50,18 @@ class flush_subnormals:
 
 
 def with_flushed_subnormals(fn):
-    """Decorator: ``fn`` runs inside :class:`flush_subnormals`."""
+    """Decorator: ``fn`` runs inside :class:`flush_subnormals` (written out: the learner's step
+    is called once per time step, and the context manager's object and calls cost about 0.4 µs)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with flush_subnormals():
+        if _SUBNORMAL * _ONE == 0.0:  # flushing already (flushing_subnormals())
             return fn(*args, **kwargs)
+        switched = torch.set_flush_denormal(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if switched:
+                torch.set_flush_denormal(False)
 
     return wrapper
