@@ -220,7 +220,8 @@ if _nb is not None:
 
 if _nb is not None:
     from ...kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
-    from .numba_kernels import _alif_spatial_error, _alif_vec_step, _lif_partials, _mat_nest_steps
+    from .numba_kernels import (_alif_spatial_error, _alif_vec_step, _lif_coefs, _lif_dthr, _lif_dtau, _lif_jac,
+                                _mat_nest_steps)
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
@@ -357,17 +358,18 @@ if _nb is not None:
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _lif_bwd(gout, use_g, x, slot, v, thr, sur, p1, p2, W, acc_thr, has_thr, gp, gin, need_gin, pv, psi, zp,
                  cn, cols, ev, has_w, has_r, G_vec, Rd, has_rd, mode, detach_reset,
-                 Jbuf, gbuf, xbuf, zbuf):  # pragma: no cover - compiled
+                 Jbuf, gbuf, xbuf, zbuf, co):  # pragma: no cover - compiled
         """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` (``gp = gout
         sigma'(v - thr)``, ``dthr -= sum gp``, ``gin = gp W``, one GEMM), then its trace step
         (the recursions of :func:`.traces_base.stream_step` on the partials of
-        :meth:`.traces_lif.LIFTrace.partials`, :func:`.numba_kernels._lif_partials`): the
+        :meth:`.traces_lif.LIFTrace.partials`, compiled as :func:`.numba_kernels._lif_coefs`): the
         stacked per-neuron traces ``ev [B, N, 1, m]`` (columns ``cols`` of ``cn``'s rows:
         0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``) with ``G += g . e``. The input and
         lateral matrix traces ``[N, B, 1, H]`` (``e <- J e + pre``, ``G += g . e``) are
         deferred: this step's ``J``, ``g`` (zero without a loss) and presynaptic rows go to row
         ``slot`` of the step buffers, applied in closed form every ``LIF_DEFER`` steps
-        (:meth:`FusedStack.flush_lif`)."""
+        (:meth:`FusedStack.flush_lif`). The partials' per-neuron coefficients go to the scratch
+        ``co [5, N]``; one pass per array written, so that each vectorises."""
         B, N = v.shape
         zero, one = v.dtype.type(0), v.dtype.type(1)
         if use_g:
@@ -381,19 +383,29 @@ if _nb is not None:
                         acc_thr[n] -= gp[b, n]
             if need_gin:
                 np.dot(gp, W, gin)
-        m = cols.shape[0]
+        m0, m1 = _lif_coefs(cn, Rd, has_rd, mode, detach_reset, co)
         for b in range(B):
-            for n in range(N):
-                J, d_tau, d_thr = _lif_partials(pv[b, n], psi[b, n], zp[b, n], cn[0, n], cn[1, n], cn[2, n],
-                                                Rd[n] if has_rd else zero, has_rd, mode, detach_reset, zero, one)
-                Jbuf[slot, b, n] = J
-                for j in range(m):
-                    c = cols[j]
-                    imm = d_tau if c == 0 else (d_thr if c == 1 else one)
-                    e = J * ev[b, n, 0, j] + imm
-                    ev[b, n, 0, j] = e
-                    if use_g:
-                        G_vec[c, n] += gp[b, n] * e
+            for n in range(Jbuf.shape[2]):
+                Jbuf[slot, b, n] = _lif_jac(cn[0, n], co, n, zp[b, n], psi[b, n], pv[b, n])
+        for j in range(cols.shape[0]):
+            c = cols[j]
+            if c == 0:
+                for b in range(B):
+                    for n in range(ev.shape[1]):
+                        ev[b, n, 0, j] = Jbuf[slot, b, n] * ev[b, n, 0, j] + _lif_dtau(cn[1, n], m1, zp[b, n], pv[b, n], one)
+            elif c == 1:
+                for b in range(B):
+                    for n in range(ev.shape[1]):
+                        ev[b, n, 0, j] = (Jbuf[slot, b, n] * ev[b, n, 0, j]
+                                          + _lif_dthr(co, n, m0, zp[b, n], psi[b, n], pv[b, n]))
+            else:
+                for b in range(B):
+                    for n in range(ev.shape[1]):
+                        ev[b, n, 0, j] = Jbuf[slot, b, n] * ev[b, n, 0, j] + one
+            if use_g:
+                for b in range(B):
+                    for n in range(G_vec.shape[1]):
+                        G_vec[c, n] += gp[b, n] * ev[b, n, 0, j]
         if has_w or has_r:
             for b in range(B):
                 for n in range(gbuf.shape[2]):
@@ -747,6 +759,7 @@ class FusedStack:
         sur, p1, p2 = surrogate_code(c.surrogate)
         st = lr_.states[l]
         pv, zp, psi, z, cur, gp = (torch.empty_like(st.v) for _ in range(6))
+        co = torch.empty((5, N), dtype=dt)  # the partials' per-neuron coefficients (scratch of _lif_bwd)
         acc_thr = self._acc(c.threshold)
         gin = torch.zeros((B, H), dtype=dt)
         mode = RESET_CODES[c.reset]
@@ -765,9 +778,9 @@ class FusedStack:
                  acc_thr is not None, gp.numpy(), gin.numpy(), l > 0, pv.numpy(), psi.numpy(), zp.numpy(),
                  cn.numpy(), cols, ev.numpy(), has_w, has_r, Gv.numpy(),
                  dummy1 if Rd is None else Rd.numpy(), Rd is not None, mode, bool(c.detach_reset),
-                 *(t.numpy() for t in lb))
+                 *(t.numpy() for t in lb), co.numpy())
         keep = (st, pv, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, thr, gin, ev, mats, Gv, Gw, Gr, acc_thr, cn,
-                Rd, lb)
+                Rd, lb, co)
         return _lif_fwd, fargs, _lif_bwd, bargs, 9, keep
 
     def _acc(self, p):

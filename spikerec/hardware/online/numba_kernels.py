@@ -827,20 +827,50 @@ def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True, inline="always")
-    def _lif_partials(v0, psi, zp, alpha, dalpha, thr, rd, has_rd, mode, detach_reset, zero, one):  # pragma: no cover
-        """The Jacobian and immediate partials of :meth:`.traces_lif.LIFTrace.partials` (plain LIF)
-        at one sample and neuron, from the previous membrane ``v0``, its spike ``zp = H(v0 - thr)``
-        and surrogate derivative ``psi``; ``mode`` 0 subtract, 1 zero, 2 no reset; ``rd`` the
-        lateral self-weight. Returns ``(J, d v / d log_tau_mem, d v / d thr)`` (the bias's is 1)."""
-        dzr = zero if detach_reset else psi
-        dI_dv = rd * psi if has_rd else zero
-        if mode == 0:
-            dA_dv, dA_dthr, dA_da = alpha - thr * dzr, -zp + thr * dzr, v0
-        elif mode == 1:
-            dA_dv, dA_dthr, dA_da = alpha * (one - zp) - alpha * v0 * dzr, alpha * v0 * dzr, (one - zp) * v0
-        else:
-            dA_dv, dA_dthr, dA_da = alpha, zero, v0
-        return dA_dv + dI_dv, dA_da * dalpha, dA_dthr - dI_dv
+    def _lif_coefs(cn, rd, has_rd, mode, detach_reset, co):  # pragma: no cover - compiled
+        """The per-neuron coefficients of the plain LIF partials (:meth:`.traces_lif.LIFTrace.partials`)
+        into ``co [5, N]``: with ``cn`` rows ``alpha``, ``d alpha / d log_tau_mem``, ``thr``, the
+        lateral self-weight ``r`` (0 without), ``nd = 0`` with ``detach_reset`` (else 1) and the
+        reset mode's flags ``m0`` (subtract) and ``m1`` (zero), the partials at a previous membrane
+        ``v``, its spike ``zp = H(v - thr)`` and surrogate derivative ``psi`` are
+
+            J            = alpha - z1 zp + psi (cJ0 + cJ1 v)        (:func:`_lif_jac`)
+            d v / d log_tau_mem = dalpha v (1 - m1 zp)              (:func:`_lif_dtau`)
+            d v / d thr  = psi (cT0 + cT1 v) - m0 zp                (:func:`_lif_dthr`)
+
+        with ``co = (z1, cJ0, cJ1, cT0, cT1) = (alpha m1, r - thr nd m0, -alpha nd m1,
+        thr nd m0 - r, alpha nd m1)``: subtract reset ``v' = alpha v + I - thr z``, zero reset
+        ``v' = alpha (1 - z) v + I``, none ``v' = alpha v + I``, with ``d z / d v = psi`` where the
+        reset is not detached and ``I`` holding ``r z``. Returns ``(m0, m1)``."""
+        dt = co.dtype.type
+        zero, one = dt(0), dt(1)
+        nd = zero if detach_reset else one
+        m0 = one if mode == 0 else zero
+        m1 = one if mode == 1 else zero
+        for n in range(co.shape[1]):
+            a, t = cn[0, n], cn[2, n]
+            r = rd[n] if has_rd else zero
+            co[0, n] = a * m1
+            co[1, n] = -t * nd * m0 + r
+            co[2, n] = -a * nd * m1
+            co[3, n] = t * nd * m0 - r
+            co[4, n] = a * nd * m1
+        return m0, m1
+
+    @_nb.njit(cache=True, nogil=True, inline="always")
+    def _lif_jac(alpha, co, n, zp, psi, v):  # pragma: no cover - compiled
+        """``J`` of :func:`_lif_coefs` for neuron ``n``."""
+        return (alpha - co[0, n] * zp) + psi * (co[1, n] + co[2, n] * v)
+
+    @_nb.njit(cache=True, nogil=True, inline="always")
+    def _lif_dtau(dalpha, m1, zp, v, one):  # pragma: no cover - compiled
+        """``d v / d log_tau_mem`` of :func:`_lif_coefs`."""
+        return dalpha * v * (one - m1 * zp)
+
+    @_nb.njit(cache=True, nogil=True, inline="always")
+    def _lif_dthr(co, n, m0, zp, psi, v):  # pragma: no cover - compiled
+        """``d v / d thr`` of :func:`_lif_coefs` for neuron ``n``."""
+        return psi * (co[3, n] + co[4, n] * v) - m0 * zp
 
 
 # --- the chunked block of a one-state layer (plain LIF) ------------------------------------------
@@ -946,7 +976,7 @@ if _HAVE_NUMBA:
     def _lif_block_vec(Vp, G, use_g, cn, rd, has_rd, mode, detach_reset, sur, p1, p2, cols, ev_in, has_ev, carry,
                        need_zp, J, V, zp_out, gh, Gv, ev_out, P0, phi, b0, Gacc):  # pragma: no cover - compiled
         """The partials of :meth:`.traces_lif.LIFTrace.partials` on a block's previous membranes
-        ``Vp [K, B, N]`` (``_lif_partials`` per sample and neuron, the surrogate derivative of
+        ``Vp [K, B, N]`` (:func:`_lif_coefs` per sample and neuron, the surrogate derivative of
         ``v - thr`` inline: ``sur`` 1 fast sigmoid, 2 arc-tangent), written as ``J [K, B, N]``,
         the traced columns ``V [m, K, B, N]`` (``cols``: 0 ``log_tau_mem``, 1 ``threshold``,
         2 ``bias``) and, with ``need_zp``, the previous spikes ``zp_out`` (the lateral weights'
@@ -961,27 +991,9 @@ if _HAVE_NUMBA:
         sg1, sg2 = dt(s1), dt(s2)
         v2, J2, zp2 = Vp.reshape(R, N), J.reshape(R, N), zp_out.reshape(-1, zp_out.shape[-1])
         psi = np.empty((R, N), dtype=Vp.dtype)
-        # The partials of _lif_partials as  J = alpha - z1 zp + psi (cJ0 + cJ1 v0),
-        # d v / d log_tau_mem = dalpha v0 (1 - m1 zp),  d v / d thr = -m0 zp + psi (cT0 + cT1 v0),
-        # with per-neuron coefficients fixed by the reset mode (m0: subtract, m1: zero), detach_reset
-        # (nd = 0) and the lateral self-weight: one pass per array written, the mode outside the
-        # loops, so that each pass vectorises.
-        nd = zero if detach_reset else one
-        m0 = one if mode == 0 else zero
-        m1 = one if mode == 1 else zero
-        z1 = np.empty(N, dtype=Vp.dtype)
-        cJ0 = np.empty(N, dtype=Vp.dtype)
-        cJ1 = np.empty(N, dtype=Vp.dtype)
-        cT0 = np.empty(N, dtype=Vp.dtype)
-        cT1 = np.empty(N, dtype=Vp.dtype)
-        for n in range(N):
-            a, t = cn[0, n], cn[2, n]
-            r = rd[n] if has_rd else zero
-            z1[n] = a * m1
-            cJ0[n] = -t * nd * m0 + r
-            cJ1[n] = -a * nd * m1
-            cT0[n] = t * nd * m0 - r
-            cT1[n] = a * nd * m1
+        # the partials of _lif_coefs, one pass per array written (the reset mode outside the loops)
+        co = np.empty((5, N), dtype=Vp.dtype)
+        m0, m1 = _lif_coefs(cn, rd, has_rd, mode, detach_reset, co)
         thr = cn[2]
         alpha = cn[0]
         dal = cn[1]
@@ -998,8 +1010,7 @@ if _HAVE_NUMBA:
         for i in range(R):
             for n in range(N):
                 v0 = v2[i, n]
-                zp = one if v0 - thr[n] > zero else zero
-                J2[i, n] = (alpha[n] - z1[n] * zp) + psi[i, n] * (cJ0[n] + cJ1[n] * v0)
+                J2[i, n] = _lif_jac(alpha[n], co, n, one if v0 - thr[n] > zero else zero, psi[i, n], v0)
         for j in range(cols.shape[0]):
             c = cols[j]
             Vj = V[j].reshape(R, N)
@@ -1007,14 +1018,12 @@ if _HAVE_NUMBA:
                 for i in range(R):
                     for n in range(N):
                         v0 = v2[i, n]
-                        zp = one if v0 - thr[n] > zero else zero
-                        Vj[i, n] = dal[n] * v0 * (one - m1 * zp)
+                        Vj[i, n] = _lif_dtau(dal[n], m1, one if v0 - thr[n] > zero else zero, v0, one)
             elif c == 1:
                 for i in range(R):
                     for n in range(N):
                         v0 = v2[i, n]
-                        zp = one if v0 - thr[n] > zero else zero
-                        Vj[i, n] = -m0 * zp + psi[i, n] * (cT0[n] + cT1[n] * v0)
+                        Vj[i, n] = _lif_dthr(co, n, m0, one if v0 - thr[n] > zero else zero, psi[i, n], v0)
             else:
                 for i in range(R):
                     for n in range(N):
