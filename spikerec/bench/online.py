@@ -21,6 +21,12 @@ of a per-step MSE loss is computed by
   in the online learner's steps (:mod:`spikerec.hardware.online.subnormal`; BPTT keeps no
   decaying traces, and its time did not change with it).
 
+``--device cuda`` runs the model, input and learner on the GPU (the online learner's matrix
+traces through its Triton kernel; the clock read after a device synchronisation, peak memory from
+the CUDA allocator); ``--trace-kernel N,B,H`` times the matrix-trace kernel alone against a copy of
+the trace's bytes. The stream methods are warmed up for ``fused_driver.AFTER_STEPS`` steps, so the
+one-call step is compiled before any measured run.
+
 All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
 runs under the same load); the time is the best of ``--repeat`` rounds. With ``--processes N``
 that subprocess runs N times and each method keeps its best time over them (the range is

@@ -43,7 +43,7 @@ import torch
 
 from ...kernels.lif_sequence_numba import surrogate_code
 from . import fused_driver
-from .numba_kernels import lif_block_mat_numba, numba_available
+from .numba_kernels import lif_block_mat_numba, lif_block_workspace, numba_available
 from .traces_base import _STACK
 from .traces_lif import ALIFTrace, LIFTrace
 from .traces_lru import LRUTrace
@@ -441,7 +441,7 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
     # a shorter window (cut by update, reset, ...) works in the first S rows: no allocation, so the
     # memory of a stream does not depend on where its windows end
     gh, P0, phi, b0 = ws["gh"][:S], ws["P0"][:, :S], ws["phi"], ws["b0"]
-    _chunk1(Jb.numpy(), ws["V0"][:, :S], gb.numpy() if use_g else w["gh"][:S], use_g, ws["z3"], False, True,
+    _chunk1(Jb.numpy(), w["V"][:, :S], gb.numpy() if use_g else w["gh"][:S], use_g, ws["z3"], False, True,
             w["gh"][:S], ws["Gv"], ws["z3"], w["P0"][:, :S], w["phi"], w["b0"])
     for pre_buf, e, G in mats:
         if e is None:
@@ -455,18 +455,14 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
 
 
 def _window_workspace(S: int, B: int, N: int, dtype) -> dict:
-    """Scratch arrays of :func:`apply_lif_window` for windows of up to ``S`` steps (kept per shape)."""
+    """The scratch arrays of :func:`apply_lif_window` for windows of up to ``S`` steps: a
+    :func:`.numba_kernels.lif_block_workspace` without per-neuron columns, kept per shape."""
     key = (S, B, N, dtype)
     ws = _LIF_WS.get(key)
     if ws is None:
         if len(_LIF_WS) > 16:  # one per layer width, batch size and dtype: keep few
             _LIF_WS.clear()
-        npdt = torch.empty(0, dtype=dtype).numpy().dtype
-        t = lambda *shape: torch.empty(shape, dtype=dtype)  # noqa: E731
-        ws = _LIF_WS[key] = {"gh": t(S, B, N), "P0": t(B, S, N), "phi": t(B, N), "b0": t(B, N),
-                             "Gv": np.empty((1, N), dtype=np.float64), "V0": np.empty((0, S, B, N), npdt),
-                             "z2": np.zeros((1, 1), npdt), "z3": np.zeros((1, 1, 1), npdt)}
-        ws["np"] = {k: v.numpy() for k, v in ws.items() if isinstance(v, torch.Tensor)}
+        ws = _LIF_WS[key] = lif_block_workspace(S, B, N, 0, dtype)
     return ws
 
 
@@ -880,14 +876,19 @@ class FusedStack:
             self.bind()
         if self.driver is None:
             return self.step(x_t, None, mse_target=target_t, check_nan=True)
-        lv, found_nan = self.driver(self.bound, x_t.numpy(), target_t.numpy(), True, self.fill, self.mfill, self.lfill)
+        return self._run_driver(x_t.numpy(), target_t.numpy(), True)
+
+    def _run_driver(self, u, target, check_nan: bool):
+        """One step through the one-call driver (:mod:`.fused_driver`) and its buffer counts;
+        returns ``(y_t, loss_t)``."""
+        lv, found_nan = self.driver(self.bound, u, target, check_nan, self.fill, self.mfill, self.lfill)
         if found_nan:  # checked before any state changed
             raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
         if self.rows:
             self._row_written()
         if self.mats:
             self._mats_written(True)
-        elif self.lmats:  # (_mats_written for a stack without ALIF matrix traces)
+        elif self.lmats:  # (_mats_written for a stack without ALIF matrix traces, written out)
             self.lfill += 1
             self.lany = True
             if self.lfill == LIF_DEFER:
@@ -908,12 +909,7 @@ class FusedStack:
                 and fused_driver.count_step(self.layout)):
             self._bind_driver(True)  # this layout has run often enough with the package's MSE
         if mse_target is not None and self.driver is not None:  # the whole step in one compiled call
-            lv, found_nan = self.driver(self.bound, u, mse_target.numpy(), check_nan, self.fill, self.mfill, self.lfill)
-            if found_nan:  # checked before any state changed
-                raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
-            self._row_written()
-            self._mats_written(True)
-            return self.ystate[0].clone(), torch.scalar_tensor(lv, dtype=self.dtype)
+            return self._run_driver(u, mse_target.numpy(), check_nan)
         if check_nan and _any_nan(u):  # before any state changes
             raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
         ins = []
@@ -922,10 +918,7 @@ class FusedStack:
             f(u, *fa)
             u = fa[-1]
         if mse_target is not None:  # readout, loss, loss gradient and readout backward in one call
-            gy = self.gy
-            if gy is None or gy.shape != self.ystate[0].shape:
-                gy = self.gy = torch.empty_like(self.ystate[0])
-            loss = torch.scalar_tensor(_readout_mse(u, *self.ro_args, self.yout_np, mse_target.numpy(), gy.numpy(),
+            loss = torch.scalar_tensor(_readout_mse(u, *self.ro_args, self.yout_np, mse_target.numpy(), self.gy.numpy(),
                                                     *self.ro_bwd[1:], self.gh_np), dtype=self.dtype)
             y_t = self.ystate[0].clone()
             gcur = self.gh_np

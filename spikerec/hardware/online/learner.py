@@ -647,7 +647,7 @@ class OnlineLearner:
         self.steps, self.since_update = int(meta["steps"]), int(meta["since_update"])
         self._target_shape = None if meta["target_shape"] is None else tuple(meta["target_shape"])
         if not meta["started"]:
-            self.states = None
+            self.states = self._x_shape = None
             return
         fields = meta["state_fields"]
         if len(fields) != len(self.model.layers):
@@ -756,8 +756,7 @@ class OnlineLearner:
         spikes are cast; a floating input of another precision is an error); starts the stream.
         ``name`` (for the error messages) ``None``: ``OnlineLearner.step (step N) x_t``."""
         C = self.model.input_size
-        if (type(x_t) is torch.Tensor and self.states is not None and x_t.dtype == self._dtype and x_t.dim() == 2
-                and x_t.shape[1] == C and x_t.shape[0] == self.states[0][0].shape[0]):
+        if type(x_t) is torch.Tensor and x_t.shape == self._x_shape and x_t.dtype == self._dtype:
             if nan:  # the usual step: a tensor of the stream's shape and dtype
                 self._check_nan(x_t, name)
             return x_t
