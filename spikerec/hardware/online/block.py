@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from .block_lif import block_loss, lif_stack_block
 from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, supported
 from .traces_base import chunk_contract, stack_partials
 
@@ -42,6 +43,9 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
     (``None`` entry: no loss at that step), or ``block_vg(Y [K, B, ...]) -> (summed loss,
     d loss / d Y)`` for the whole block in one call. Returns the block's summed loss (detached)
     or ``None``."""
+    lif_stack = lif_stack_block(learner, x)
+    if lif_stack is not None:  # a stack of plain LIF layers: the prepared block
+        return lif_stack.run(learner, x, vgs, carry, block_vg)
     K, B = x.shape[0], x.shape[1]
     tracers = learner.tracers
     kinds = fast_kinds(learner)
@@ -71,23 +75,7 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
             recs.append((h, prev, new, out))
             h = out
         y = h.reshape(K, B, *h.shape[1:])
-        total = None
-        gy = None
-        if block_vg is not None:
-            total, gy = block_vg(y)
-        else:
-            for k in range(K):
-                lg = vgs[k](y[k]) if vgs[k] is not None else None
-                if lg is None:
-                    continue
-                loss, g = lg
-                if loss.dim() != 0:
-                    raise ValueError(f"loss must return a scalar at step {learner.steps + k}, "
-                                     f"got shape {tuple(loss.shape)}")
-                total = loss if total is None else total + loss
-                if gy is None:
-                    gy = torch.zeros((K, B, *g.shape[1:]), dtype=y.dtype, device=y.device)
-                gy[k] = g
+        total, gy = block_loss(learner, y, vgs, block_vg)
         gs = _spatial_backward(learner, kinds, recs, None if gy is None else gy.reshape(K * B, *gy.shape[2:]))
         for l, (tr, kind) in enumerate(zip(tracers, kinds)):
             if kind == "readout" or not tr.traced:

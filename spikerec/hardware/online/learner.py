@@ -547,6 +547,8 @@ class OnlineLearner:
         K = 1 if self.mode == "stream" else (T if self.mode == "parallel" else self.chunk)
         self._start(x.shape[1], x.device, x.dtype)
         total = 0.0
+        if self.mode != "stream":  # one reduction over the whole input (a NaN is then found per step)
+            self._check_nan_block(x, 0)
         for t0 in range(0, T, K):
             t1 = min(T, t0 + K)
             if self.mode == "stream":
@@ -562,18 +564,19 @@ class OnlineLearner:
                 else:
                     _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
             else:
-                self._check_nan_block(x[t0:t1], t0)
                 block = getattr(loss_fn, "block", None) if self.fast is not False else None
                 vg = getattr(loss_fn, "value_and_grad", None) if self._closed_block_ok() else None
                 bvg = getattr(loss_fn, "block_value_and_grad", None) if vg is not None else None
-                l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
-                                        block_loss=None if block is None else
-                                        (lambda h, t0=t0, t1=t1: block(h, target, t0, t1)),
-                                        carry=t1 < T,
-                                        vgs=None if vg is None else
-                                        [lambda y, t=t: vg(y, target, t) for t in range(t0, t1)],
-                                        block_vg=None if bvg is None else
-                                        (lambda Y, t0=t0, t1=t1: bvg(Y, target, t0, t1)))
+                if bvg is not None:  # the whole block's loss in one call: no per-step closures
+                    l = self._block_batched(x[t0:t1], None, carry=t1 < T, vgs=(),
+                                            block_vg=lambda Y, t0=t0, t1=t1: bvg(Y, target, t0, t1))
+                else:
+                    l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
+                                            block_loss=None if block is None else
+                                            (lambda h, t0=t0, t1=t1: block(h, target, t0, t1)),
+                                            carry=t1 < T,
+                                            vgs=None if vg is None else
+                                            [lambda y, t=t: vg(y, target, t) for t in range(t0, t1)])
             if l is not None:
                 total += float(l)
             self.steps += t1 - t0
@@ -742,14 +745,12 @@ class OnlineLearner:
 
     def _check_nan_block(self, xb, t0):
         """:meth:`_check_nan` of the steps ``t0, t0+1, ...`` of ``xb [K, B, C]`` with one reduction
-        on the CPU; the error names the first step with a NaN."""
-        if not xb.is_floating_point():
+        (no temporary the size of ``xb``); the error names the first step with a NaN."""
+        if not xb.is_floating_point() or not math.isnan(xb.detach().sum().item()):
             return
-        if xb.device.type == "cpu" and not math.isnan(xb.detach().sum().item()):
-            return
-        bad = torch.isnan(xb).flatten(1).any(1)
-        if bool(bad.any()):
-            raise ValueError(f"OnlineLearner input x (step {t0 + int(bad.nonzero()[0, 0])}): contains NaN values")
+        for k in range(xb.shape[0]):  # a NaN (or inf - inf) in the sum: look step by step
+            if bool(torch.isnan(xb[k]).any()):
+                raise ValueError(f"OnlineLearner input x (step {t0 + k}): contains NaN values")
 
     def _check_step(self, x_t, name, start=True, nan=True):
         """Check one step's input and return it in the parameters' dtype (boolean and integer

@@ -1040,10 +1040,12 @@ if _HAVE_NUMBA:
                     Gacc[r, n] += dt(Gv[j, n])
 
     @_nb.njit(cache=True, nogil=True)
-    def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi):  # pragma: no cover - compiled
+    def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi, events, accT):  # pragma: no cover - compiled
         """The carried matrix trace ``e [N, B, 1, H]`` of a block: ``Gm[n] += sum_b b0[b, n] e[n, b]``
         (``use_g``, with the trace before the block), then ``e[n, b] <- phi[b, n] e[n, b] + q[b, n]``
-        (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``)."""
+        (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``).
+        With ``events`` (the products of :mod:`.event_products`) ``q`` comes transposed,
+        ``[B, H, N]``, and ``Gm += accT^T`` (``use_g``; ``accT [H, N]``) is added too."""
         N, B, _, H = e.shape
         if use_g and has_e:
             for n in range(N):
@@ -1051,11 +1053,22 @@ if _HAVE_NUMBA:
                     s = b0[b, n]
                     for h in range(H):
                         Gm[n, h] += s * e[n, b, 0, h]
+        if events and use_g:
+            for n in range(N):
+                for h in range(H):
+                    Gm[n, h] += accT[h, n]
         if carry:
             for n in range(N):
                 for b in range(B):
-                    if has_e:
-                        f = phi[b, n]
+                    f = phi[b, n]
+                    if events:
+                        if has_e:
+                            for h in range(H):
+                                e[n, b, 0, h] = f * e[n, b, 0, h] + q[b, h, n]
+                        else:
+                            for h in range(H):
+                                e[n, b, 0, h] = q[b, h, n]
+                    elif has_e:
                         for h in range(H):
                             e[n, b, 0, h] = f * e[n, b, 0, h] + q[b, n, h]
                     else:
@@ -1106,14 +1119,17 @@ def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, 
     return ws["gh"], ev_t, ws["P0"], ws["phi"], ws["b0"], ws["zp"]
 
 
-def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict) -> None:
+def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict, accT=None) -> None:
     """:func:`_lif_block_mat` on torch tensors: ``e`` (contiguous) updated in place, read as zero
     without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``, ``phi`` used with ``carry``;
-    ``ws`` a :func:`lif_block_workspace` (its placeholders)."""
+    ``ws`` a :func:`lif_block_workspace` (its placeholders). With ``accT`` (numpy, the event
+    products' ``gh^T pre`` transposed) ``q`` is the event form's numpy ``[B, H, N]``."""
     z2 = ws["z2"]
+    events = accT is not None
     _lif_block_mat(e.numpy(), has_e, b0 is not None, z2 if b0 is None else b0.numpy(),
-                   z2 if b0 is None else Gm.numpy(), carry, q.numpy() if carry else ws["z3"],
-                   phi.numpy() if carry else z2)
+                   z2 if b0 is None else Gm.numpy(), carry,
+                   (q if events else q.numpy()) if carry else ws["z3"], phi.numpy() if carry else z2,
+                   events, accT if events else z2)
 
 
 # --- the chunked block of one LRU layer ------------------------------------------------------

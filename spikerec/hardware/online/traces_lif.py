@@ -27,7 +27,8 @@ from ...neurons import lif as _lif
 from ...surrogate import heaviside
 from .numba_kernels import (alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
                             lif_block_mat_numba, lif_block_numba, lif_block_workspace,
-                            compiled_cpu, compiled_dtype)
+                            compiled_cpu, compiled_dtype, numba_available)
+from .event_products import event_current, event_grads, event_workspace, spike_events
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -225,7 +226,12 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if self.cell.cuba:  # the step loop (two states)
             return self.scan_loop(x, state, with_new or with_out, with_out)
         k = self.consts(x.dtype)
-        I = _block_current(k, x)
+        ev = self._block_events(x, K, B) if compiled_cpu(x) else None
+        if ev is not None:  # a sparse spike input: the event-driven product (:mod:`.event_products`)
+            I = torch.empty((K, B, self.cell.hidden_size), dtype=x.dtype)
+            event_current(ev, k["Wt"], k["bias"], I.view(K * B, -1))
+        else:
+            I = _block_current(k, x)
         N = I.shape[-1]
         reset, thr, alpha = self.cell.reset, k["thr"], k["alpha"]
         compiled = k.get("compiled")
@@ -308,6 +314,17 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if carry and names:
             ts.set_carried(names, ev_out.unsqueeze(-1))
 
+    def _block_events(self, x, K: int, B: int) -> dict | None:
+        """The block input ``x [K, B, H]`` listed as events in the block plan's workspace when it
+        is sparse enough (:func:`.event_products.spike_events`); ``None`` for the GEMM form."""
+        if not numba_available() or not x.is_contiguous():
+            return None
+        plan = self._block_plan(x.dtype, K, B)
+        ev = plan.get("ev")
+        if ev is None:
+            ev = plan["ev"] = event_workspace(K * B, x.shape[-1], self.cell.hidden_size, B, x.dtype)
+        return ev if spike_events(x.view(K * B, -1), ev) else None
+
     def _block_plan(self, dt, K: int, B: int) -> dict:
         """What the compiled block contraction fixes per sequence (and block size): the traced
         per-neuron and matrix parameters, the compiled pass's constants as numpy arrays, the
@@ -326,13 +343,16 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
                 "sur": surrogate_code(c.surrogate), "ws": lif_block_workspace(K, B, N, len(names), dt)}
         return plan
 
-    def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int) -> None:
+    def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int, events="find") -> None:
         """:meth:`block_contract` with the partials computed inside the compiled per-neuron pass
         (:func:`.numba_kernels.lif_block_numba`: a surrogate with an inline formula; its sums added
         straight into the per-neuron accumulators), the two products of each matrix trace as torch
         GEMMs (``dW += gh^T pre`` into the accumulator; ``q_b = Phi_b^T pre_b``, one batched
         product) and the carried trace's ``b0`` term and update in one compiled pass
-        (:func:`.numba_kernels.lif_block_mat_numba`), in place."""
+        (:func:`.numba_kernels.lif_block_mat_numba`), in place. A sparse input ``x`` takes the
+        event-driven products instead of the two GEMMs (:mod:`.event_products`; ``events``: the
+        workspace where :meth:`_block_events` listed ``x`` for this block, ``None`` for the GEMMs,
+        ``"find"`` to decide here)."""
         if G is None and not carry:
             return
         dt = x.dtype
@@ -356,15 +376,24 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             if has_e and not (e.is_contiguous() and e.dtype == dt):
                 e = e.contiguous().to(dt)
             Gm = accs[1] if name == "weight" else accs[2]  # dW += gh^T pre
-            if G is not None:
-                Gm.addmm_(gh2.t(), pre.reshape(K * B, H))
-            q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1)) if carry else None  # [B, N, H]
+            ev = None
+            if name == "weight":
+                ev = self._block_events(x, K, B) if isinstance(events, str) else events
+            accT = None
+            if ev is not None:  # the event-driven products: accT = (gh^T pre)^T, q as [B, H, N]
+                accT, q = event_grads(ev, gh2 if G is not None else None, P0, B, carry)
+            else:
+                if G is not None:
+                    Gm.addmm_(gh2.t(), pre.reshape(K * B, H))
+                q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1)) if carry else None  # [B, N, H]
             if carry and not has_e:
                 e = torch.empty((N, B, 1, H), dtype=dt)
             if e is not None:
-                lif_block_mat_numba(e, has_e, None if G is None else b0, Gm, carry, q, phi, ws)
+                lif_block_mat_numba(e, has_e, None if G is None else b0, Gm, carry, q, phi, ws, accT)
                 if carry:
                     ts.mat[name] = e
+            elif accT is not None and G is not None:
+                Gm.add_(torch.from_numpy(accT).t())
         if carry and names:
             ts.set_carried(names, ev_out.unsqueeze(-1))
 

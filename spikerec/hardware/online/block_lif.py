@@ -1,0 +1,186 @@
+"""The chunked block of a stack of plain LIF layers under a linear readout, as one prepared run
+of kernel calls (the chunked mode's fast path for such stacks).
+
+The arithmetic is that of :func:`.block.closed_form_block` (the e-prop rule of Bellec et al.
+2020, Methods, "Eligibility traces", eq. 23, in the chunked form of Zucchet et al. 2023, Sec. 3):
+
+* forward, per layer: the input currents ``I = W x + b`` of the block's ``K*B`` rows in one
+  matmul, then the layer's compiled time loop (:mod:`spikerec.kernels.lif_sequence_numba`);
+* readout ``y = W_o z + b_o`` and the loss's closed-form ``value_and_grad``;
+* spatial backward, per layer from the top: ``gp = g_z sigma'(v - thr)`` (one compiled pass),
+  ``g_z <- gp W`` for the layer below;
+* the layer's contraction (:meth:`.traces_lif.LIFTrace._block_contract_compiled`).
+
+What :func:`.block.closed_form_block` derives again at every block (the layers' kinds, the
+kernels' flattened constants, the numpy views of the scratch arrays) is derived here once per
+sequence, block size and batch size, and the scratch arrays (input currents, membranes, spikes,
+the spatial error) are reused from block to block: at blocks of 64 steps this removes about a
+third of a block's time on a 2-layer stack of 64 units. The result is bit-identical to the
+general block (tests/test_online_block.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...kernels import lif_sequence, lif_sequence_numba
+from ...neurons import lif as _lif
+from .event_products import event_current
+from .numba_kernels import _lif_spatial, compiled_cpu, surrogate_code
+from .spatial import _acc, _acc_mm, fast_kinds
+
+__all__ = ["LIFStackBlock", "lif_stack_block"]
+
+
+def block_loss(learner, y, vgs, block_vg):
+    """The block's summed loss and ``d loss / d y [K, B, ...]`` (``(None, None)`` without a loss
+    in the block): ``block_vg(y)`` in one call, else ``vgs[k](y_k)`` per step."""
+    if block_vg is not None:
+        return block_vg(y)
+    total = gy = None
+    for k in range(y.shape[0]):
+        lg = vgs[k](y[k]) if vgs[k] is not None else None
+        if lg is None:
+            continue
+        loss, g = lg
+        if loss.dim() != 0:
+            raise ValueError(f"loss must return a scalar at step {learner.steps + k}, got shape {tuple(loss.shape)}")
+        total = loss if total is None else total + loss
+        if gy is None:
+            gy = torch.zeros((y.shape[0], *g.shape), dtype=y.dtype, device=y.device)
+        gy[k] = g
+    return total, gy
+
+
+def _stack_fits(learner, dtype) -> bool:
+    """Whether every layer but the last is a plain LIF whose block takes the compiled path (its
+    own forward loop, the compiled contraction) and the last a linear readout."""
+    kinds = fast_kinds(learner)
+    if len(kinds) < 2 or kinds[-1] != "readout" or any(k != "lif" for k in kinds[:-1]):
+        return False
+    if not learner.block_closed_traces:
+        return False
+    for tr in learner.tracers[:-1]:
+        c = tr.cell
+        if not (tr.use_J() and c.weight.dtype == dtype and c.weight.device.type == "cpu"
+                and surrogate_code(c.surrogate)[0] in (1, 2) and c.recurrent_weight is None and not c.cuba):
+            return False
+    return True
+
+
+class _Layer:
+    """One LIF layer's per-sequence data: the tracer, its constants, the forward kernel and its
+    flattened constants, and the block's scratch arrays with their numpy views."""
+
+    def __init__(self, tr, K: int, B: int, dtype):
+        c = tr.cell
+        self.tr = tr
+        k = tr.consts(dtype)
+        self.Wt, self.bias = k["Wt"], k["bias"]
+        self.W = c.weight.detach()
+        N = self.N = c.hidden_size
+        a, a_s, th, zeros = lif_sequence_numba.forward_consts(k["alpha"], None, k["thr"], B, N, dtype)
+        self.fwd_consts = (zeros, a, a_s, th, lif_sequence_numba.RESET_CODES[c.reset], False)
+        self.i_scratch = np.empty(B * N, a.dtype)
+        self.no_syn = np.empty((1, 1), a.dtype)
+        self.I = torch.empty((K * B, N), dtype=dtype)
+        self.Vb = torch.empty((K + 1, B, N), dtype=dtype)  # [v before the block, v_1 .. v_K]
+        self.Z = torch.empty((K * B, N), dtype=dtype)
+        self.gp = torch.empty((K * B, N), dtype=dtype)
+        self.prev = _lif.LIFState(self.Vb[:-1].view(K * B, N))
+        self.new_v = self.Vb[1:].view(K * B, N)
+        self.np = (self.I.view(K, B * N).numpy(), self.Vb[0].view(-1).numpy(), self.Vb[1:].view(K, B * N).numpy(),
+                   self.Z.view(K, B * N).numpy(), self.new_v.numpy(), self.gp.numpy())
+        self.learn_thr = c.threshold.requires_grad
+        self.sur = surrogate_code(c.surrogate)
+        self.thr_row = k["thr"].expand(N).contiguous().numpy()
+        self.thr_sums = np.zeros(N if self.learn_thr else 1, dtype=np.float64)
+        tr._block_plan(dtype, K, B)  # the contraction's constants and workspace, made now
+
+
+class LIFStackBlock:
+    """The prepared block of one learner's LIF stack for blocks of ``K`` steps and batch ``B``
+    (made by :func:`lif_stack_block`, valid while the learner's constants are)."""
+
+    def __init__(self, learner, K: int, B: int, dtype):
+        self.K, self.B, self.dtype = K, B, dtype
+        self.fwd = lif_sequence_numba.forward_kernel()
+        self.layers = [_Layer(tr, K, B, dtype) for tr in learner.tracers[:-1]]
+        ro = learner.tracers[-1].cell
+        self.readout = ro
+        self.Wo = ro.weight.detach()
+        self.bo = None if ro.bias is None else ro.bias.detach()
+
+    def run(self, learner, x, vgs, carry: bool, block_vg=None):
+        """The gradient work of one block ``x [K, B, C]`` (as :func:`.block.closed_form_block`);
+        returns the block's summed loss (detached) or ``None``."""
+        K, B = self.K, self.B
+        states = learner.states
+        fwd = self.fwd
+        h = x.reshape(K * B, x.shape[-1])
+        ins = []
+        with torch.no_grad():
+            for l, L in enumerate(self.layers):
+                ev = L.tr._block_events(h, K, B)  # a sparse input: the event-driven products
+                if ev is not None:
+                    event_current(ev, L.Wt, L.bias, L.I)
+                elif L.bias is not None:
+                    torch.addmm(L.bias, h, L.Wt, out=L.I)
+                else:
+                    torch.mm(h, L.Wt, out=L.I)
+                L.Vb[0] = states[l].v
+                vT = torch.empty((B, L.N), dtype=self.dtype)
+                I_np, v0_np, V_np, Z_np, _, _ = L.np
+                zeros, a, a_s, th, mode, syn = L.fwd_consts
+                fwd(I_np, v0_np, zeros, a, a_s, th, mode, syn, V_np, Z_np, L.no_syn, vT.view(-1).numpy(), L.i_scratch)
+                states[l] = _lif.LIFState(vT)
+                ins.append((h, ev))
+                h = L.Z
+            y = h @ self.Wo.t()
+            if self.bo is not None:
+                y = y + self.bo
+            states[-1] = type(states[-1])(y[(K - 1) * B:])
+            total, gy = block_loss(learner, y.view(K, B, -1), vgs, block_vg)
+            if gy is None:  # no loss in this block: the traces are only carried
+                for l, L in enumerate(self.layers):
+                    if L.tr.traced:
+                        L.tr._block_contract_compiled(learner.traces[l], ins[l][0], L.prev, None, carry, K, B, ins[l][1])
+                return None
+            g = gy.reshape(K * B, -1)
+            sp = learner.spatial
+            ro = self.readout
+            _acc_mm(sp, ro.weight, g.t(), h)
+            if ro.bias is not None:
+                _acc(sp, ro.bias, g.sum(0))
+            g = g @ self.Wo
+            for l in range(len(self.layers) - 1, -1, -1):
+                L = self.layers[l]
+                _, _, _, _, v_np, gp_np = L.np
+                if L.learn_thr:
+                    L.thr_sums[:] = 0.0
+                _lif_spatial(g.numpy(), v_np, L.thr_row, L.sur[0], L.sur[1], L.sur[2], gp_np, L.learn_thr, L.thr_sums)
+                if L.learn_thr:
+                    _acc(sp, L.tr.cell.threshold, torch.from_numpy(L.thr_sums.astype(v_np.dtype)), -1.0)
+                if l > 0:
+                    g = L.gp @ L.W
+                if L.tr.traced:
+                    L.tr._block_contract_compiled(learner.traces[l], ins[l][0], L.prev, L.gp, carry, K, B, ins[l][1])
+        return None if total is None else total.detach()
+
+
+def lif_stack_block(learner, x) -> LIFStackBlock | None:
+    """The learner's prepared LIF-stack block for ``x [K, B, C]``, made on first use and again
+    when the learner's constants change; ``None`` where the stack or the input does not fit it."""
+    K, B = x.shape[0], x.shape[1]
+    cache = learner.__dict__.setdefault("_lif_stack_blocks", {})
+    key = (K, B, x.dtype)
+    hit = cache.get(key)
+    if hit is not None and hit[0] == learner._gen:
+        return hit[1]
+    fits = (compiled_cpu(x) and not x.requires_grad and x.is_contiguous() and _stack_fits(learner, x.dtype)
+            and lif_sequence._use_numba("auto", x, None))  # the layers' own forward backend is the compiled loop
+    for k in [k for k, v in cache.items() if v[0] != learner._gen]:  # made from older constants
+        del cache[k]
+    blk = LIFStackBlock(learner, K, B, x.dtype) if fits else None
+    cache[key] = (learner._gen, blk)
+    return blk

@@ -1,0 +1,149 @@
+"""Event-driven products with a spike matrix: the chunked LIF block's three products with its
+presynaptic input, skipping the input's zeros.
+
+A plain LIF layer's presynaptic input ``pre [K*B, H]`` (the spikes of the layer below, or spike
+input) is mostly zeros, and the block multiplies it three times (Bellec et al. 2020, Methods,
+eq. 23 in the chunked form of :mod:`.block`):
+
+    I    = pre Wt + b                       (the input currents, ``Wt [H, N]``)
+    dW  += gh^T pre                         (the gradient, ``gh [K*B, N]``)
+    q_b  = sum_k Phi_{k,b} pre_{k,b}        (the carried trace's new part, ``Phi [B, K, N]``)
+
+With ``pre`` listed as events (per row: the columns that are non-zero and their values) each
+product costs one ``N``-wide multiply-add per event instead of ``H`` per row, so the cost follows
+the spike count. Below :data:`EVENT_DENSITY` non-zeros per entry the event form is the faster one
+on a CPU (2-layer stacks of 64 units, blocks of 64 steps, batch 8: 60 µs for the three products at
+5 % density against 148 µs for the three GEMMs; even at 20 %). Both forms give the same sums, up
+to the order of the additions; the choice depends on the block's data only, so a resumed stream
+makes the same choices as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .numba_kernels import _HAVE_NUMBA
+
+__all__ = ["EVENT_DENSITY", "event_workspace", "spike_events", "event_current", "event_grads"]
+
+EVENT_DENSITY = 0.12  # the fraction of non-zero entries below which the event form is used
+
+if _HAVE_NUMBA:
+    import numba as _nb
+
+    @_nb.njit(cache=True, nogil=True)
+    def _count(pre):  # pragma: no cover - compiled
+        """The number of non-zero entries of ``pre [R, H]`` (a vectorised pass)."""
+        R, H = pre.shape
+        c = 0
+        for r in range(R):
+            for h in range(H):
+                c += pre[r, h] != 0
+        return c
+
+    @_nb.njit(cache=True, nogil=True)
+    def _events(pre, words, per_word, idx, val, ptr):  # pragma: no cover - compiled
+        """The non-zero entries of ``pre [R, H]`` row by row: columns ``idx``, values ``val``,
+        row ``r``'s events at ``ptr[r]:ptr[r+1]``; returns their count. ``words [R, H / per_word]``
+        is ``pre`` read as 64-bit words (``per_word`` entries each): a zero word is skipped whole."""
+        R, H = pre.shape
+        c = 0
+        for r in range(R):
+            ptr[r] = c
+            for w in range(words.shape[1]):
+                if words[r, w] != 0:
+                    for h in range(w * per_word, w * per_word + per_word):
+                        v = pre[r, h]
+                        if v != 0:
+                            idx[c] = h
+                            val[c] = v
+                            c += 1
+        ptr[R] = c
+        return c
+
+    @_nb.njit(cache=True, nogil=True)
+    def _current(ptr, idx, val, Wt, bias, has_bias, out):  # pragma: no cover - compiled
+        """``out[r] = b + sum_j val_j Wt[idx_j]`` over row ``r``'s events."""
+        R, N = out.shape
+        zero = out.dtype.type(0)
+        for r in range(R):
+            o = out[r]
+            if has_bias:
+                for n in range(N):
+                    o[n] = bias[n]
+            else:
+                for n in range(N):
+                    o[n] = zero
+            for j in range(ptr[r], ptr[r + 1]):
+                w = Wt[idx[j]]
+                v = val[j]
+                for n in range(N):
+                    o[n] += v * w[n]
+
+    @_nb.njit(cache=True, nogil=True)
+    def _grads(ptr, idx, val, gh, use_g, P0, carry, B, accT, qT):  # pragma: no cover - compiled
+        """``accT[h] = sum gh[r] val`` (``use_g``) and ``qT[b, h] = sum_k P0[b, k] val``
+        (``carry``) over the events ``(r = k B + b, h, val)``."""
+        R = ptr.shape[0] - 1
+        N = accT.shape[1]
+        if use_g:
+            accT[:] = 0
+        if carry:
+            qT[:] = 0
+        for r in range(R):
+            k = r // B
+            b = r - k * B
+            g = gh[r] if use_g else gh[0]
+            p = P0[b, k] if carry else P0[0, 0]
+            for j in range(ptr[r], ptr[r + 1]):
+                h = idx[j]
+                v = val[j]
+                if use_g:
+                    a = accT[h]
+                    for n in range(N):
+                        a[n] += v * g[n]
+                if carry:
+                    q = qT[b, h]
+                    for n in range(N):
+                        q[n] += v * p[n]
+
+
+def event_workspace(R: int, H: int, N: int, B: int, dtype) -> dict:
+    """The scratch arrays of the event products for ``R`` rows of ``H`` inputs, ``N`` neurons and
+    batch ``B`` (made once per sequence and block size)."""
+    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    return {"idx": np.empty(R * H, np.int32), "val": np.empty(R * H, npdt), "ptr": np.empty(R + 1, np.int64),
+            "accT": np.empty((H, N), npdt), "qT": np.empty((B, H, N), npdt), "limit": int(EVENT_DENSITY * R * H)}
+
+
+def spike_events(pre: torch.Tensor, ws: dict) -> bool:
+    """List the events of ``pre [R, H]`` (contiguous, CPU) into ``ws`` when fewer than
+    :data:`EVENT_DENSITY` of its entries are non-zero; returns whether it did (else use GEMMs)."""
+    a = pre.numpy()
+    if _count(a) >= ws["limit"]:
+        return False
+    per_word = 8 // a.itemsize
+    if a.shape[1] % per_word:  # rows not a whole number of words: one entry per word
+        a2 = a.view(np.uint32 if a.itemsize == 4 else np.uint64)
+        per_word = 1
+    else:
+        a2 = a.view(np.uint64)
+    _events(a, a2, per_word, ws["idx"], ws["val"], ws["ptr"])
+    return True
+
+
+def event_current(ws: dict, Wt: torch.Tensor, bias, out: torch.Tensor) -> None:
+    """``out [R, N] = pre Wt + bias`` from the events in ``ws`` (``Wt [H, N]`` contiguous)."""
+    _current(ws["ptr"], ws["idx"], ws["val"], Wt.numpy(), Wt.numpy()[0] if bias is None else bias.numpy(),
+             bias is not None, out.numpy())
+
+
+def event_grads(ws: dict, gh, P0, B: int, carry: bool):
+    """``gh^T pre`` as ``accT [H, N]`` (its transpose; ``gh`` ``None``: skipped) and, with
+    ``carry``, ``qT [B, H, N]`` with ``qT[b] = (Phi_b^T pre_b)^T`` (``P0 [B, K, N]``), from the
+    events in ``ws``; returns the two numpy arrays (workspace, valid until the next call)."""
+    use_g = gh is not None
+    P0n = P0.numpy() if carry else ws["qT"]
+    _grads(ws["ptr"], ws["idx"], ws["val"], gh.numpy() if use_g else ws["accT"], use_g, P0n, carry, B,
+           ws["accT"], ws["qT"])
+    return ws["accT"], ws["qT"]

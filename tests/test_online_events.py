@@ -1,0 +1,169 @@
+"""The chunked LIF block's event-driven products (:mod:`spikerec.hardware.online.event_products`)
+against the GEMMs they replace, and the prepared LIF-stack block
+(:mod:`spikerec.hardware.online.block_lif`) against the general no-autograd block (bit-identical)
+and the reference stream path; fresh random networks and inputs."""
+import numpy as np
+import pytest
+import torch
+
+from spikerec.hardware.online import OnlineLearner
+from spikerec.hardware.online import block as block_mod
+from spikerec.hardware.online import block_lif, event_products
+from spikerec.hardware.online.learner import mse_loss, mse_step_loss
+from spikerec.layers import LIF, LeakyReadout
+from spikerec.models import RecurrentStack
+
+from online_helpers import _fp64_one_thread, named  # noqa: F401
+
+pytestmark = pytest.mark.skipif(not event_products._HAVE_NUMBA, reason="needs numba")
+
+
+def sparse_input(shape, density, gen, dtype=torch.float64, binary=False):
+    """Entries non-zero with probability ``density``: ones, or (not ``binary``) values of both signs."""
+    mask = torch.rand(shape, generator=gen) < density
+    vals = torch.ones(shape) if binary else torch.randn(shape, generator=gen)
+    return (mask * vals).to(dtype)
+
+
+@pytest.mark.parametrize("dtype,H", [(torch.float64, 7), (torch.float32, 8), (torch.float32, 9)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_event_products_equal_the_gemms(dtype, H, bias):
+    """The three products from the events equal torch's GEMMs (float64 to 1e-12; float32 to
+    1e-5): ``pre Wt + b``, ``gh^T pre`` and ``Phi_b^T pre_b``; float32 rows of an odd or even
+    number of entries (read as 64-bit words or one entry at a time)."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    K, B, N = int(torch.randint(3, 9, (), generator=g)), int(torch.randint(1, 5, (), generator=g)), 6
+    R = K * B
+    pre = sparse_input((R, H), 0.06, g, dtype)
+    pre[0, 0] = -0.0  # a negative zero is no event
+    Wt = torch.randn(H, N, generator=g).to(dtype)
+    b = torch.randn(N, generator=g).to(dtype) if bias else None
+    gh = torch.randn(R, N, generator=g).to(dtype)
+    P0 = torch.randn(B, K, N, generator=g).to(dtype)
+    ws = event_products.event_workspace(R, H, N, B, dtype)
+    assert event_products.spike_events(pre, ws)
+    assert ws["ptr"][-1] == int((pre != 0).sum())
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    out = torch.empty(R, N, dtype=dtype)
+    event_products.event_current(ws, Wt, b, out)
+    ref = pre @ Wt + (b if bias else 0)
+    assert torch.allclose(out, ref, **tol)
+    for use_g, carry in [(True, True), (True, False), (False, True)]:
+        accT, qT = event_products.event_grads(ws, gh if use_g else None, P0, B, carry)
+        if use_g:
+            assert torch.allclose(torch.from_numpy(accT), (gh.t() @ pre).t(), **tol)
+        if carry:
+            q = torch.bmm(P0.transpose(1, 2), pre.view(K, B, H).transpose(0, 1))  # [B, N, H]
+            assert torch.allclose(torch.from_numpy(qT), q.transpose(1, 2), **tol)
+
+
+def test_dense_input_keeps_the_gemms():
+    """At or above EVENT_DENSITY non-zeros the events are not listed (the GEMM form runs)."""
+    g = torch.Generator().manual_seed(3)
+    R, H = 40, 10
+    ws = event_products.event_workspace(R, H, 4, 2, torch.float64)
+    dense = sparse_input((R, H), 0.5, g)
+    assert not event_products.spike_events(dense, ws)
+    sparse = torch.zeros(R, H)
+    sparse.view(-1)[: ws["limit"] - 1] = 1.0
+    assert event_products.spike_events(sparse, ws)
+    sparse.view(-1)[ws["limit"] - 1] = 1.0
+    assert not event_products.spike_events(sparse, ws)
+
+
+def lif_stack(H=7, N=6, O=3, learn_threshold=True, bias=True, seed=None):
+    torch.manual_seed(int(torch.randint(0, 10_000, ())) if seed is None else seed)
+    kw = dict(tau_mem=5.0, threshold=0.5, learn_threshold=learn_threshold, bias=bias)
+    cells = [LIF(H, N, **kw), LIF(N, N, **kw)]
+    with torch.no_grad():
+        cells[0].weight.mul_(2.0)
+        cells[1].weight.mul_(1.5)
+    return RecurrentStack(cells, LeakyReadout(N, O))  # a linear readout
+
+
+def run_backward(model, x, tgt, chunk, lean, monkeypatch):
+    """``backward`` in chunked mode with or without the prepared LIF-stack block; returns the
+    gradients, the loss and how many blocks the prepared block ran."""
+    runs = []
+    real_run = block_lif.LIFStackBlock.run
+    monkeypatch.setattr(block_lif.LIFStackBlock, "run", lambda self, *a: runs.append(1) or real_run(self, *a))
+    monkeypatch.setattr(block_mod, "lif_stack_block", block_lif.lif_stack_block if lean else (lambda *a: None))
+    model.zero_grad()
+    lr = OnlineLearner(model, mode="chunked", chunk=chunk)
+    loss = lr.backward(x, tgt, mse_loss)
+    grads = {n: p.grad.clone() for n, p in named(model)}
+    return grads, loss, len(runs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("learn_threshold,bias,density", [(True, True, 0.05), (False, False, 0.3)])
+def test_lif_stack_block_is_bit_identical_to_the_general_block(dtype, learn_threshold, bias, density, monkeypatch):
+    """The prepared block of a LIF stack under a linear readout gives exactly (torch.equal) the
+    gradients and loss of the general no-autograd block, over several blocks with a shorter last
+    one; spike inputs sparse enough for the event-driven products, or dense."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    model = lif_stack(learn_threshold=learn_threshold, bias=bias).to(dtype)
+    T, B = 23, 3
+    x = sparse_input((T, B, 7), density, g, dtype, binary=True)
+    tgt = torch.randn(T, B, 3, generator=g).to(dtype)
+    g1, l1, n1 = run_backward(model, x, tgt, 5, True, monkeypatch)
+    g0, l0, n0 = run_backward(model, x, tgt, 5, False, monkeypatch)
+    assert n1 == 5 and n0 == 0
+    assert l1 == l0
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n
+    assert g1["cells.0.weight"].abs().sum() > 0
+
+
+def test_lif_stack_block_in_a_stream_with_resets_and_steps_without_a_loss(monkeypatch):
+    """Chunked ``step`` calls (per-step losses, some steps and one whole block without a target,
+    a per-sample reset): the prepared block equals the general block exactly and the reference
+    stream path to 1e-10 (float64), with the event-driven products taken."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    model = lif_stack()
+    T, B = 26, 3
+    x = sparse_input((T, B, 7), 0.08, g, binary=True)
+    tgt = torch.randn(T, B, 3, generator=g)
+    no_loss = {t for t in range(T) if t % 5 == 3} | set(range(8, 12))  # steps 8-11: a whole block of 4
+
+    def stream(mode, lean, **kw):
+        monkeypatch.setattr(block_mod, "lif_stack_block", block_lif.lif_stack_block if lean else (lambda *a: None))
+        model.zero_grad()
+        lr = OnlineLearner(model, loss=mse_step_loss, mode=mode, chunk=4 if mode == "chunked" else None, **kw)
+        ys = []
+        for t in range(T):
+            if t == 14:
+                lr.reset(torch.tensor([True, False, True]))
+            y, _ = lr.step(x[t], None if t in no_loss else tgt[t])
+            ys.append(y)
+        lr.update()
+        return torch.stack(ys), {n: p.grad.clone() for n, p in named(model)}
+
+    events = []
+    real = event_products._events
+    monkeypatch.setattr(event_products, "_events", lambda *a: events.append(1) or real(*a))
+    y1, g1 = stream("chunked", True)
+    assert events, "the event-driven products ran"
+    y0, g0 = stream("chunked", False)
+    y2, g2 = stream("stream", False, fast=False)
+    assert torch.equal(y0, y1)
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n
+        assert torch.allclose(g1[n], g2[n], rtol=1e-10, atol=1e-12), (n, (g1[n] - g2[n]).abs().max())
+    assert torch.allclose(y1, y2, rtol=0, atol=1e-12)
+
+
+def test_lif_stack_block_applies_only_where_it_fits():
+    """Made for plain LIF stacks under a linear readout on the CPU; not for a leaky readout or a
+    layer with lateral weights (those take the general block)."""
+    x = torch.zeros(4, 2, 7)
+    lr = OnlineLearner(lif_stack(), mode="chunked", chunk=4)
+    lr._start(2, x.device, x.dtype)
+    assert isinstance(block_lif.lif_stack_block(lr, x), block_lif.LIFStackBlock)
+    assert block_lif.lif_stack_block(lr, x) is block_lif.lif_stack_block(lr, x)  # kept while the constants are
+    leaky = RecurrentStack([LIF(7, 6), LIF(6, 6)], LeakyReadout(6, 3, tau=4.0))
+    lateral = RecurrentStack([LIF(7, 6, recurrent=True), LIF(6, 6)], LeakyReadout(6, 3))
+    for model in (leaky, lateral):
+        lr = OnlineLearner(model, mode="chunked", chunk=4)
+        lr._start(2, x.device, x.dtype)
+        assert block_lif.lif_stack_block(lr, x) is None
