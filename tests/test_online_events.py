@@ -64,11 +64,14 @@ def test_dense_input_keeps_the_gemms():
     ws = event_products.event_workspace(R, H, 4, 2, torch.float64)
     dense = sparse_input((R, H), 0.5, g)
     assert not event_products.spike_events(dense, ws)
+    limit = event_products.event_limit(R * H)
     sparse = torch.zeros(R, H)
-    sparse.view(-1)[: ws["limit"] - 1] = 1.0
+    sparse.view(-1)[: limit - 1] = 1.0
     assert event_products.spike_events(sparse, ws)
-    sparse.view(-1)[ws["limit"] - 1] = 1.0
+    sparse.view(-1)[limit - 1] = 1.0
     assert not event_products.spike_events(sparse, ws)
+    with pytest.raises(ValueError, match="do not fit"):
+        event_products.spike_events(torch.zeros(R + 1, H), ws)
 
 
 def lif_stack(H=7, N=6, O=3, learn_threshold=True, bias=True, seed=None):

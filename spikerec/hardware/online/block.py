@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .block_lif import block_loss, lif_stack_block
+from .block_lif import block_loss, lif_stack_block, readout_rows
 from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, supported
 from .traces_base import chunk_contract, stack_partials
 
@@ -56,9 +56,7 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
             s = learner.states[l]
             if kind == "readout":
                 c = tr.cell
-                y = h @ c.weight.detach().t()
-                if c.bias is not None:
-                    y = y + c.bias.detach()
+                y = readout_rows(h, c.weight.detach(), c.bias)
                 prev = None
                 new = (y,)
                 learner.states[l] = type(s)(y[(K - 1) * B:])

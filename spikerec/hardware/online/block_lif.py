@@ -2,7 +2,7 @@
 of kernel calls (the chunked mode's fast path for such stacks).
 
 The arithmetic is that of :func:`.block.closed_form_block` (the e-prop rule of Bellec et al.
-2020, Methods, "Eligibility traces", eq. 23, in the chunked form of Zucchet et al. 2023, Sec. 3):
+2020, Methods, in the chunked form of Zucchet et al. 2023, Sec. 3):
 
 * forward, per layer: the input currents ``I = W x + b`` of the block's ``K*B`` rows in one
   matmul, then the layer's compiled time loop (:mod:`spikerec.kernels.lif_sequence_numba`);
@@ -14,9 +14,11 @@ The arithmetic is that of :func:`.block.closed_form_block` (the e-prop rule of B
 What :func:`.block.closed_form_block` derives again at every block (the layers' kinds, the
 kernels' flattened constants, the numpy views of the scratch arrays) is derived here once per
 sequence, block size and batch size, and the scratch arrays (input currents, membranes, spikes,
-the spatial error) are reused from block to block: at blocks of 64 steps this removes about a
-third of a block's time on a 2-layer stack of 64 units. The result is bit-identical to the
-general block (tests/test_online_block.py).
+the spatial error) are reused from block to block: on a 2-layer stack of 64 units, batch 8, blocks
+of 64 steps, a sequence of 1024 steps took 14.3 ms against 17.4 ms (the CPU of BENCHMARKS.md).
+A sparse input takes the event-driven products of :mod:`.event_products`, listed once per layer
+and block for both the forward and the contraction. The result is bit-identical to the general
+block (tests/test_online_events.py).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from .event_products import event_current
 from .numba_kernels import _lif_spatial, compiled_cpu, surrogate_code
 from .spatial import _acc, _acc_mm, fast_kinds
 
-__all__ = ["LIFStackBlock", "lif_stack_block"]
+__all__ = ["LIFStackBlock", "lif_stack_block", "block_loss", "readout_rows"]
 
 
 def block_loss(learner, y, vgs, block_vg):
@@ -50,6 +52,11 @@ def block_loss(learner, y, vgs, block_vg):
             gy = torch.zeros((y.shape[0], *g.shape), dtype=y.dtype, device=y.device)
         gy[k] = g
     return total, gy
+
+
+def readout_rows(h, W, b):
+    """A linear readout ``y = h W^T + b`` of a block's ``[K*B, N]`` rows (one ``addmm``)."""
+    return h @ W.t() if b is None else torch.addmm(b.detach(), h, W.t())
 
 
 def _stack_fits(learner, dtype) -> bool:
@@ -87,6 +94,7 @@ class _Layer:
         self.Vb = torch.empty((K + 1, B, N), dtype=dtype)  # [v before the block, v_1 .. v_K]
         self.Z = torch.empty((K * B, N), dtype=dtype)
         self.gp = torch.empty((K * B, N), dtype=dtype)
+        self.v0 = self.Vb[0]
         self.prev = _lif.LIFState(self.Vb[:-1].view(K * B, N))
         self.new_v = self.Vb[1:].view(K * B, N)
         self.np = (self.I.view(K, B * N).numpy(), self.Vb[0].view(-1).numpy(), self.Vb[1:].view(K, B * N).numpy(),
@@ -106,8 +114,7 @@ class LIFStackBlock:
         self.K, self.B, self.dtype = K, B, dtype
         self.fwd = lif_sequence_numba.forward_kernel()
         self.layers = [_Layer(tr, K, B, dtype) for tr in learner.tracers[:-1]]
-        ro = learner.tracers[-1].cell
-        self.readout = ro
+        ro = self.readout = learner.tracers[-1].cell
         self.Wo = ro.weight.detach()
         self.bo = None if ro.bias is None else ro.bias.detach()
 
@@ -128,7 +135,7 @@ class LIFStackBlock:
                     torch.addmm(L.bias, h, L.Wt, out=L.I)
                 else:
                     torch.mm(h, L.Wt, out=L.I)
-                L.Vb[0] = states[l].v
+                L.v0.copy_(states[l].v)
                 vT = torch.empty((B, L.N), dtype=self.dtype)
                 I_np, v0_np, V_np, Z_np, _, _ = L.np
                 zeros, a, a_s, th, mode, syn = L.fwd_consts
@@ -136,9 +143,7 @@ class LIFStackBlock:
                 states[l] = _lif.LIFState(vT)
                 ins.append((h, ev))
                 h = L.Z
-            y = h @ self.Wo.t()
-            if self.bo is not None:
-                y = y + self.bo
+            y = readout_rows(h, self.Wo, self.bo)
             states[-1] = type(states[-1])(y[(K - 1) * B:])
             total, gy = block_loss(learner, y.view(K, B, -1), vgs, block_vg)
             if gy is None:  # no loss in this block: the traces are only carried

@@ -2,8 +2,8 @@
 presynaptic input, skipping the input's zeros.
 
 A plain LIF layer's presynaptic input ``pre [K*B, H]`` (the spikes of the layer below, or spike
-input) is mostly zeros, and the block multiplies it three times (Bellec et al. 2020, Methods,
-eq. 23 in the chunked form of :mod:`.block`):
+input) is mostly zeros, and the block multiplies it three times (the e-prop gradient
+``sum_t L_t e_t`` of Bellec et al. 2020, Methods, in the chunked form of :mod:`.block`):
 
     I    = pre Wt + b                       (the input currents, ``Wt [H, N]``)
     dW  += gh^T pre                         (the gradient, ``gh [K*B, N]``)
@@ -11,11 +11,14 @@ eq. 23 in the chunked form of :mod:`.block`):
 
 With ``pre`` listed as events (per row: the columns that are non-zero and their values) each
 product costs one ``N``-wide multiply-add per event instead of ``H`` per row, so the cost follows
-the spike count. Below :data:`EVENT_DENSITY` non-zeros per entry the event form is the faster one
-on a CPU (2-layer stacks of 64 units, blocks of 64 steps, batch 8: 60 µs for the three products at
-5 % density against 148 µs for the three GEMMs; even at 20 %). Both forms give the same sums, up
-to the order of the additions; the choice depends on the block's data only, so a resumed stream
-makes the same choices as an uninterrupted one.
+the spike count. Below :data:`EVENT_DENSITY` non-zeros per entry the event form is used. On the
+2-core CPU of BENCHMARKS.md, for blocks of 64 steps, batch 8 and 64 inputs and neurons, the three
+products took 67 µs from events at 5 % density and 105 µs at 10 %, against 149 µs for the three
+GEMMs; at 20 % the events would cost more than the GEMMs. Inside a whole block, where the arrays
+also pass through the caches for the other passes, the gain on a 2-layer LIF stack was smaller:
+13.9 -> 13.3 ms per sequence of 1024 steps. Both forms give the same sums, up to the order of the
+additions; the choice depends on the block's data only, so a resumed stream makes the same choices
+as an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import torch
 
 from .numba_kernels import _HAVE_NUMBA
 
-__all__ = ["EVENT_DENSITY", "event_workspace", "spike_events", "event_current", "event_grads"]
+__all__ = ["EVENT_DENSITY", "event_limit", "event_workspace", "spike_events", "event_current", "event_grads"]
 
 EVENT_DENSITY = 0.12  # the fraction of non-zero entries below which the event form is used
 
@@ -45,17 +48,33 @@ if _HAVE_NUMBA:
     def _events(pre, words, per_word, idx, val, ptr):  # pragma: no cover - compiled
         """The non-zero entries of ``pre [R, H]`` row by row: columns ``idx``, values ``val``,
         row ``r``'s events at ``ptr[r]:ptr[r+1]``; returns their count. ``words [R, H / per_word]``
-        is ``pre`` read as 64-bit words (``per_word`` entries each): a zero word is skipped whole."""
-        R, H = pre.shape
+        is ``pre`` read as words of ``per_word`` entries (2: float32 pairs as 64-bit words; 1: one
+        entry per word): a zero word is skipped whole."""
+        R = pre.shape[0]
+        W = words.shape[1]
         c = 0
         for r in range(R):
             ptr[r] = c
-            for w in range(words.shape[1]):
-                if words[r, w] != 0:
-                    for h in range(w * per_word, w * per_word + per_word):
-                        v = pre[r, h]
+            wr = words[r]
+            pr = pre[r]
+            for w in range(W):
+                if wr[w] != 0:
+                    if per_word == 2:  # (the two entries written out: a loop over them is ~60 % slower)
+                        h = 2 * w
+                        v = pr[h]
                         if v != 0:
                             idx[c] = h
+                            val[c] = v
+                            c += 1
+                        v = pr[h + 1]
+                        if v != 0:
+                            idx[c] = h + 1
+                            val[c] = v
+                            c += 1
+                    else:
+                        v = pr[w]
+                        if v != 0:
+                            idx[c] = w
                             val[c] = v
                             c += 1
         ptr[R] = c
@@ -108,26 +127,33 @@ if _HAVE_NUMBA:
                         q[n] += v * p[n]
 
 
+def event_limit(size: int) -> int:
+    """The number of non-zero entries, of ``size``, from which the GEMMs are used."""
+    return int(EVENT_DENSITY * size)
+
+
 def event_workspace(R: int, H: int, N: int, B: int, dtype) -> dict:
-    """The scratch arrays of the event products for ``R`` rows of ``H`` inputs, ``N`` neurons and
-    batch ``B`` (made once per sequence and block size)."""
+    """The scratch arrays of the event products for up to ``R`` rows of ``H`` inputs, ``N``
+    neurons and batch ``B`` (made once per sequence and block size)."""
     npdt = torch.empty(0, dtype=dtype).numpy().dtype
     return {"idx": np.empty(R * H, np.int32), "val": np.empty(R * H, npdt), "ptr": np.empty(R + 1, np.int64),
-            "accT": np.empty((H, N), npdt), "qT": np.empty((B, H, N), npdt), "limit": int(EVENT_DENSITY * R * H)}
+            "accT": np.empty((H, N), npdt), "qT": np.empty((B, H, N), npdt), "rows": R}
 
 
 def spike_events(pre: torch.Tensor, ws: dict) -> bool:
-    """List the events of ``pre [R, H]`` (contiguous, CPU) into ``ws`` when fewer than
-    :data:`EVENT_DENSITY` of its entries are non-zero; returns whether it did (else use GEMMs)."""
+    """List the events of ``pre [R, H]`` (contiguous, CPU; ``R`` at most the workspace's rows)
+    into ``ws`` when fewer than :data:`EVENT_DENSITY` of its entries are non-zero; returns whether
+    it did (else use GEMMs)."""
     a = pre.numpy()
-    if _count(a) >= ws["limit"]:
+    if a.shape[0] + 1 > ws["ptr"].shape[0] or a.size > ws["idx"].shape[0]:
+        raise ValueError(f"spike_events: {tuple(a.shape)} rows do not fit the workspace")
+    if _count(a) >= event_limit(a.size):
         return False
-    per_word = 8 // a.itemsize
-    if a.shape[1] % per_word:  # rows not a whole number of words: one entry per word
-        a2 = a.view(np.uint32 if a.itemsize == 4 else np.uint64)
-        per_word = 1
-    else:
-        a2 = a.view(np.uint64)
+    ws["rows"] = a.shape[0]
+    if a.itemsize == 4 and a.shape[1] % 2 == 0:  # float32 rows read as 64-bit words of two entries
+        a2, per_word = a.view(np.uint64), 2
+    else:  # one entry per word
+        a2, per_word = a.view(np.uint32 if a.itemsize == 4 else np.uint64), 1
     _events(a, a2, per_word, ws["idx"], ws["val"], ws["ptr"])
     return True
 
@@ -144,6 +170,6 @@ def event_grads(ws: dict, gh, P0, B: int, carry: bool):
     events in ``ws``; returns the two numpy arrays (workspace, valid until the next call)."""
     use_g = gh is not None
     P0n = P0.numpy() if carry else ws["qT"]
-    _grads(ws["ptr"], ws["idx"], ws["val"], gh.numpy() if use_g else ws["accT"], use_g, P0n, carry, B,
+    _grads(ws["ptr"][: ws["rows"] + 1], ws["idx"], ws["val"], gh.numpy() if use_g else ws["accT"], use_g, P0n, carry, B,
            ws["accT"], ws["qT"])
     return ws["accT"], ws["qT"]
