@@ -27,6 +27,11 @@ the CUDA allocator); ``--trace-kernel N,B,H`` times the matrix-trace kernel alon
 the trace's bytes. The stream methods are warmed up for ``fused_driver.AFTER_STEPS`` steps, so the
 one-call step is compiled before any measured run.
 
+Each method's learner is made once, as the model is, and each run is one sequence through it
+(``reset()`` before a stream, ``backward`` starts a fresh one), as a training loop uses it; the
+run that measures memory makes a learner of its own, so that the learner's states, traces and
+scratch arrays count in its peak.
+
 All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
 runs under the same load); the time is the best of ``--repeat`` rounds. With ``--processes N``
 that subprocess runs N times and each method keeps its best time over them (the range is
@@ -200,24 +205,39 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
         for t in range(T):
             yield x[t], tgt[t]
 
+    learners = {}  # one learner per method, made once as the model is: each run is one sequence
+
+    def learner(m, fresh=False):
+        lr = None if fresh else learners.get(m)
+        if lr is None:
+            if m.startswith("stream"):
+                lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, fast=False if m == "stream_ref" else None,
+                                   fused=False if m == "stream_layer" else None)
+            else:
+                lr = OnlineLearner(model, mode="chunked", chunk=chunk, fast=False if m == "chunked_ref" else None)
+                lr.closed_form_block = m == "chunked"
+            if not fresh:
+                learners[m] = lr
+        return lr
+
     def run(m, peak):
+        # the run that measures memory makes its own learner, so that its states, traces and
+        # scratch count; the timed runs reuse one
         model.zero_grad()
         if m == "bptt":  # under the online learner's subnormal setting too (no change measured)
             with flush_subnormals():
                 y, _ = model(x)
                 (0.5 * ((y - tgt) ** 2).sum()).backward()
         elif m in ("stream", "stream_layer", "stream_ref"):
-            lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, fast=False if m == "stream_ref" else None,
-                               fused=False if m == "stream_layer" else None)
+            lr = learner(m, fresh=peak is not None)
+            lr.reset()  # a new sequence: states and traces from zero
             for x_t, t_t in steps():
                 lr.step(x_t, t_t)
                 if peak is not None:
                     peak.sample()
             lr.update()
         else:
-            lr = OnlineLearner(model, mode="chunked", chunk=chunk, fast=False if m == "chunked_ref" else None)
-            lr.closed_form_block = m == "chunked"
-            lr.backward(x, tgt, mse_loss)
+            learner(m, fresh=peak is not None).backward(x, tgt, mse_loss)  # (a fresh stream over the sequence)
 
     from spikerec.hardware.online import fused_driver
 

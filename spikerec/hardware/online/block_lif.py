@@ -75,6 +75,21 @@ def _stack_fits(learner, dtype) -> bool:
     return True
 
 
+def _layer_scratch(K: int, B: int, N: int, dtype) -> tuple:
+    """A layer's block scratch: the forward kernel's two, the input currents, the membranes
+    ``[v before the block, v_1 .. v_K]``, the spikes, the spatial error, views of them and their
+    numpy views."""
+    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    I = torch.empty((K * B, N), dtype=dtype)
+    Vb = torch.empty((K + 1, B, N), dtype=dtype)
+    Z = torch.empty((K * B, N), dtype=dtype)
+    gp = torch.empty((K * B, N), dtype=dtype)
+    views = (I.view(K, B * N).numpy(), Vb[0].view(-1).numpy(), Vb[1:].view(K, B * N).numpy(),
+             Z.view(K, B * N).numpy(), Vb[1:].reshape(K * B, N).numpy(), gp.numpy())
+    return (np.empty(B * N, npdt), np.empty((1, 1), npdt), I, Vb, Z, gp, Vb[0], _lif.LIFState(Vb[:-1].view(K * B, N)),
+            views)
+
+
 class _Layer:
     """One LIF layer's per-sequence data: the tracer, its constants, the forward kernel and its
     flattened constants, and the block's scratch arrays with their numpy views."""
@@ -88,17 +103,8 @@ class _Layer:
         N = self.N = c.hidden_size
         a, a_s, th, zeros = lif_sequence_numba.forward_consts(k["alpha"], None, k["thr"], B, N, dtype)
         self.fwd_consts = (zeros, a, a_s, th, lif_sequence_numba.RESET_CODES[c.reset], False)
-        self.i_scratch = np.empty(B * N, a.dtype)
-        self.no_syn = np.empty((1, 1), a.dtype)
-        self.I = torch.empty((K * B, N), dtype=dtype)
-        self.Vb = torch.empty((K + 1, B, N), dtype=dtype)  # [v before the block, v_1 .. v_K]
-        self.Z = torch.empty((K * B, N), dtype=dtype)
-        self.gp = torch.empty((K * B, N), dtype=dtype)
-        self.v0 = self.Vb[0]
-        self.prev = _lif.LIFState(self.Vb[:-1].view(K * B, N))
-        self.new_v = self.Vb[1:].view(K * B, N)
-        self.np = (self.I.view(K, B * N).numpy(), self.Vb[0].view(-1).numpy(), self.Vb[1:].view(K, B * N).numpy(),
-                   self.Z.view(K, B * N).numpy(), self.new_v.numpy(), self.gp.numpy())
+        (self.i_scratch, self.no_syn, self.I, self.Vb, self.Z, self.gp, self.v0, self.prev,
+         self.np) = tr.scratch(("stack block", K, B, dtype), lambda: _layer_scratch(K, B, N, dtype))
         self.learn_thr = c.threshold.requires_grad
         self.sur = surrogate_code(c.surrogate)
         self.thr_row = k["thr"].expand(N).contiguous().numpy()

@@ -96,6 +96,18 @@ class LayerTrace:
     def make_consts(self, dtype) -> dict:
         return {}
 
+    def scratch(self, key, make):
+        """Scratch arrays kept by ``key`` (shapes and dtype) across sequences: they hold nothing
+        from one block to the next and do not depend on the parameters, so :meth:`prepare`
+        keeps them (new arrays at every sequence would also be new pages to fault in)."""
+        cache = self.__dict__.setdefault("_scratch", {})
+        out = cache.get(key)
+        if out is None:
+            if len(cache) >= 8:  # a few block and batch sizes
+                cache.clear()
+            out = cache[key] = make()
+        return out
+
     # --- per kind ---------------------------------------------------------------------------
     def state_params(self) -> tuple[str, ...]:
         raise NotImplementedError

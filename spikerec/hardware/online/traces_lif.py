@@ -319,10 +319,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         is sparse enough (:func:`.event_products.spike_events`); ``None`` for the GEMM form."""
         if not numba_available() or not x.is_contiguous():
             return None
-        plan = self._block_plan(x.dtype, K, B)
-        ev = plan.get("ev")
-        if ev is None:
-            ev = plan["ev"] = event_workspace(K * B, x.shape[-1], self.cell.hidden_size, B, x.dtype)
+        H, N, dt = x.shape[-1], self.cell.hidden_size, x.dtype
+        ev = self.scratch(("events", K, B, H, dt), lambda: event_workspace(K * B, H, N, B, dt))
         return ev if spike_events(x.view(K * B, -1), ev) else None
 
     def _block_plan(self, dt, K: int, B: int) -> dict:
@@ -340,7 +338,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
                 "names": names, "cols": cols, "cn": cn.numpy(), "has_rd": Rd is not None,
                 "rd": Rd.numpy() if Rd is not None else np.zeros(1, dtype=cn.numpy().dtype),
                 "mats": mats, "mode": RESET_CODES[c.reset], "detach": bool(c.detach_reset),
-                "sur": surrogate_code(c.surrogate), "ws": lif_block_workspace(K, B, N, len(names), dt)}
+                "sur": surrogate_code(c.surrogate),
+                "ws": self.scratch(("block", K, B, len(names), dt), lambda: lif_block_workspace(K, B, N, len(names), dt))}
         return plan
 
     def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int, events="find") -> None:
