@@ -57,6 +57,32 @@ def test_event_products_equal_the_gemms(dtype, H, bias):
             assert torch.allclose(torch.from_numpy(qT), q.transpose(1, 2), **tol)
 
 
+@pytest.mark.parametrize("bias,trained", [(True, True), (False, True), (True, False)])
+def test_event_readout_mse_equals_torch(bias, trained):
+    """The readout of spikes listed as events with the MSE and its backward in one call equals
+    torch in float64: loss, ``dW += gy^T z``, ``db += sum gy``, ``gz = gy W``."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    R, N, O = 40, 9, 4
+    z = sparse_input((R, N), 0.08, g, binary=True)
+    W, b, tgt = torch.randn(O, N, generator=g), torch.randn(O, generator=g), torch.randn(R, O, generator=g)
+    dW0, db0 = torch.randn(O, N, generator=g), torch.randn(O, generator=g)  # accumulators already holding sums
+    ws = event_products.event_workspace(R, N, O, 2, torch.float64)
+    assert event_products.spike_events(z, ws)
+    y, gy, gz = torch.empty(R, O), torch.empty(R, O), torch.empty(R, N)
+    dW, db = dW0.clone(), db0.clone()
+    loss = event_products.event_readout_mse(ws, W, b if bias else None, y, tgt, gy, dW if trained else None,
+                                            db if (trained and bias) else None, gz)
+    y_ref = z @ W.t() + (b if bias else 0)
+    d = y_ref - tgt
+    assert torch.allclose(y, y_ref, rtol=1e-12, atol=1e-12)
+    assert loss == pytest.approx(0.5 * float((d ** 2).sum()), rel=1e-12)
+    assert torch.allclose(gz, d @ W, rtol=1e-12, atol=1e-12)
+    if trained:
+        assert torch.allclose(dW, dW0 + d.t() @ z, rtol=1e-12, atol=1e-12)
+        if bias:
+            assert torch.allclose(db, db0 + d.sum(0), rtol=1e-12, atol=1e-12)
+
+
 def test_dense_input_keeps_the_gemms():
     """At or above EVENT_DENSITY non-zeros the events are not listed (the GEMM form runs)."""
     g = torch.Generator().manual_seed(3)
@@ -74,9 +100,9 @@ def test_dense_input_keeps_the_gemms():
         event_products.spike_events(torch.zeros(R + 1, H), ws)
 
 
-def lif_stack(H=7, N=6, O=3, learn_threshold=True, bias=True, seed=None):
+def lif_stack(H=7, N=6, O=3, learn_threshold=True, bias=True, seed=None, threshold=0.5):
     torch.manual_seed(int(torch.randint(0, 10_000, ())) if seed is None else seed)
-    kw = dict(tau_mem=5.0, threshold=0.5, learn_threshold=learn_threshold, bias=bias)
+    kw = dict(tau_mem=5.0, threshold=threshold, learn_threshold=learn_threshold, bias=bias)
     cells = [LIF(H, N, **kw), LIF(N, N, **kw)]
     with torch.no_grad():
         cells[0].weight.mul_(2.0)
@@ -84,18 +110,36 @@ def lif_stack(H=7, N=6, O=3, learn_threshold=True, bias=True, seed=None):
     return RecurrentStack(cells, LeakyReadout(N, O))  # a linear readout
 
 
-def run_backward(model, x, tgt, chunk, lean, monkeypatch):
+def top_rate(model, x):
+    """The spike rate of the top LIF layer on ``x``."""
+    with torch.no_grad():
+        _, _, hidden = model(x, record=True)
+    return float(hidden[-1].mean())
+
+
+def user_mse(y, target, t):
+    """The package's MSE as a user's loss (the same closed forms, not the package's object)."""
+    return mse_loss(y, target, t)
+
+
+user_mse.value_and_grad = mse_loss.value_and_grad
+user_mse.block_value_and_grad = mse_loss.block_value_and_grad
+
+
+def run_backward(model, x, tgt, chunk, lean, monkeypatch, loss=user_mse):
     """``backward`` in chunked mode with or without the prepared LIF-stack block; returns the
-    gradients, the loss and how many blocks the prepared block ran."""
-    runs = []
-    real_run = block_lif.LIFStackBlock.run
+    gradients, the loss, how many blocks the prepared block ran and how many of them computed
+    the readout and MSE in one compiled call."""
+    runs, fused = [], []
+    real_run, real_mse = block_lif.LIFStackBlock.run, block_lif.event_readout_mse
     monkeypatch.setattr(block_lif.LIFStackBlock, "run", lambda self, *a: runs.append(1) or real_run(self, *a))
+    monkeypatch.setattr(block_lif, "event_readout_mse", lambda *a: fused.append(1) or real_mse(*a))
     monkeypatch.setattr(block_mod, "lif_stack_block", block_lif.lif_stack_block if lean else (lambda *a: None))
     model.zero_grad()
     lr = OnlineLearner(model, mode="chunked", chunk=chunk)
-    loss = lr.backward(x, tgt, mse_loss)
+    total = lr.backward(x, tgt, loss)
     grads = {n: p.grad.clone() for n, p in named(model)}
-    return grads, loss, len(runs)
+    return grads, total, len(runs), len(fused)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -103,19 +147,51 @@ def run_backward(model, x, tgt, chunk, lean, monkeypatch):
 def test_lif_stack_block_is_bit_identical_to_the_general_block(dtype, learn_threshold, bias, density, monkeypatch):
     """The prepared block of a LIF stack under a linear readout gives exactly (torch.equal) the
     gradients and loss of the general no-autograd block, over several blocks with a shorter last
-    one; spike inputs sparse enough for the event-driven products, or dense."""
+    one, for a loss with a whole-block value and gradient; spike inputs sparse enough for the
+    event-driven products, or dense."""
     g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
     model = lif_stack(learn_threshold=learn_threshold, bias=bias).to(dtype)
     T, B = 23, 3
     x = sparse_input((T, B, 7), density, g, dtype, binary=True)
     tgt = torch.randn(T, B, 3, generator=g).to(dtype)
-    g1, l1, n1 = run_backward(model, x, tgt, 5, True, monkeypatch)
-    g0, l0, n0 = run_backward(model, x, tgt, 5, False, monkeypatch)
-    assert n1 == 5 and n0 == 0
+    g1, l1, n1, f1 = run_backward(model, x, tgt, 5, True, monkeypatch)
+    g0, l0, n0, _ = run_backward(model, x, tgt, 5, False, monkeypatch)
+    assert n1 == 5 and n0 == 0 and f1 == 0
     assert l1 == l0
     for n in g0:
         assert torch.equal(g0[n], g1[n]), n
     assert g1["cells.0.weight"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [True, False])
+def test_lif_stack_block_with_the_package_mse_in_one_call(dtype, bias, monkeypatch):
+    """With the package's ``mse_loss`` and sparse spikes in the top layer, the prepared block
+    computes the readout, the loss and the readout's backward in one compiled call on the spikes'
+    events: the loss and gradients equal the general block's (float64 to 1e-12, float32 to 1e-5;
+    the compiled sums run in another order)."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    T, B = 23, 3
+    for _ in range(50):  # a fresh network whose top layer spikes, sparsely
+        model = lif_stack(bias=bias, threshold=1.2, N=16).to(dtype)
+        x = sparse_input((T, B, 7), 0.3, g, dtype, binary=True)
+        if 0.01 < top_rate(model, x) < event_products.EVENT_DENSITY:
+            break
+    else:
+        pytest.fail("no network with a sparse spiking top layer drawn")
+    tgt = torch.randn(T, B, 3, generator=g).to(dtype)
+    g1, l1, n1, f1 = run_backward(model, x, tgt, 5, True, monkeypatch, loss=mse_loss)
+    g0, l0, _, _ = run_backward(model, x, tgt, 5, False, monkeypatch, loss=mse_loss)
+    assert n1 == 5 and f1 >= 1  # (a block whose top-layer spikes are denser takes the torch loss)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    assert l1 == pytest.approx(l0, rel=tol["rtol"])
+    for n in g0:
+        assert torch.allclose(g0[n], g1[n], **tol), (n, (g0[n] - g1[n]).abs().max())
+    assert g1["readout.weight"].abs().sum() > 0
+    # a target of another dtype or layout takes the torch loss (no compiled call), same values
+    g2, l2, _, f2 = run_backward(model, x, tgt.transpose(0, 1).contiguous().transpose(0, 1), 5, True, monkeypatch,
+                                 loss=mse_loss)
+    assert f2 == 0 and l2 == pytest.approx(l0, rel=tol["rtol"])
 
 
 def test_lif_stack_block_in_a_stream_with_resets_and_steps_without_a_loss(monkeypatch):

@@ -20,6 +20,7 @@ from . import numba_available
 __all__ = ["available", "forward_consts", "forward_kernel", "lif_forward", "lif_backward"]
 
 RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
+BLOCK = 512  # neurons per parallel work item of the kernels (contiguous in memory)
 
 
 def _kernels():
@@ -29,10 +30,17 @@ def _kernels():
     return k.fwd, k.bwd
 
 
-def forward_kernel():
+def forward_kernel(serial: bool = False):
     """The compiled forward loop (the kernel :func:`lif_forward` calls), with numba's thread count
-    set as for every call of it; for callers that keep its operands and constants themselves."""
-    return _kernels()[0]
+    set as for every call of it; for callers that keep its operands and constants themselves.
+    ``serial``: the same loop on the calling thread, for arrays of one block of neurons
+    (:data:`BLOCK`)."""
+    fwd = _kernels()[0]
+    if serial:
+        from .lif_sequence_numba_kernels import fwd_serial
+
+        return fwd_serial
+    return fwd
 
 
 def available() -> bool:

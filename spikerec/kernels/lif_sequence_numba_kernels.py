@@ -8,62 +8,77 @@ import math
 import numpy as np
 from numba import njit, prange
 
-BLOCK = 512  # neurons per parallel work item (contiguous in memory)
+from .lif_sequence_numba import BLOCK  # neurons per parallel work item (contiguous in memory)
+
+
+@njit(cache=True, nogil=True)
+def _fwd_block(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT, lo, hi):  # pragma: no cover - compiled
+    """The forward loop over all steps for the neurons ``lo:hi`` (of the flattened ``[B*N]``)."""
+    T = I.shape[0]
+    n = hi - lo
+    v = v0[lo:hi].copy()
+    i = i0[lo:hi].copy()
+    z = np.empty(n, dtype=v0.dtype)
+    for m in range(n):
+        z[m] = 1.0 if v[m] > thr[lo + m] else 0.0
+    al = alpha[lo:hi]
+    als = alpha_s[lo:hi]
+    th = thr[lo:hi]
+    for t in range(T):
+        It = I[t, lo:hi]
+        Vt = V[t, lo:hi]
+        Zft = Zf[t, lo:hi]
+        if syn:
+            St = Iseq[t, lo:hi]
+            for m in range(n):
+                i[m] = It[m] + als[m] * i[m]
+                St[m] = i[m]
+            It = St
+        if mode == 0:
+            for m in range(n):
+                vv = (It[m] + al[m] * v[m]) - th[m] * z[m]
+                v[m] = vv
+                Vt[m] = vv
+                zz = 1.0 if vv > th[m] else 0.0
+                z[m] = zz
+                Zft[m] = zz
+        elif mode == 1:
+            for m in range(n):
+                vv = It[m] + (al[m] * (1.0 - z[m])) * v[m]
+                v[m] = vv
+                Vt[m] = vv
+                zz = 1.0 if vv > th[m] else 0.0
+                z[m] = zz
+                Zft[m] = zz
+        else:
+            for m in range(n):
+                vv = It[m] + al[m] * v[m]
+                v[m] = vv
+                Vt[m] = vv
+                zz = 1.0 if vv > th[m] else 0.0
+                z[m] = zz
+                Zft[m] = zz
+    for m in range(n):
+        vT[lo + m] = v[m]
+        iT[lo + m] = i[m]
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def fwd(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT):  # pragma: no cover - compiled
-    T, M = I.shape
+    """The forward loop, blocks of :data:`BLOCK` neurons in parallel."""
+    M = I.shape[1]
     nblk = (M + BLOCK - 1) // BLOCK
     for k in prange(nblk):
-        lo = k * BLOCK
-        hi = min(M, lo + BLOCK)
-        n = hi - lo
-        v = v0[lo:hi].copy()
-        i = i0[lo:hi].copy()
-        z = np.empty(n, dtype=v0.dtype)
-        for m in range(n):
-            z[m] = 1.0 if v[m] > thr[lo + m] else 0.0
-        al = alpha[lo:hi]
-        als = alpha_s[lo:hi]
-        th = thr[lo:hi]
-        for t in range(T):
-            It = I[t, lo:hi]
-            Vt = V[t, lo:hi]
-            Zft = Zf[t, lo:hi]
-            if syn:
-                St = Iseq[t, lo:hi]
-                for m in range(n):
-                    i[m] = It[m] + als[m] * i[m]
-                    St[m] = i[m]
-                It = St
-            if mode == 0:
-                for m in range(n):
-                    vv = (It[m] + al[m] * v[m]) - th[m] * z[m]
-                    v[m] = vv
-                    Vt[m] = vv
-                    zz = 1.0 if vv > th[m] else 0.0
-                    z[m] = zz
-                    Zft[m] = zz
-            elif mode == 1:
-                for m in range(n):
-                    vv = It[m] + (al[m] * (1.0 - z[m])) * v[m]
-                    v[m] = vv
-                    Vt[m] = vv
-                    zz = 1.0 if vv > th[m] else 0.0
-                    z[m] = zz
-                    Zft[m] = zz
-            else:
-                for m in range(n):
-                    vv = It[m] + al[m] * v[m]
-                    v[m] = vv
-                    Vt[m] = vv
-                    zz = 1.0 if vv > th[m] else 0.0
-                    z[m] = zz
-                    Zft[m] = zz
-        for m in range(n):
-            vT[lo + m] = v[m]
-            iT[lo + m] = i[m]
+        _fwd_block(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT, k * BLOCK, min(M, k * BLOCK + BLOCK))
+
+
+@njit(cache=True, nogil=True)
+def fwd_serial(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT):  # pragma: no cover - compiled
+    """:func:`fwd` on the calling thread, for callers with one block of neurons (no parallel
+    region to enter: the chunked online blocks call it many times on small arrays)."""
+    M = I.shape[1]
+    for lo in range(0, M, BLOCK):
+        _fwd_block(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT, lo, min(M, lo + BLOCK))
 
 
 @njit(cache=True, nogil=True)

@@ -37,15 +37,17 @@ def block_supported(learner) -> bool:
     return supported(learner)
 
 
-def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None):
+def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None, mse_target=None):
     """The gradient work of one block ``x [K, B, C]`` (states start at ``learner.states``, which
     are advanced to the block's end). ``vgs[k](y_k) -> (loss, d loss / d y_k) | None`` per step
     (``None`` entry: no loss at that step), or ``block_vg(Y [K, B, ...]) -> (summed loss,
-    d loss / d Y)`` for the whole block in one call. Returns the block's summed loss (detached)
-    or ``None``."""
+    d loss / d Y)`` for the whole block in one call; ``mse_target [K, B, O]`` (with ``block_vg``,
+    a contiguous tensor of the block's dtype) says that the loss is the package's MSE against it,
+    which a stack of plain LIF layers computes in one compiled call with its readout. Returns the
+    block's summed loss (detached) or ``None``."""
     lif_stack = lif_stack_block(learner, x)
     if lif_stack is not None:  # a stack of plain LIF layers: the prepared block
-        return lif_stack.run(learner, x, vgs, carry, block_vg)
+        return lif_stack.run(learner, x, vgs, carry, block_vg, mse_target)
     K, B = x.shape[0], x.shape[1]
     tracers = learner.tracers
     kinds = fast_kinds(learner)

@@ -27,9 +27,9 @@ import torch
 
 from ...kernels import lif_sequence, lif_sequence_numba
 from ...neurons import lif as _lif
-from .event_products import event_current
+from .event_products import event_current, event_readout_mse, event_workspace, spike_events
 from .numba_kernels import _lif_spatial, compiled_cpu, surrogate_code
-from .spatial import _acc, _acc_mm, fast_kinds
+from .spatial import _acc, _acc_mm, accumulator, fast_kinds
 
 __all__ = ["LIFStackBlock", "lif_stack_block", "block_loss", "readout_rows"]
 
@@ -78,14 +78,15 @@ def _stack_fits(learner, dtype) -> bool:
 def _layer_scratch(K: int, B: int, N: int, dtype) -> tuple:
     """A layer's block scratch: the forward kernel's two, the input currents, the membranes
     ``[v before the block, v_1 .. v_K]``, the spikes, the spatial error, views of them and their
-    numpy views."""
+    numpy views (the last two ``[K, B, N]``: the membranes before each step, the spatial error)."""
     npdt = torch.empty(0, dtype=dtype).numpy().dtype
     I = torch.empty((K * B, N), dtype=dtype)
     Vb = torch.empty((K + 1, B, N), dtype=dtype)
     Z = torch.empty((K * B, N), dtype=dtype)
     gp = torch.empty((K * B, N), dtype=dtype)
     views = (I.view(K, B * N).numpy(), Vb[0].view(-1).numpy(), Vb[1:].view(K, B * N).numpy(),
-             Z.view(K, B * N).numpy(), Vb[1:].reshape(K * B, N).numpy(), gp.numpy())
+             Z.view(K, B * N).numpy(), Vb[1:].reshape(K * B, N).numpy(), gp.numpy(),
+             Vb[:-1].numpy(), gp.view(K, B, N).numpy())
     return (np.empty(B * N, npdt), np.empty((1, 1), npdt), I, Vb, Z, gp, Vb[0], _lif.LIFState(Vb[:-1].view(K * B, N)),
             views)
 
@@ -105,6 +106,7 @@ class _Layer:
         self.fwd_consts = (zeros, a, a_s, th, lif_sequence_numba.RESET_CODES[c.reset], False)
         (self.i_scratch, self.no_syn, self.I, self.Vb, self.Z, self.gp, self.v0, self.prev,
          self.np) = tr.scratch(("stack block", K, B, dtype), lambda: _layer_scratch(K, B, N, dtype))
+        self.vp_np, self.gp_np = self.np[6:]  # [K, B, N]: the membranes before each step, the spatial error
         self.learn_thr = c.threshold.requires_grad
         self.sur = surrogate_code(c.surrogate)
         self.thr_row = k["thr"].expand(N).contiguous().numpy()
@@ -118,15 +120,28 @@ class LIFStackBlock:
 
     def __init__(self, learner, K: int, B: int, dtype):
         self.K, self.B, self.dtype = K, B, dtype
-        self.fwd = lif_sequence_numba.forward_kernel()
         self.layers = [_Layer(tr, K, B, dtype) for tr in learner.tracers[:-1]]
+        # the forward loop on the calling thread where each layer is one block of neurons
+        self.fwd = lif_sequence_numba.forward_kernel(
+            serial=max(B * L.N for L in self.layers) <= lif_sequence_numba.BLOCK)
         ro = self.readout = learner.tracers[-1].cell
         self.Wo = ro.weight.detach()
         self.bo = None if ro.bias is None else ro.bias.detach()
+        # the readout of sparse spikes, the package's MSE and the readout's backward in one call
+        O, N = self.Wo.shape
+        self.mse_ok = self.Wo.dtype == dtype
+        self.mse_W = self.Wo.contiguous()
+        self.mse_ws = learner.tracers[-1].scratch(
+            ("readout mse", K, B, dtype),
+            lambda: (event_workspace(K * B, N, O, B, dtype), torch.empty((K * B, O), dtype=dtype),
+                     torch.empty((K * B, O), dtype=dtype), torch.empty((K * B, N), dtype=dtype)))
 
-    def run(self, learner, x, vgs, carry: bool, block_vg=None):
+    def run(self, learner, x, vgs, carry: bool, block_vg=None, mse_target=None):
         """The gradient work of one block ``x [K, B, C]`` (as :func:`.block.closed_form_block`);
-        returns the block's summed loss (detached) or ``None``."""
+        returns the block's summed loss (detached) or ``None``. ``mse_target [K, B, O]`` (a
+        contiguous CPU tensor of the block's dtype): the loss is the package's MSE against it;
+        when the top layer's spikes are sparse, the readout, the loss and the readout's backward
+        are one compiled call on their events (:func:`.event_products.event_readout_mse`)."""
         K, B = self.K, self.B
         states = learner.states
         fwd = self.fwd
@@ -143,19 +158,28 @@ class LIFStackBlock:
                     torch.mm(h, L.Wt, out=L.I)
                 L.v0.copy_(states[l].v)
                 vT = torch.empty((B, L.N), dtype=self.dtype)
-                I_np, v0_np, V_np, Z_np, _, _ = L.np
+                I_np, v0_np, V_np, Z_np = L.np[:4]
                 zeros, a, a_s, th, mode, syn = L.fwd_consts
                 fwd(I_np, v0_np, zeros, a, a_s, th, mode, syn, V_np, Z_np, L.no_syn, vT.view(-1).numpy(), L.i_scratch)
                 states[l] = _lif.LIFState(vT)
                 ins.append((h, ev))
                 h = L.Z
+            if mse_target is not None and self.mse_ok and spike_events(h, self.mse_ws[0]):
+                ws, y, gy, gz = self.mse_ws
+                sp = learner.spatial
+                ro = self.readout
+                loss = event_readout_mse(ws, self.mse_W, self.bo, y, mse_target.view(K * B, -1), gy,
+                                         accumulator(sp, ro.weight), accumulator(sp, ro.bias) if self.bo is not None
+                                         else None, gz)
+                states[-1] = type(states[-1])(y[(K - 1) * B:].clone())
+                return self._backward(learner, gz, ins, carry, torch.scalar_tensor(loss, dtype=self.dtype))
             y = readout_rows(h, self.Wo, self.bo)
             states[-1] = type(states[-1])(y[(K - 1) * B:])
             total, gy = block_loss(learner, y.view(K, B, -1), vgs, block_vg)
             if gy is None:  # no loss in this block: the traces are only carried
                 for l, L in enumerate(self.layers):
                     if L.tr.traced:
-                        L.tr._block_contract_compiled(learner.traces[l], ins[l][0], L.prev, None, carry, K, B, ins[l][1])
+                        L.tr._contract_rows(learner.traces[l], ins[l][0], L.vp_np, None, carry, K, B, ins[l][1])
                 return None
             g = gy.reshape(K * B, -1)
             sp = learner.spatial
@@ -163,10 +187,17 @@ class LIFStackBlock:
             _acc_mm(sp, ro.weight, g.t(), h)
             if ro.bias is not None:
                 _acc(sp, ro.bias, g.sum(0))
-            g = g @ self.Wo
+            return self._backward(learner, g @ self.Wo, ins, carry, total)
+
+    def _backward(self, learner, g, ins, carry: bool, total):
+        """From the error ``g`` at the top layer's spikes: each layer's spatial backward and
+        contraction, from the top; returns the block's loss."""
+        K, B = self.K, self.B
+        sp = learner.spatial
+        with torch.no_grad():
             for l in range(len(self.layers) - 1, -1, -1):
                 L = self.layers[l]
-                _, _, _, _, v_np, gp_np = L.np
+                v_np, gp_np = L.np[4:6]
                 if L.learn_thr:
                     L.thr_sums[:] = 0.0
                 _lif_spatial(g.numpy(), v_np, L.thr_row, L.sur[0], L.sur[1], L.sur[2], gp_np, L.learn_thr, L.thr_sums)
@@ -175,7 +206,7 @@ class LIFStackBlock:
                 if l > 0:
                     g = L.gp @ L.W
                 if L.tr.traced:
-                    L.tr._block_contract_compiled(learner.traces[l], ins[l][0], L.prev, L.gp, carry, K, B, ins[l][1])
+                    L.tr._contract_rows(learner.traces[l], ins[l][0], L.vp_np, L.gp_np, carry, K, B, ins[l][1])
         return None if total is None else total.detach()
 
 

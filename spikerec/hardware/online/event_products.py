@@ -27,7 +27,8 @@ import torch
 
 from .numba_kernels import _HAVE_NUMBA
 
-__all__ = ["EVENT_DENSITY", "event_limit", "event_workspace", "spike_events", "event_current", "event_grads"]
+__all__ = ["EVENT_DENSITY", "event_limit", "event_workspace", "spike_events", "event_current", "event_grads",
+           "event_readout_mse"]
 
 EVENT_DENSITY = 0.12  # the fraction of non-zero entries below which the event form is used
 
@@ -127,6 +128,50 @@ if _HAVE_NUMBA:
                         q[n] += v * p[n]
 
 
+    @_nb.njit(cache=True, nogil=True)
+    def _readout_mse(ptr, idx, val, W, WT, bias, has_b, y, target, gy, dWT, db, has_w, has_db, gz):  # pragma: no cover
+        """A linear readout of spikes listed as events, the package's MSE and the readout's
+        backward, over ``R`` rows: ``y[r] = b + sum_j val_j WT[idx_j]``, ``gy = y - target``,
+        ``loss = 0.5 sum gy^2`` (returned, summed in float64), ``dWT[h] += sum val gy[r]`` (the
+        weight's gradient transposed, ``has_w``), ``db += sum_r gy[r]`` (``has_db``) and
+        ``gz[r] = sum_o gy[r, o] W[o]`` (the error at the spikes)."""
+        R, O = y.shape
+        N = gz.shape[1]
+        total = 0.0
+        for r in range(R):
+            yr = y[r]
+            for o in range(O):
+                yr[o] = bias[o] if has_b else 0.0
+            for j in range(ptr[r], ptr[r + 1]):
+                w = WT[idx[j]]
+                v = val[j]
+                for o in range(O):
+                    yr[o] += v * w[o]
+            gr = gy[r]
+            for o in range(O):
+                d = yr[o] - target[r, o]
+                gr[o] = d
+                total += d * d
+            if has_w:
+                for j in range(ptr[r], ptr[r + 1]):
+                    a = dWT[idx[j]]
+                    v = val[j]
+                    for o in range(O):
+                        a[o] += v * gr[o]
+            if has_db:
+                for o in range(O):
+                    db[o] += gr[o]
+            zr = gz[r]
+            for n in range(N):
+                zr[n] = 0.0
+            for o in range(O):
+                q = gr[o]
+                w = W[o]
+                for n in range(N):
+                    zr[n] += q * w[n]
+        return 0.5 * total
+
+
 def event_limit(size: int) -> int:
     """The number of non-zero entries, of ``size``, from which the GEMMs are used."""
     return int(EVENT_DENSITY * size)
@@ -162,6 +207,27 @@ def event_current(ws: dict, Wt: torch.Tensor, bias, out: torch.Tensor) -> None:
     """``out [R, N] = pre Wt + bias`` from the events in ``ws`` (``Wt [H, N]`` contiguous)."""
     _current(ws["ptr"], ws["idx"], ws["val"], Wt.numpy(), Wt.numpy()[0] if bias is None else bias.numpy(),
              bias is not None, out.numpy())
+
+
+def event_readout_mse(ws: dict, W: torch.Tensor, bias, y, target, gy, dW, db, gz) -> float:
+    """The linear readout ``y = z W^T + b`` of the spikes ``z`` listed in ``ws``, the package's
+    MSE against ``target`` (``0.5 sum (y - target)^2``, returned) and the readout's backward:
+    ``dW += gy^T z`` and ``db += sum gy`` into the accumulators (``None``: not trained) and the
+    error at the spikes ``gz = gy W``; all ``[R, ...]`` contiguous CPU tensors of one dtype."""
+    Wn = W.numpy()
+    WT = ws.get("WT")
+    if WT is None or WT.shape != (Wn.shape[1], Wn.shape[0]):
+        WT = ws["WT"] = np.empty((Wn.shape[1], Wn.shape[0]), Wn.dtype)
+        ws["dWT"] = np.empty_like(WT)
+    WT[:] = Wn.T
+    dWT = ws["dWT"]
+    dWT[:] = 0
+    bn = Wn[0] if bias is None else bias.numpy()
+    loss = _readout_mse(ws["ptr"], ws["idx"], ws["val"], Wn, WT, bn, bias is not None, y.numpy(), target.numpy(),
+                        gy.numpy(), dWT, bn if db is None else db.numpy(), dW is not None, db is not None, gz.numpy())
+    if dW is not None:
+        dW.add_(torch.from_numpy(dWT).t())
+    return loss
 
 
 def event_grads(ws: dict, gh, P0, B: int, carry: bool):

@@ -44,6 +44,7 @@ import torch
 from ...kernels.lif_sequence_numba import surrogate_code
 from . import fused_driver
 from .numba_kernels import lif_block_mat_numba, lif_block_workspace, numba_available
+from .spatial import accumulator
 from .traces_base import _STACK
 from .traces_lif import ALIFTrace, LIFTrace
 from .traces_lru import LRUTrace
@@ -781,14 +782,7 @@ class FusedStack:
 
     def _acc(self, p):
         """The spatial accumulator of ``p`` (created as zeros), or ``None`` if ``p`` is not trained."""
-        if not p.requires_grad:
-            return None
-        sp = self.learner.spatial
-        a = sp.get(p)
-        if a is None or not a.is_contiguous() or a.dtype != p.dtype:
-            a = sp[p] = (torch.zeros_like(p, memory_format=torch.contiguous_format) if a is None
-                         else a.contiguous().to(p.dtype))
-        return a
+        return accumulator(self.learner.spatial, p)
 
     def bind(self):
         lr_ = self.learner

@@ -549,6 +549,12 @@ class OnlineLearner:
         total = 0.0
         if self.mode != "stream":  # one reduction over the whole input (a NaN is then found per step)
             self._check_nan_block(x, 0)
+        # the package's MSE against a target of the input's length, batch, dtype and layout: a
+        # stack of plain LIF layers computes it with its readout in one compiled call per block
+        mse_target = (target if loss_fn is mse_loss and self.mode == "chunked" and isinstance(target, torch.Tensor)
+                      and target.dim() == 3 and target.shape[:2] == x.shape[:2] and target.dtype == x.dtype
+                      and target.device == x.device and target.is_contiguous() and not target.requires_grad
+                      and target.shape[2] == getattr(self.model, "output_size", None) else None)
         for t0 in range(0, T, K):
             t1 = min(T, t0 + K)
             if self.mode == "stream":
@@ -569,7 +575,8 @@ class OnlineLearner:
                 bvg = getattr(loss_fn, "block_value_and_grad", None) if vg is not None else None
                 if bvg is not None:  # the whole block's loss in one call: no per-step closures
                     l = self._block_batched(x[t0:t1], None, carry=t1 < T, vgs=(),
-                                            block_vg=lambda Y, t0=t0, t1=t1: bvg(Y, target, t0, t1))
+                                            block_vg=lambda Y, t0=t0, t1=t1: bvg(Y, target, t0, t1),
+                                            mse_target=None if mse_target is None else mse_target[t0:t1])
                 else:
                     l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
                                             block_loss=None if block is None else
@@ -1025,7 +1032,7 @@ class OnlineLearner:
         """Whether a block may take the no-autograd path of :mod:`.block` (the loss aside)."""
         return self.closed_form_block and self.fast is not False and block_supported(self)
 
-    def _block_batched(self, x, losses, carry, block_loss=None, vgs=None, block_vg=None):
+    def _block_batched(self, x, losses, carry, block_loss=None, vgs=None, block_vg=None, mse_target=None):
         """A block of K steps with whole-block tensor ops (chunked / parallel modes). Within the
         block every step starts from the *detached* previous state, so once the states are known
         (one cheap pass without autograd) the steps of a layer are independent rows: each layer is
@@ -1033,9 +1040,10 @@ class OnlineLearner:
         backward gives ``g_t`` for every step. Same estimator as the step-by-step form. With
         ``vgs`` (per step ``y -> (loss, d loss / d y) | None``) the block runs with no autograd
         call (:func:`.block.closed_form_block`); ``block_vg`` gives the whole block's loss and
-        gradient in one call instead."""
+        gradient in one call instead (and ``mse_target``, where that loss is the package's MSE,
+        its target rows)."""
         if vgs is not None:
-            return closed_form_block(self, x, vgs, carry, block_vg)
+            return closed_form_block(self, x, vgs, carry, block_vg, mse_target)
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)

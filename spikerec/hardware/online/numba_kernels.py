@@ -1090,10 +1090,10 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
 
 def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, sur: tuple, cols, traces, carry: bool,
                     need_zp: bool, ws: dict, Gacc):
-    """:func:`_lif_block_vec` on torch tensors: ``Vp [K, B, N]`` the membranes before each step,
-    ``G [K, B, N]`` or ``None``, ``cn [3, N]`` and the lateral self-weights ``rd`` (numpy, as
+    """:func:`_lif_block_vec` on torch tensors (or numpy arrays): ``Vp [K, B, N]`` the membranes
+    before each step, ``G [K, B, N]`` or ``None``, ``cn [3, N]`` and the lateral self-weights ``rd`` (numpy, as
     :meth:`.traces_lif.LIFTrace.fused_setup` gives them), ``sur = (code, p1, p2)`` (code 1 or 2),
-    ``traces`` the carried per-neuron traces as for :func:`chunk1_numba`, ``ws`` a
+    ``traces`` the carried per-neuron traces as for :func:`chunk1_numba` (or one numpy array), ``ws`` a
     :func:`lif_block_workspace`, ``Gacc`` the per-neuron accumulator rows (numpy ``[3, N]``) the
     sums are added to. Returns ``(gh, new traces [m, B, N] or None, P0, phi, b0, zp)``: workspace
     tensors (valid until the next call with ``ws``) except the new traces, a new tensor."""
@@ -1102,7 +1102,7 @@ def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, 
     m = len(cols)
     use_g = G is not None
     has_ev = False
-    if isinstance(traces, torch.Tensor):
+    if isinstance(traces, (torch.Tensor, np.ndarray)):
         E, has_ev = _arr(traces), True
     elif traces is not None and m and any(t is not None for t in traces):
         E, has_ev = np.zeros((m, B, N), dtype=Vn.dtype), True
@@ -1112,7 +1112,7 @@ def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, 
     else:
         E = ws["none3"]
     w = ws["np"]
-    ev_t = torch.empty((m, B, N), dtype=Vp.dtype) if (carry and m) else None
+    ev_t = torch.from_numpy(np.empty((m, B, N), dtype=Vn.dtype)) if (carry and m) else None
     _lif_block_vec(Vn, _arr(G) if use_g else w["gh"], use_g, cn, rd, has_rd, mode, detach_reset, sur[0], sur[1], sur[2],
                    cols, E, has_ev, bool(carry), bool(need_zp), w["J"], w["V"], w["zp"], w["gh"], ws["Gv"],
                    ev_t.numpy() if ev_t is not None else ws["z3"], w["P0"], w["phi"], w["b0"], Gacc)

@@ -80,6 +80,18 @@ def _acc(spatial: dict, p, g, alpha: float = 1.0) -> None:
         spatial[p] = g * alpha if (alpha != 1.0 or g._base is not None or not g.is_contiguous()) else g
 
 
+def accumulator(spatial: dict, p):
+    """``p``'s accumulator in ``spatial``, contiguous and of ``p``'s dtype (created as zeros),
+    for kernels that add into it in place; ``None`` if ``p`` is not trained."""
+    if not p.requires_grad:
+        return None
+    a = spatial.get(p)
+    if a is None or not a.is_contiguous() or a.dtype != p.dtype:
+        a = spatial[p] = (torch.zeros_like(p, memory_format=torch.contiguous_format) if a is None
+                          else a.contiguous().to(p.dtype))
+    return a
+
+
 def _acc_mm(spatial: dict, p, a, b, alpha: float = 1.0) -> None:
     """``spatial[p] += alpha * a @ b`` in place (one ``addmm_``)."""
     if not p.requires_grad:

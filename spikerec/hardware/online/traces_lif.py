@@ -25,7 +25,7 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import (alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
+from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
                             lif_block_mat_numba, lif_block_numba, lif_block_workspace,
                             compiled_cpu, compiled_dtype, numba_available)
 from .event_products import event_current, event_grads, event_workspace, spike_events
@@ -242,7 +242,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             if fp is None:
                 fc = lif_sequence_numba.forward_consts(alpha, None, thr, B, N, x.dtype)
                 fp = k[("forward", B)] = (lif_sequence_numba.RESET_CODES[reset], fc, np.empty(B * N, fc[0].dtype),
-                                          np.empty((1, 1), fc[0].dtype), lif_sequence_numba.forward_kernel())
+                                          np.empty((1, 1), fc[0].dtype),
+                                          lif_sequence_numba.forward_kernel(serial=B * N <= lif_sequence_numba.BLOCK))
             # the layer's forward loop without lif_forward's wrapper (its constants and kernel kept per
             # sequence; a block is one work item of the kernel, so numba's thread count is not reset)
             mode, (a, a_s, th, zeros), i_scratch, no_syn, fwd = fp
@@ -354,18 +355,27 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         ``"find"`` to decide here)."""
         if G is None and not carry:
             return
+        N = prev.v.shape[-1]
+        self._contract_rows(ts, x, _arr(prev.v.view(K, B, N)), None if G is None else _arr(G.reshape(K, B, N)),
+                            carry, K, B, events)
+
+    def _contract_rows(self, ts, x, Vp, G, carry: bool, K: int, B: int, events="find") -> None:
+        """:meth:`_block_contract_compiled` on the membranes before each step ``Vp`` and the
+        spatial error ``G`` given as numpy ``[K, B, N]`` arrays (``G`` ``None``: no loss in the
+        block), as the prepared LIF-stack block keeps them (:mod:`.block_lif`)."""
         dt = x.dtype
         plan = self._block_plan(dt, K, B)
         names, mats, ws = plan["names"], plan["mats"], plan["ws"]
-        N = prev.v.shape[-1]
+        N = Vp.shape[-1]
         accs = self._accumulators(ts, names, G is not None, dt, N)
         old = ts.carried(names) if names else None
+        if isinstance(old, torch.Tensor):  # [m, B, N, 1]: the rows of the last block's traces
+            old = old.numpy().reshape(old.shape[:-1])
+        elif old is not None:
+            old = [None if e is None else e[..., 0] for e in old]
         gh, ev_out, P0, phi, b0, zp = lif_block_numba(
-            prev.v.view(K, B, N), None if G is None else G.reshape(K, B, N), plan["cn"], plan["rd"], plan["has_rd"],
-            plan["mode"], plan["detach"], plan["sur"], plan["cols"],
-            None if old is None else
-            (old[..., 0] if isinstance(old, torch.Tensor) else [None if e is None else e[..., 0] for e in old]),
-            carry, "recurrent_weight" in mats, ws, accs[0].numpy())
+            Vp, G, plan["cn"], plan["rd"], plan["has_rd"], plan["mode"], plan["detach"], plan["sur"], plan["cols"],
+            old, carry, "recurrent_weight" in mats, ws, accs[0].numpy())
         gh2 = gh.view(K * B, N)
         for name in mats:
             pre = (x if name == "weight" else zp).reshape(K, B, -1)
