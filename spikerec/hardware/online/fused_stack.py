@@ -887,7 +887,7 @@ class FusedStack:
             self.lany = True
             if self.lfill == LIF_DEFER:
                 self.flush_lif()
-        return self.ystate[0].clone(), torch.scalar_tensor(lv, dtype=self.dtype)
+        return torch.from_numpy(self.yout_np.copy()), torch.scalar_tensor(lv, dtype=self.dtype)
 
     def step(self, x_t, closure, value_and_grad=None, mse_target=None, check_nan=False):
         """Forward, loss gradient, spatial backward and trace step of every layer; returns
