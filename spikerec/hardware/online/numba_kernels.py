@@ -1044,8 +1044,8 @@ if _HAVE_NUMBA:
         """The carried matrix trace ``e [N, B, 1, H]`` of a block: ``Gm[n] += sum_b b0[b, n] e[n, b]``
         (``use_g``, with the trace before the block), then ``e[n, b] <- phi[b, n] e[n, b] + q[b, n]``
         (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``).
-        With ``events`` (the products of :mod:`.event_products`) ``q`` comes transposed,
-        ``[B, H, N]``, and ``Gm += accT^T`` (``use_g``; ``accT [H, N]``) is added too."""
+        With ``events`` (the products of :mod:`.event_products`) ``Gm += accT^T`` (``use_g``;
+        ``accT [H, N]``) is added too (and ``q`` is a strided view of their ``[B, H, N]`` array)."""
         N, B, _, H = e.shape
         if use_g and has_e:
             for n in range(N):
@@ -1060,15 +1060,8 @@ if _HAVE_NUMBA:
         if carry:
             for n in range(N):
                 for b in range(B):
-                    f = phi[b, n]
-                    if events:
-                        if has_e:
-                            for h in range(H):
-                                e[n, b, 0, h] = f * e[n, b, 0, h] + q[b, h, n]
-                        else:
-                            for h in range(H):
-                                e[n, b, 0, h] = q[b, h, n]
-                    elif has_e:
+                    if has_e:
+                        f = phi[b, n]
                         for h in range(H):
                             e[n, b, 0, h] = f * e[n, b, 0, h] + q[b, n, h]
                     else:
@@ -1126,9 +1119,10 @@ def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict, a
     products' ``gh^T pre`` transposed) ``q`` is the event form's numpy ``[B, H, N]``."""
     z2 = ws["z2"]
     events = accT is not None
+    if carry:  # [B, N, H] (the event form's [B, H, N] array read through a transposed view)
+        q = q.transpose(0, 2, 1) if events else q.numpy()
     _lif_block_mat(e.numpy(), has_e, b0 is not None, z2 if b0 is None else b0.numpy(),
-                   z2 if b0 is None else Gm.numpy(), carry,
-                   (q if events else q.numpy()) if carry else ws["z3"], phi.numpy() if carry else z2,
+                   z2 if b0 is None else Gm.numpy(), carry, q if carry else ws["z3"], phi.numpy() if carry else z2,
                    events, accT if events else z2)
 
 
