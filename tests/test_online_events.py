@@ -70,7 +70,8 @@ def test_event_readout_mse_equals_torch(bias, trained):
     assert event_products.spike_events(z, ws)
     y, gy, gz = torch.empty(R, O), torch.empty(R, O), torch.empty(R, N)
     dW, db = dW0.clone(), db0.clone()
-    loss = event_products.event_readout_mse(ws, W, b if bias else None, y, tgt, gy, dW if trained else None,
+    WT = W.t().contiguous().numpy()
+    loss = event_products.event_readout_mse(ws, W, WT, b if bias else None, y, tgt, gy, dW if trained else None,
                                             db if (trained and bias) else None, gz)
     y_ref = z @ W.t() + (b if bias else 0)
     d = y_ref - tgt

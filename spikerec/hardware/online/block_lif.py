@@ -112,6 +112,7 @@ class _Layer:
         self.thr_row = k["thr"].expand(N).contiguous().numpy()
         self.thr_sums = np.zeros(N if self.learn_thr else 1, dtype=np.float64)
         tr._block_plan(dtype, K, B)  # the contraction's constants and workspace, made now
+        self.ev_ws = tr._block_events(None, K, B, dtype)  # the workspace of its input's event list
 
 
 class LIFStackBlock:
@@ -131,6 +132,7 @@ class LIFStackBlock:
         O, N = self.Wo.shape
         self.mse_ok = self.Wo.dtype == dtype
         self.mse_W = self.Wo.contiguous()
+        self.mse_WT = np.ascontiguousarray(self.mse_W.numpy().T)
         self.mse_ws = learner.tracers[-1].scratch(
             ("readout mse", K, B, dtype),
             lambda: (event_workspace(K * B, N, O, B, dtype), torch.empty((K * B, O), dtype=dtype),
@@ -149,7 +151,7 @@ class LIFStackBlock:
         ins = []
         with torch.no_grad():
             for l, L in enumerate(self.layers):
-                ev = L.tr._block_events(h, K, B)  # a sparse input: the event-driven products
+                ev = L.ev_ws if spike_events(h, L.ev_ws) else None  # a sparse input: the event-driven products
                 if ev is not None:
                     event_current(ev, L.Wt, L.bias, L.I)
                 elif L.bias is not None:
@@ -168,7 +170,7 @@ class LIFStackBlock:
                 ws, y, gy, gz = self.mse_ws
                 sp = learner.spatial
                 ro = self.readout
-                loss = event_readout_mse(ws, self.mse_W, self.bo, y, mse_target.view(K * B, -1), gy,
+                loss = event_readout_mse(ws, self.mse_W, self.mse_WT, self.bo, y, mse_target.view(K * B, -1), gy,
                                          accumulator(sp, ro.weight), accumulator(sp, ro.bias) if self.bo is not None
                                          else None, gz)
                 states[-1] = type(states[-1])(y[(K - 1) * B:].clone())

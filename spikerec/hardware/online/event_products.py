@@ -209,18 +209,16 @@ def event_current(ws: dict, Wt: torch.Tensor, bias, out: torch.Tensor) -> None:
              bias is not None, out.numpy())
 
 
-def event_readout_mse(ws: dict, W: torch.Tensor, bias, y, target, gy, dW, db, gz) -> float:
+def event_readout_mse(ws: dict, W: torch.Tensor, WT, bias, y, target, gy, dW, db, gz) -> float:
     """The linear readout ``y = z W^T + b`` of the spikes ``z`` listed in ``ws``, the package's
     MSE against ``target`` (``0.5 sum (y - target)^2``, returned) and the readout's backward:
     ``dW += gy^T z`` and ``db += sum gy`` into the accumulators (``None``: not trained) and the
-    error at the spikes ``gz = gy W``; all ``[R, ...]`` contiguous CPU tensors of one dtype."""
+    error at the spikes ``gz = gy W``; all ``[R, ...]`` contiguous CPU tensors of one dtype
+    (``WT``: ``W^T`` as a contiguous numpy array, made once by the caller)."""
     Wn = W.numpy()
-    WT = ws.get("WT")
-    if WT is None or WT.shape != (Wn.shape[1], Wn.shape[0]):
-        WT = ws["WT"] = np.empty((Wn.shape[1], Wn.shape[0]), Wn.dtype)
-        ws["dWT"] = np.empty_like(WT)
-    WT[:] = Wn.T
-    dWT = ws["dWT"]
+    dWT = ws.get("dWT")
+    if dWT is None or dWT.shape != WT.shape:
+        dWT = ws["dWT"] = np.empty_like(WT)
     dWT[:] = 0
     bn = Wn[0] if bias is None else bias.numpy()
     loss = _readout_mse(ws["ptr"], ws["idx"], ws["val"], Wn, WT, bn, bias is not None, y.numpy(), target.numpy(),

@@ -1078,6 +1078,7 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
           "b0": t(B, N), "Gv": np.empty((max(m, 1), N), dtype=np.float64), "none3": np.zeros((max(m, 1), 1, 1), npdt),
           "z2": np.zeros((1, 1), npdt), "z3": np.zeros((1, 1, 1), npdt)}
     ws["np"] = {k: v.numpy() for k, v in ws.items() if isinstance(v, torch.Tensor)}
+    ws["gh2"], ws["P0T"] = ws["gh"].view(K * B, N), ws["P0"].transpose(1, 2)  # the views the GEMMs take
     return ws
 
 
@@ -1088,7 +1089,7 @@ def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, 
     :meth:`.traces_lif.LIFTrace.fused_setup` gives them), ``sur = (code, p1, p2)`` (code 1 or 2),
     ``traces`` the carried per-neuron traces as for :func:`chunk1_numba` (or one numpy array), ``ws`` a
     :func:`lif_block_workspace`, ``Gacc`` the per-neuron accumulator rows (numpy ``[3, N]``) the
-    sums are added to. Returns ``(gh, new traces [m, B, N] or None, P0, phi, b0, zp)``: workspace
+    sums are added to. Returns ``(gh, new traces [m, B, N, 1] or None, P0, phi, b0, zp)``: workspace
     tensors (valid until the next call with ``ws``) except the new traces, a new tensor."""
     Vn = _arr(Vp)
     K, B, N = Vn.shape
@@ -1105,11 +1106,11 @@ def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, 
     else:
         E = ws["none3"]
     w = ws["np"]
-    ev_t = torch.from_numpy(np.empty((m, B, N), dtype=Vn.dtype)) if (carry and m) else None
+    ev_np = np.empty((m, B, N, 1), dtype=Vn.dtype) if (carry and m) else None  # [m, B, N, 1]: as traces are kept
     _lif_block_vec(Vn, _arr(G) if use_g else w["gh"], use_g, cn, rd, has_rd, mode, detach_reset, sur[0], sur[1], sur[2],
                    cols, E, has_ev, bool(carry), bool(need_zp), w["J"], w["V"], w["zp"], w["gh"], ws["Gv"],
-                   ev_t.numpy() if ev_t is not None else ws["z3"], w["P0"], w["phi"], w["b0"], Gacc)
-    return ws["gh"], ev_t, ws["P0"], ws["phi"], ws["b0"], ws["zp"]
+                   ev_np.reshape(m, B, N) if ev_np is not None else ws["z3"], w["P0"], w["phi"], w["b0"], Gacc)
+    return ws["gh"], None if ev_np is None else torch.from_numpy(ev_np), ws["P0"], ws["phi"], ws["b0"], ws["zp"]
 
 
 def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict, accT=None) -> None:

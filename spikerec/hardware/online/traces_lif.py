@@ -315,14 +315,15 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if carry and names:
             ts.set_carried(names, ev_out.unsqueeze(-1))
 
-    def _block_events(self, x, K: int, B: int) -> dict | None:
-        """The block input ``x [K, B, H]`` listed as events in the block plan's workspace when it
-        is sparse enough (:func:`.event_products.spike_events`); ``None`` for the GEMM form."""
-        if not numba_available() or not x.is_contiguous():
+    def _block_events(self, x, K: int, B: int, dtype=None) -> dict | None:
+        """The block input ``x [K, B, H]`` listed as events in the layer's event workspace when it
+        is sparse enough (:func:`.event_products.spike_events`); ``None`` for the GEMM form.
+        ``x`` ``None``: the workspace itself, for ``dtype``."""
+        if x is not None and (not numba_available() or not x.is_contiguous()):
             return None
-        H, N, dt = x.shape[-1], self.cell.hidden_size, x.dtype
+        H, N, dt = self.cell.input_size, self.cell.hidden_size, x.dtype if x is not None else dtype
         ev = self.scratch(("events", K, B, H, dt), lambda: event_workspace(K * B, H, N, B, dt))
-        return ev if spike_events(x.view(K * B, -1), ev) else None
+        return ev if x is None or spike_events(x.view(K * B, -1), ev) else None
 
     def _block_plan(self, dt, K: int, B: int) -> dict:
         """What the compiled block contraction fixes per sequence (and block size): the traced
@@ -376,7 +377,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         gh, ev_out, P0, phi, b0, zp = lif_block_numba(
             Vp, G, plan["cn"], plan["rd"], plan["has_rd"], plan["mode"], plan["detach"], plan["sur"], plan["cols"],
             old, carry, "recurrent_weight" in mats, ws, accs[0].numpy())
-        gh2 = gh.view(K * B, N)
+        gh2 = ws["gh2"]
         for name in mats:
             pre = (x if name == "weight" else zp).reshape(K, B, -1)
             H = pre.shape[-1]
@@ -394,7 +395,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             else:
                 if G is not None:
                     Gm.addmm_(gh2.t(), pre.reshape(K * B, H))
-                q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1)) if carry else None  # [B, N, H]
+                q = torch.bmm(ws["P0T"], pre.transpose(0, 1)) if carry else None  # [B, N, H]
             if carry and not has_e:
                 e = torch.empty((N, B, 1, H), dtype=dt)
             if e is not None:
@@ -404,7 +405,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             elif accT is not None and G is not None:
                 Gm.add_(torch.from_numpy(accT).t())
         if carry and names:
-            ts.set_carried(names, ev_out.unsqueeze(-1))
+            ts.set_carried(names, ev_out)
 
 
 class ALIFTrace(_FusedAccumulators, LayerTrace):
