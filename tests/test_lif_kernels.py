@@ -264,3 +264,30 @@ def test_alif_recurrent_input_inline_equals_the_matmul_between_steps():
     assert torch.equal(outs[0][0], outs[1][0]) and 0.02 < float(outs[0][0].mean()) < 0.9
     for u, v in zip(outs[0][2:], outs[1][2:]):
         torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-13)
+
+
+@needs_numba
+@pytest.mark.parametrize("M", [5, 512, 1100])
+@pytest.mark.parametrize("mode,syn", [(0, False), (1, True), (2, False)])
+def test_serial_forward_kernel_equals_the_parallel_one(M, mode, syn):
+    """``forward_kernel(serial=True)`` (the same loop body on the calling thread) writes exactly
+    what the parallel kernel writes, for one block of neurons and for several."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    T = 7
+    I = torch.randn(T, M, generator=g).numpy()
+    v0 = torch.randn(M, generator=g).numpy()
+    i0 = torch.randn(M, generator=g).numpy()
+    alpha, alpha_s = (torch.rand(M, generator=g).numpy() for _ in range(2))
+    thr = (0.5 + torch.rand(M, generator=g)).numpy()
+    outs = []
+    for serial in (False, True):
+        V, Z, S = (np.empty((T, M), I.dtype) for _ in range(3))
+        vT, iT = np.empty(M, I.dtype), np.empty(M, I.dtype)
+        nb.forward_kernel(serial=serial)(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Z, S if syn else I[:1, :1].copy(),
+                                         vT, iT)
+        outs.append((V, Z, vT) + ((S, iT) if syn else ()))
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
+    assert outs[0][1].any() and not outs[0][1].all()

@@ -28,7 +28,7 @@ import torch
 from ...kernels import lif_sequence, lif_sequence_numba
 from ...neurons import lif as _lif
 from .event_products import event_current, event_readout_mse, event_workspace, spike_events
-from .numba_kernels import _lif_spatial, compiled_cpu, surrogate_code
+from .numba_kernels import compiled_cpu, lif_spatial_numba, surrogate_code
 from .spatial import _acc, _acc_mm, accumulator, fast_kinds
 
 __all__ = ["LIFStackBlock", "lif_stack_block", "block_loss", "readout_rows"]
@@ -76,19 +76,18 @@ def _stack_fits(learner, dtype) -> bool:
 
 
 def _layer_scratch(K: int, B: int, N: int, dtype) -> tuple:
-    """A layer's block scratch: the forward kernel's two, the input currents, the membranes
-    ``[v before the block, v_1 .. v_K]``, the spikes, the spatial error, views of them and their
-    numpy views (the last two ``[K, B, N]``: the membranes before each step, the spatial error)."""
+    """A layer's block scratch: the forward kernel's two, the input currents, the spikes, the
+    spatial error, the membranes ``[v before the block, v_1 .. v_K]`` as their first row and the
+    ``[K*B, N]`` rows after each step, and numpy views (the kernel's ``[K, B*N]`` operands, then
+    ``[K, B, N]`` the membranes before each step and the spatial error)."""
     npdt = torch.empty(0, dtype=dtype).numpy().dtype
     I = torch.empty((K * B, N), dtype=dtype)
     Vb = torch.empty((K + 1, B, N), dtype=dtype)
     Z = torch.empty((K * B, N), dtype=dtype)
     gp = torch.empty((K * B, N), dtype=dtype)
     views = (I.view(K, B * N).numpy(), Vb[0].view(-1).numpy(), Vb[1:].view(K, B * N).numpy(),
-             Z.view(K, B * N).numpy(), Vb[1:].reshape(K * B, N).numpy(), gp.numpy(),
-             Vb[:-1].numpy(), gp.view(K, B, N).numpy())
-    return (np.empty(B * N, npdt), np.empty((1, 1), npdt), I, Vb, Z, gp, Vb[0], _lif.LIFState(Vb[:-1].view(K * B, N)),
-            views)
+             Z.view(K, B * N).numpy(), Vb[:-1].numpy(), gp.view(K, B, N).numpy())
+    return np.empty(B * N, npdt), np.empty((1, 1), npdt), I, Z, gp, Vb[0], Vb[1:].view(K * B, N), views
 
 
 class _Layer:
@@ -104,15 +103,14 @@ class _Layer:
         N = self.N = c.hidden_size
         a, a_s, th, zeros = lif_sequence_numba.forward_consts(k["alpha"], None, k["thr"], B, N, dtype)
         self.fwd_consts = (zeros, a, a_s, th, lif_sequence_numba.RESET_CODES[c.reset], False)
-        (self.i_scratch, self.no_syn, self.I, self.Vb, self.Z, self.gp, self.v0, self.prev,
+        (self.i_scratch, self.no_syn, self.I, self.Z, self.gp, self.v0, self.new_v,
          self.np) = tr.scratch(("stack block", K, B, dtype), lambda: _layer_scratch(K, B, N, dtype))
-        self.vp_np, self.gp_np = self.np[6:]  # [K, B, N]: the membranes before each step, the spatial error
+        self.vp_np, self.gp_np = self.np[4:]  # [K, B, N]: the membranes before each step, the spatial error
         self.learn_thr = c.threshold.requires_grad
         self.sur = surrogate_code(c.surrogate)
         self.thr_row = k["thr"].expand(N).contiguous().numpy()
-        self.thr_sums = np.zeros(N if self.learn_thr else 1, dtype=np.float64)
         tr._block_plan(dtype, K, B)  # the contraction's constants and workspace, made now
-        self.ev_ws = tr._block_events(None, K, B, dtype)  # the workspace of its input's event list
+        self.ev_ws = tr._event_workspace(K, B, dtype)  # where its input's events are listed
 
 
 class LIFStackBlock:
@@ -199,12 +197,9 @@ class LIFStackBlock:
         with torch.no_grad():
             for l in range(len(self.layers) - 1, -1, -1):
                 L = self.layers[l]
-                v_np, gp_np = L.np[4:6]
+                _, s_thr = lif_spatial_numba(g, L.new_v, L.thr_row, L.sur, L.learn_thr, out=L.gp)
                 if L.learn_thr:
-                    L.thr_sums[:] = 0.0
-                _lif_spatial(g.numpy(), v_np, L.thr_row, L.sur[0], L.sur[1], L.sur[2], gp_np, L.learn_thr, L.thr_sums)
-                if L.learn_thr:
-                    _acc(sp, L.tr.cell.threshold, torch.from_numpy(L.thr_sums.astype(v_np.dtype)), -1.0)
+                    _acc(sp, L.tr.cell.threshold, s_thr, -1.0)
                 if l > 0:
                     g = L.gp @ L.W
                 if L.tr.traced:

@@ -9,6 +9,9 @@ input) is mostly zeros, and the block multiplies it three times (the e-prop grad
     dW  += gh^T pre                         (the gradient, ``gh [K*B, N]``)
     q_b  = sum_k Phi_{k,b} pre_{k,b}        (the carried trace's new part, ``Phi [B, K, N]``)
 
+With the package's MSE loss, the readout of the top layer's spikes, the loss and the readout's
+backward are one call on the spikes' events too (:func:`event_readout_mse`).
+
 With ``pre`` listed as events (per row: the columns that are non-zero and their values) each
 product costs one ``N``-wide multiply-add per event instead of ``H`` per row, so the cost follows
 the spike count. Below :data:`EVENT_DENSITY` non-zeros per entry the event form is used. On the
@@ -126,7 +129,6 @@ if _HAVE_NUMBA:
                     q = qT[b, h]
                     for n in range(N):
                         q[n] += v * p[n]
-
 
     @_nb.njit(cache=True, nogil=True)
     def _readout_mse(ptr, idx, val, W, WT, bias, has_b, y, target, gy, dWT, db, has_w, has_db, gz):  # pragma: no cover

@@ -405,10 +405,7 @@ class OnlineLearner:
                 and not self._pending and (self._dropout is None or not self._dropout.training)):
             # the usual step of a stream on the one-call compiled step: the checks below, in brief
             # (this shape and dtype were checked in full at the stream's first step)
-            if fs.gen == self._gen:  # (FusedStack.step_mse, written out: one call less per step)
-                y, l = fs._run_driver(x_t.numpy(), target_t.numpy(), True)
-            else:
-                y, l = fs.step_mse(x_t, target_t)
+            y, l = fs.step_mse(x_t, target_t)
             return self._stepped(y, l)
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "

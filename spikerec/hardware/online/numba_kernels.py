@@ -671,17 +671,18 @@ if _HAVE_NUMBA:
                     sums[n] += gp[r, n]
 
 
-def lif_spatial_numba(gout, v, thr, sur: tuple, want_sum: bool):
+def lif_spatial_numba(gout, v, thr, sur: tuple, want_sum: bool, out=None):
     """:func:`_lif_spatial` on torch tensors (``gout``, ``v`` ``[rows, N]``; ``thr`` the threshold
     row ``[N]`` as a numpy array of their dtype; ``sur = (code, slope, scale)`` of
     :func:`surrogate_code`); returns ``(gp, sum gp or None)`` (the sum in the arrays' dtype), or
-    ``None`` for a surrogate without an inline form (the caller uses torch)."""
+    ``None`` for a surrogate without an inline form (the caller uses torch). ``out``: a
+    contiguous ``[rows, N]`` tensor to write ``gp`` into (else a new one)."""
     code, p1, p2 = sur
     if not code:
         return None
     R, N = v.shape
     vn = _arr(v)
-    gp = torch.empty((R, N), dtype=v.dtype)
+    gp = torch.empty((R, N), dtype=v.dtype) if out is None else out
     sums = np.zeros(N if want_sum else 1, dtype=np.float64)
     _lif_spatial(_arr(gout), vn, thr, code, p1, p2, gp.numpy(), bool(want_sum), sums)
     return gp, (torch.from_numpy(sums.astype(vn.dtype)) if want_sum else None)

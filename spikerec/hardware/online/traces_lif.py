@@ -315,15 +315,18 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if carry and names:
             ts.set_carried(names, ev_out.unsqueeze(-1))
 
-    def _block_events(self, x, K: int, B: int, dtype=None) -> dict | None:
+    def _event_workspace(self, K: int, B: int, dt) -> dict:
+        """The workspace where a block's input is listed as events (:mod:`.event_products`)."""
+        H, N = self.cell.input_size, self.cell.hidden_size
+        return self.scratch(("events", K, B, dt), lambda: event_workspace(K * B, H, N, B, dt))
+
+    def _block_events(self, x, K: int, B: int) -> dict | None:
         """The block input ``x [K, B, H]`` listed as events in the layer's event workspace when it
-        is sparse enough (:func:`.event_products.spike_events`); ``None`` for the GEMM form.
-        ``x`` ``None``: the workspace itself, for ``dtype``."""
-        if x is not None and (not numba_available() or not x.is_contiguous()):
+        is sparse enough (:func:`.event_products.spike_events`); ``None`` for the GEMM form."""
+        if not numba_available() or not x.is_contiguous():
             return None
-        H, N, dt = self.cell.input_size, self.cell.hidden_size, x.dtype if x is not None else dtype
-        ev = self.scratch(("events", K, B, H, dt), lambda: event_workspace(K * B, H, N, B, dt))
-        return ev if x is None or spike_events(x.view(K * B, -1), ev) else None
+        ev = self._event_workspace(K, B, x.dtype)
+        return ev if spike_events(x.view(K * B, -1), ev) else None
 
     def _block_plan(self, dt, K: int, B: int) -> dict:
         """What the compiled block contraction fixes per sequence (and block size): the traced
@@ -341,7 +344,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
                 "rd": Rd.numpy() if Rd is not None else np.zeros(1, dtype=cn.numpy().dtype),
                 "mats": mats, "mode": RESET_CODES[c.reset], "detach": bool(c.detach_reset),
                 "sur": surrogate_code(c.surrogate),
-                "ws": self.scratch(("block", K, B, len(names), dt), lambda: lif_block_workspace(K, B, N, len(names), dt))}
+                "ws": self.scratch(("block", K, B, len(names), dt),
+                                   lambda: lif_block_workspace(K, B, N, len(names), dt))}
         return plan
 
     def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int, events="find") -> None:
