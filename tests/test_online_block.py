@@ -193,7 +193,7 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
     T, B = 17, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     resets = [(6, torch.tensor([True, False, True]))]
-    from spikerec.hardware.online import traces_lif
+    from spikerec.hardware.online import numba_kernels, traces_lif
 
     calls = []
     real = traces_lif.alif_block_numba
@@ -234,7 +234,7 @@ def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, r
     fast stream path equals the reference one: outputs, losses, traces and gradients, with a
     per-sample reset and steps without a loss; the surrogate's derivative inside the kernel (fast
     sigmoid, arc-tangent) or from torch (sigmoid)."""
-    from spikerec.hardware.online import traces_lif
+    from spikerec.hardware.online import numba_kernels, traces_lif
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     kw = dict(tau_mem=5.0, threshold=0.4, reset=reset, detach_reset=detach, recurrent=recurrent,
@@ -248,13 +248,13 @@ def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, r
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     resets = [(6, torch.tensor([True, False, True]))]
     calls = []
-    for name in ("chunk1_numba", "lif_block_numba"):
-        real = getattr(traces_lif, name)
-        monkeypatch.setattr(traces_lif, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    for mod, name in ((traces_lif, "chunk1_numba"), (numba_kernels, "_lif_block_vec")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule)
     assert bool(calls) == (rule == "full"), "the compiled per-neuron pass runs exactly under the J-rule"
     if calls:  # partials inside the compiled pass where the surrogate has an inline formula
-        assert set(calls) == {"chunk1_numba" if surrogate == "sigmoid" else "lif_block_numba"}
+        assert set(calls) == {"chunk1_numba" if surrogate == "sigmoid" else "_lif_block_vec"}
     y0, l0, tr0, g0 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, fast=False)
     y2, l2, tr2, g2 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream", fast=False)
     y3, l3, tr3, g3 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream")

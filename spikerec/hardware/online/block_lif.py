@@ -27,8 +27,10 @@ import torch
 
 from ...kernels import lif_sequence, lif_sequence_numba
 from ...neurons import lif as _lif
-from .event_products import event_current, event_readout_mse, event_workspace, spike_events
-from .numba_kernels import compiled_cpu, lif_spatial_numba, surrogate_code
+from . import event_products as _ep
+from . import numba_kernels as _nk
+from .event_products import event_limit, event_readout_mse, event_words, event_workspace, list_events
+from .numba_kernels import compiled_cpu, surrogate_code
 from .spatial import _acc, _acc_mm, accumulator, fast_kinds
 
 __all__ = ["LIFStackBlock", "lif_stack_block", "block_loss", "readout_rows"]
@@ -75,24 +77,27 @@ def _stack_fits(learner, dtype) -> bool:
     return True
 
 
-def _layer_scratch(K: int, B: int, N: int, dtype) -> tuple:
+def _layer_scratch(K: int, B: int, H: int, N: int, dtype) -> tuple:
     """A layer's block scratch: the forward kernel's two, the input currents, the spikes, the
-    spatial error, the membranes ``[v before the block, v_1 .. v_K]`` as their first row and the
-    ``[K*B, N]`` rows after each step, and numpy views (the kernel's ``[K, B*N]`` operands, then
-    ``[K, B, N]`` the membranes before each step and the spatial error)."""
+    spatial error at the spikes and its product with the surrogate, the membranes ``[v before
+    the block, v_1 .. v_K]`` as their first row and the ``[K*B, N]`` rows after each step, and
+    numpy views (the kernel's ``[K, B*N]`` operands, the membranes before each step ``[K, B, N]``,
+    the spatial error ``[K, B, N]`` and ``[K*B, N]``, the spikes ``[K*B, N]``)."""
     npdt = torch.empty(0, dtype=dtype).numpy().dtype
     I = torch.empty((K * B, N), dtype=dtype)
     Vb = torch.empty((K + 1, B, N), dtype=dtype)
     Z = torch.empty((K * B, N), dtype=dtype)
+    gz = torch.empty((K * B, N), dtype=dtype)
     gp = torch.empty((K * B, N), dtype=dtype)
     views = (I.view(K, B * N).numpy(), Vb[0].view(-1).numpy(), Vb[1:].view(K, B * N).numpy(),
-             Z.view(K, B * N).numpy(), Vb[:-1].numpy(), gp.view(K, B, N).numpy())
-    return np.empty(B * N, npdt), np.empty((1, 1), npdt), I, Z, gp, Vb[0], Vb[1:].view(K * B, N), views
+             Z.view(K, B * N).numpy(), Vb[:-1].numpy(), gp.view(K, B, N).numpy(), gp.numpy(), Z.numpy())
+    return np.empty(B * N, npdt), np.empty((1, 1), npdt), I, Z, gz, gp, Vb[0], Vb[1:].view(K * B, N), views
 
 
 class _Layer:
-    """One LIF layer's per-sequence data: the tracer, its constants, the forward kernel and its
-    flattened constants, and the block's scratch arrays with their numpy views."""
+    """One LIF layer's per-sequence data: the tracer, its constants, and the arguments of the
+    block's compiled calls (the forward loop, the event-driven input current, the spikes'
+    spatial backward) made once, with the scratch arrays they write."""
 
     def __init__(self, tr, K: int, B: int, dtype):
         c = tr.cell
@@ -101,16 +106,28 @@ class _Layer:
         self.Wt, self.bias = k["Wt"], k["bias"]
         self.W = c.weight.detach()
         N = self.N = c.hidden_size
+        H = c.input_size
         a, a_s, th, zeros = lif_sequence_numba.forward_consts(k["alpha"], None, k["thr"], B, N, dtype)
-        self.fwd_consts = (zeros, a, a_s, th, lif_sequence_numba.RESET_CODES[c.reset], False)
-        (self.i_scratch, self.no_syn, self.I, self.Z, self.gp, self.v0, self.new_v,
-         self.np) = tr.scratch(("stack block", K, B, dtype), lambda: _layer_scratch(K, B, N, dtype))
-        self.vp_np, self.gp_np = self.np[4:]  # [K, B, N]: the membranes before each step, the spatial error
+        (self.i_scratch, no_syn, self.I, self.Z, self.gz, self.gp, self.v0, new_v,
+         views) = tr.scratch(("stack block", K, B, dtype), lambda: _layer_scratch(K, B, H, N, dtype))
+        I_np, v0_np, V_np, Z_np, self.vp_np, self.gp_np, gp_rows, self.Z_np = views
+        # forward: fwd(*fwd_args, vT, i_scratch)
+        self.fwd_args = (I_np, v0_np, zeros, a, a_s, th, lif_sequence_numba.RESET_CODES[c.reset], False, V_np, Z_np,
+                         no_syn)
+        self.Z_words = event_words(self.Z_np)  # the spikes as the next layer's (or the readout's) event input
+        # the spatial backward: _lif_spatial(gz, *spatial_args)
         self.learn_thr = c.threshold.requires_grad
-        self.sur = surrogate_code(c.surrogate)
-        self.thr_row = k["thr"].expand(N).contiguous().numpy()
+        self.thr_sums = np.zeros(N, np.float64)
+        code, p1, p2 = surrogate_code(c.surrogate)
+        self.spatial_args = (new_v.numpy(), k["thr"].expand(N).contiguous().numpy(), code, p1, p2, gp_rows,
+                             self.learn_thr, self.thr_sums)
+        self.gz_np = self.gz.numpy()
         tr._block_plan(dtype, K, B)  # the contraction's constants and workspace, made now
-        self.ev_ws = tr._event_workspace(K, B, dtype)  # where its input's events are listed
+        ev = self.ev_ws = tr._event_workspace(K, B, dtype)  # where its input's events are listed
+        self.ev_limit = event_limit(K * B * H)
+        Wt = self.Wt.numpy()
+        self.current_args = (ev["ptr"], ev["idx"], ev["val"], Wt, Wt[0] if self.bias is None else self.bias.numpy(),
+                             self.bias is not None, self.I.numpy())
 
 
 class LIFStackBlock:
@@ -134,7 +151,8 @@ class LIFStackBlock:
         self.mse_ws = learner.tracers[-1].scratch(
             ("readout mse", K, B, dtype),
             lambda: (event_workspace(K * B, N, O, B, dtype), torch.empty((K * B, O), dtype=dtype),
-                     torch.empty((K * B, O), dtype=dtype), torch.empty((K * B, N), dtype=dtype)))
+                     torch.empty((K * B, O), dtype=dtype)))
+        self.mse_limit = event_limit(K * B * N)
 
     def run(self, learner, x, vgs, carry: bool, block_vg=None, mse_target=None):
         """The gradient work of one block ``x [K, B, C]`` (as :func:`.block.closed_form_block`);
@@ -146,33 +164,34 @@ class LIFStackBlock:
         states = learner.states
         fwd = self.fwd
         h = x.reshape(K * B, x.shape[-1])
+        a = h.numpy()
+        words = event_words(a)
         ins = []
         with torch.no_grad():
             for l, L in enumerate(self.layers):
-                ev = L.ev_ws if spike_events(h, L.ev_ws) else None  # a sparse input: the event-driven products
-                if ev is not None:
-                    event_current(ev, L.Wt, L.bias, L.I)
+                ev = list_events(a, *words, L.ev_ws, L.ev_limit)  # a sparse input: the event-driven products
+                if ev:
+                    _ep._current(*L.current_args)
                 elif L.bias is not None:
                     torch.addmm(L.bias, h, L.Wt, out=L.I)
                 else:
                     torch.mm(h, L.Wt, out=L.I)
                 L.v0.copy_(states[l].v)
                 vT = torch.empty((B, L.N), dtype=self.dtype)
-                I_np, v0_np, V_np, Z_np = L.np[:4]
-                zeros, a, a_s, th, mode, syn = L.fwd_consts
-                fwd(I_np, v0_np, zeros, a, a_s, th, mode, syn, V_np, Z_np, L.no_syn, vT.view(-1).numpy(), L.i_scratch)
+                fwd(*L.fwd_args, vT.view(-1).numpy(), L.i_scratch)
                 states[l] = _lif.LIFState(vT)
-                ins.append((h, ev))
-                h = L.Z
-            if mse_target is not None and self.mse_ok and spike_events(h, self.mse_ws[0]):
-                ws, y, gy, gz = self.mse_ws
+                ins.append((h, L.ev_ws if ev else None))
+                h, a, words = L.Z, L.Z_np, L.Z_words
+            top = self.layers[-1]
+            if mse_target is not None and self.mse_ok and list_events(a, *words, self.mse_ws[0], self.mse_limit):
+                ws, y, gy = self.mse_ws
                 sp = learner.spatial
                 ro = self.readout
                 loss = event_readout_mse(ws, self.mse_W, self.mse_WT, self.bo, y, mse_target.view(K * B, -1), gy,
                                          accumulator(sp, ro.weight), accumulator(sp, ro.bias) if self.bo is not None
-                                         else None, gz)
+                                         else None, top.gz)
                 states[-1] = type(states[-1])(y[(K - 1) * B:].clone())
-                return self._backward(learner, gz, ins, carry, torch.scalar_tensor(loss, dtype=self.dtype))
+                return self._backward(learner, ins, carry, torch.scalar_tensor(loss, dtype=self.dtype))
             y = readout_rows(h, self.Wo, self.bo)
             states[-1] = type(states[-1])(y[(K - 1) * B:])
             total, gy = block_loss(learner, y.view(K, B, -1), vgs, block_vg)
@@ -187,21 +206,25 @@ class LIFStackBlock:
             _acc_mm(sp, ro.weight, g.t(), h)
             if ro.bias is not None:
                 _acc(sp, ro.bias, g.sum(0))
-            return self._backward(learner, g @ self.Wo, ins, carry, total)
+            torch.mm(g, self.Wo, out=top.gz)
+            return self._backward(learner, ins, carry, total)
 
-    def _backward(self, learner, g, ins, carry: bool, total):
-        """From the error ``g`` at the top layer's spikes: each layer's spatial backward and
-        contraction, from the top; returns the block's loss."""
+    def _backward(self, learner, ins, carry: bool, total):
+        """From the error at the top layer's spikes (its ``gz``): each layer's spatial backward
+        and contraction, from the top; returns the block's loss."""
         K, B = self.K, self.B
         sp = learner.spatial
+        layers = self.layers
         with torch.no_grad():
-            for l in range(len(self.layers) - 1, -1, -1):
-                L = self.layers[l]
-                _, s_thr = lif_spatial_numba(g, L.new_v, L.thr_row, L.sur, L.learn_thr, out=L.gp)
+            for l in range(len(layers) - 1, -1, -1):
+                L = layers[l]
                 if L.learn_thr:
-                    _acc(sp, L.tr.cell.threshold, s_thr, -1.0)
+                    L.thr_sums[:] = 0.0
+                _nk._lif_spatial(L.gz_np, *L.spatial_args)  # gp = gz sigma'(v - thr)
+                if L.learn_thr:
+                    _acc(sp, L.tr.cell.threshold, torch.from_numpy(L.thr_sums).to(self.dtype), -1.0)
                 if l > 0:
-                    g = L.gp @ L.W
+                    torch.mm(L.gp, L.W, out=layers[l - 1].gz)
                 if L.tr.traced:
                     L.tr._contract_rows(learner.traces[l], ins[l][0], L.vp_np, L.gp_np, carry, K, B, ins[l][1])
         return None if total is None else total.detach()

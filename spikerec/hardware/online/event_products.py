@@ -30,8 +30,8 @@ import torch
 
 from .numba_kernels import _HAVE_NUMBA
 
-__all__ = ["EVENT_DENSITY", "event_limit", "event_workspace", "spike_events", "event_current", "event_grads",
-           "event_readout_mse"]
+__all__ = ["EVENT_DENSITY", "event_limit", "event_workspace", "spike_events", "event_words", "list_events",
+           "event_current", "event_grads", "event_readout_mse"]
 
 EVENT_DENSITY = 0.12  # the fraction of non-zero entries below which the event form is used
 
@@ -131,14 +131,12 @@ if _HAVE_NUMBA:
                         q[n] += v * p[n]
 
     @_nb.njit(cache=True, nogil=True)
-    def _readout_mse(ptr, idx, val, W, WT, bias, has_b, y, target, gy, dWT, db, has_w, has_db, gz):  # pragma: no cover
+    def _readout_mse(ptr, idx, val, WT, bias, has_b, y, target, gy, dWT, db, has_w, has_db):  # pragma: no cover
         """A linear readout of spikes listed as events, the package's MSE and the readout's
-        backward, over ``R`` rows: ``y[r] = b + sum_j val_j WT[idx_j]``, ``gy = y - target``,
-        ``loss = 0.5 sum gy^2`` (returned, summed in float64), ``dWT[h] += sum val gy[r]`` (the
-        weight's gradient transposed, ``has_w``), ``db += sum_r gy[r]`` (``has_db``) and
-        ``gz[r] = sum_o gy[r, o] W[o]`` (the error at the spikes)."""
+        parameter gradients, over ``R`` rows: ``y[r] = b + sum_j val_j WT[idx_j]``, ``gy = y -
+        target``, ``loss = 0.5 sum gy^2`` (returned, summed in float64), ``dWT[h] += sum val gy[r]``
+        (the weight's gradient transposed, ``has_w``) and ``db += sum_r gy[r]`` (``has_db``)."""
         R, O = y.shape
-        N = gz.shape[1]
         total = 0.0
         for r in range(R):
             yr = y[r]
@@ -163,14 +161,6 @@ if _HAVE_NUMBA:
             if has_db:
                 for o in range(O):
                     db[o] += gr[o]
-            zr = gz[r]
-            for n in range(N):
-                zr[n] = 0.0
-            for o in range(O):
-                q = gr[o]
-                w = W[o]
-                for n in range(N):
-                    zr[n] += q * w[n]
         return 0.5 * total
 
 
@@ -194,14 +184,26 @@ def spike_events(pre: torch.Tensor, ws: dict) -> bool:
     a = pre.numpy()
     if a.shape[0] + 1 > ws["ptr"].shape[0] or a.size > ws["idx"].shape[0]:
         raise ValueError(f"spike_events: {tuple(a.shape)} rows do not fit the workspace")
-    if _count(a) >= event_limit(a.size):
+    return list_events(a, *event_words(a), ws, event_limit(a.size))
+
+
+def event_words(a: np.ndarray) -> tuple:
+    """``(words, per_word)``: the contiguous array ``a [R, H]`` read as the words that
+    :func:`list_events` skips whole when zero (float32 rows of even width as 64-bit words of two
+    entries, else one entry per word)."""
+    if a.itemsize == 4 and a.shape[1] % 2 == 0:
+        return a.view(np.uint64), 2
+    return a.view(np.uint32 if a.itemsize == 4 else np.uint64), 1
+
+
+def list_events(a: np.ndarray, words, per_word: int, ws: dict, limit: int) -> bool:
+    """:func:`spike_events` on the numpy array ``a`` and its :func:`event_words`, with the
+    workspace's fit checked by the caller: lists the events when ``a`` has fewer than ``limit``
+    non-zero entries; returns whether it did."""
+    if _count(a) >= limit:
         return False
     ws["rows"] = a.shape[0]
-    if a.itemsize == 4 and a.shape[1] % 2 == 0:  # float32 rows read as 64-bit words of two entries
-        a2, per_word = a.view(np.uint64), 2
-    else:  # one entry per word
-        a2, per_word = a.view(np.uint32 if a.itemsize == 4 else np.uint64), 1
-    _events(a, a2, per_word, ws["idx"], ws["val"], ws["ptr"])
+    _events(a, words, per_word, ws["idx"], ws["val"], ws["ptr"])
     return True
 
 
@@ -214,19 +216,20 @@ def event_current(ws: dict, Wt: torch.Tensor, bias, out: torch.Tensor) -> None:
 def event_readout_mse(ws: dict, W: torch.Tensor, WT, bias, y, target, gy, dW, db, gz) -> float:
     """The linear readout ``y = z W^T + b`` of the spikes ``z`` listed in ``ws``, the package's
     MSE against ``target`` (``0.5 sum (y - target)^2``, returned) and the readout's backward:
-    ``dW += gy^T z`` and ``db += sum gy`` into the accumulators (``None``: not trained) and the
-    error at the spikes ``gz = gy W``; all ``[R, ...]`` contiguous CPU tensors of one dtype
-    (``WT``: ``W^T`` as a contiguous numpy array, made once by the caller)."""
-    Wn = W.numpy()
+    ``dW += gy^T z`` and ``db += sum gy`` into the accumulators (``None``: not trained), in one
+    compiled call on the events, and the error at the spikes ``gz = gy W`` (one GEMM: with few
+    outputs, a compiled loop over the rows took twice as long); all ``[R, ...]`` contiguous CPU
+    tensors of one dtype (``WT``: ``W^T`` as a contiguous numpy array, made once by the caller)."""
     dWT = ws.get("dWT")
     if dWT is None or dWT.shape != WT.shape:
         dWT = ws["dWT"] = np.empty_like(WT)
     dWT[:] = 0
-    bn = Wn[0] if bias is None else bias.numpy()
-    loss = _readout_mse(ws["ptr"], ws["idx"], ws["val"], Wn, WT, bn, bias is not None, y.numpy(), target.numpy(),
-                        gy.numpy(), dWT, bn if db is None else db.numpy(), dW is not None, db is not None, gz.numpy())
+    bn = WT[0] if bias is None else bias.numpy()
+    loss = _readout_mse(ws["ptr"], ws["idx"], ws["val"], WT, bn, bias is not None, y.numpy(), target.numpy(),
+                        gy.numpy(), dWT, bn if db is None else db.numpy(), dW is not None, db is not None)
     if dW is not None:
         dW.add_(torch.from_numpy(dWT).t())
+    torch.mm(gy, W, out=gz)
     return loss
 
 

@@ -26,7 +26,7 @@ from ...surrogate import heaviside
 __all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba",
            "alif_trace_step_numba", "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
            "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba", "chunk1_numba",
-           "lif_block_numba", "lif_block_mat_numba", "lif_block_workspace", "lif_spatial_numba"]
+           "lif_block_mat_numba", "lif_block_workspace", "lif_spatial_numba"]
 
 try:  # numba is optional
     import numba as _nb
@@ -983,7 +983,11 @@ if _HAVE_NUMBA:
         2 ``bias``) and, with ``need_zp``, the previous spikes ``zp_out`` (the lateral weights'
         presynaptic term); then :func:`_chunk1` on them, and (``use_g``) its per-neuron sums
         added to the accumulator rows ``Gacc[cols[j]]``. ``cn [3, N]``: ``alpha``,
-        ``d alpha / d log_tau_mem``, ``thr``."""
+        ``d alpha / d log_tau_mem``, ``thr``; ``rd`` the lateral self-weights (``has_rd``);
+        ``G [K, B, N]`` the spatial error (read with ``use_g``); ``ev_in [m, B, N]`` the carried
+        traces (``has_ev``) and ``ev_out`` the new ones (written with ``carry``); ``J, V, zp_out,
+        gh, Gv, P0, phi, b0`` the arrays of :func:`lif_block_workspace`, the last four as
+        :func:`_chunk1` writes them."""
         K, B, N = Vp.shape
         R = K * B
         dt = Vp.dtype.type
@@ -1071,8 +1075,9 @@ if _HAVE_NUMBA:
 
 
 def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
-    """The scratch arrays of :func:`lif_block_numba` for blocks of ``K`` steps, batch ``B``, ``N``
-    neurons and ``m`` traced per-neuron parameters (made once per sequence and block size)."""
+    """The scratch arrays of the chunked LIF block's compiled per-neuron pass
+    (:func:`_lif_block_vec`) for blocks of ``K`` steps, batch ``B``, ``N`` neurons and ``m`` traced
+    per-neuron parameters (made once per sequence and block size)."""
     npdt = torch.empty(0, dtype=dtype).numpy().dtype
     t = lambda *shape: torch.empty(shape, dtype=dtype)  # noqa: E731
     ws = {"J": t(K, B, N), "V": t(m, K, B, N), "zp": t(K, B, N), "gh": t(K, B, N), "P0": t(B, K, N), "phi": t(B, N),
@@ -1081,37 +1086,6 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
     ws["np"] = {k: v.numpy() for k, v in ws.items() if isinstance(v, torch.Tensor)}
     ws["gh2"], ws["P0T"] = ws["gh"].view(K * B, N), ws["P0"].transpose(1, 2)  # the views the GEMMs take
     return ws
-
-
-def lif_block_numba(Vp, G, cn, rd, has_rd: bool, mode: int, detach_reset: bool, sur: tuple, cols, traces, carry: bool,
-                    need_zp: bool, ws: dict, Gacc):
-    """:func:`_lif_block_vec` on torch tensors (or numpy arrays): ``Vp [K, B, N]`` the membranes
-    before each step, ``G [K, B, N]`` or ``None``, ``cn [3, N]`` and the lateral self-weights ``rd`` (numpy, as
-    :meth:`.traces_lif.LIFTrace.fused_setup` gives them), ``sur = (code, p1, p2)`` (code 1 or 2),
-    ``traces`` the carried per-neuron traces as for :func:`chunk1_numba` (or one numpy array), ``ws`` a
-    :func:`lif_block_workspace`, ``Gacc`` the per-neuron accumulator rows (numpy ``[3, N]``) the
-    sums are added to. Returns ``(gh, new traces [m, B, N, 1] or None, P0, phi, b0, zp)``: workspace
-    tensors (valid until the next call with ``ws``) except the new traces, a new tensor."""
-    Vn = _arr(Vp)
-    K, B, N = Vn.shape
-    m = len(cols)
-    use_g = G is not None
-    has_ev = False
-    if isinstance(traces, (torch.Tensor, np.ndarray)):
-        E, has_ev = _arr(traces), True
-    elif traces is not None and m and any(t is not None for t in traces):
-        E, has_ev = np.zeros((m, B, N), dtype=Vn.dtype), True
-        for j, t in enumerate(traces):
-            if t is not None:
-                E[j] = _arr(t)
-    else:
-        E = ws["none3"]
-    w = ws["np"]
-    ev_np = np.empty((m, B, N, 1), dtype=Vn.dtype) if (carry and m) else None  # [m, B, N, 1]: as traces are kept
-    _lif_block_vec(Vn, _arr(G) if use_g else w["gh"], use_g, cn, rd, has_rd, mode, detach_reset, sur[0], sur[1], sur[2],
-                   cols, E, has_ev, bool(carry), bool(need_zp), w["J"], w["V"], w["zp"], w["gh"], ws["Gv"],
-                   ev_np.reshape(m, B, N) if ev_np is not None else ws["z3"], w["P0"], w["phi"], w["b0"], Gacc)
-    return ws["gh"], None if ev_np is None else torch.from_numpy(ev_np), ws["P0"], ws["phi"], ws["b0"], ws["zp"]
 
 
 def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict, accT=None) -> None:

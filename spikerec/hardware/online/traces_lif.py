@@ -26,9 +26,10 @@ from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
 from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
-                            lif_block_mat_numba, lif_block_numba, lif_block_workspace,
-                            compiled_cpu, compiled_dtype, numba_available)
-from .event_products import event_current, event_grads, event_workspace, spike_events
+                            lif_block_workspace, compiled_cpu, compiled_dtype, numba_available)
+from . import numba_kernels as _nk
+from . import event_products as _ep
+from .event_products import event_current, event_workspace, spike_events
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -331,7 +332,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
     def _block_plan(self, dt, K: int, B: int) -> dict:
         """What the compiled block contraction fixes per sequence (and block size): the traced
         per-neuron and matrix parameters, the compiled pass's constants as numpy arrays, the
-        reset, surrogate and workspace."""
+        reset, surrogate and workspace (its numpy views made once, so that a block's calls take
+        them as they are)."""
         k = self.consts(dt)
         plan = k.get(("block_plan", K, B))
         if plan is None:
@@ -339,18 +341,24 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             names, cols, cn, Rd = self.fused_setup(dt)
             mats = tuple(n for n in ("weight", "recurrent_weight") if self.params.get(n) is not None and n in self.traced)
             N = c.hidden_size
+            ws = self.scratch(("block", K, B, len(names), dt), lambda: lif_block_workspace(K, B, N, len(names), dt))
+            w = ws["np"]
+            cn_np = cn.numpy()
+            sur = surrogate_code(c.surrogate)
+            # the per-neuron pass's arguments before and after those of a block (``Vp, G, use_g``;
+            # ``E, has_ev, carry``; ``ev_out``; ``Gacc``): see :func:`.numba_kernels._lif_block_vec`
+            rd = Rd.numpy() if Rd is not None else np.zeros(1, dtype=cn_np.dtype)
             plan = k[("block_plan", K, B)] = {
-                "names": names, "cols": cols, "cn": cn.numpy(), "has_rd": Rd is not None,
-                "rd": Rd.numpy() if Rd is not None else np.zeros(1, dtype=cn.numpy().dtype),
-                "mats": mats, "mode": RESET_CODES[c.reset], "detach": bool(c.detach_reset),
-                "sur": surrogate_code(c.surrogate),
-                "ws": self.scratch(("block", K, B, len(names), dt),
-                                   lambda: lif_block_workspace(K, B, N, len(names), dt))}
+                "names": names, "cols": cols, "mats": mats, "ws": ws, "m": len(names),
+                "consts": (cn_np, rd, Rd is not None, RESET_CODES[c.reset], bool(c.detach_reset), sur[0], sur[1], sur[2],
+                           cols),
+                "work": (w["J"], w["V"], w["zp"], w["gh"], ws["Gv"]), "outs": (w["P0"], w["phi"], w["b0"]),
+                "need_zp": "recurrent_weight" in mats, "gh_rows": w["gh"].reshape(K * B, N)}
         return plan
 
     def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int, events="find") -> None:
         """:meth:`block_contract` with the partials computed inside the compiled per-neuron pass
-        (:func:`.numba_kernels.lif_block_numba`: a surrogate with an inline formula; its sums added
+        (:func:`.numba_kernels._lif_block_vec`: a surrogate with an inline formula; its sums added
         straight into the per-neuron accumulators), the two products of each matrix trace as torch
         GEMMs (``dW += gh^T pre`` into the accumulator; ``q_b = Phi_b^T pre_b``, one batched
         product) and the carried trace's ``b0`` term and update in one compiled pass
@@ -367,24 +375,37 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
     def _contract_rows(self, ts, x, Vp, G, carry: bool, K: int, B: int, events="find") -> None:
         """:meth:`_block_contract_compiled` on the membranes before each step ``Vp`` and the
         spatial error ``G`` given as numpy ``[K, B, N]`` arrays (``G`` ``None``: no loss in the
-        block), as the prepared LIF-stack block keeps them (:mod:`.block_lif`)."""
+        block), as the prepared LIF-stack block keeps them (:mod:`.block_lif`). The compiled
+        passes (:func:`.numba_kernels._lif_block_vec`, :func:`.event_products._grads`,
+        :func:`.numba_kernels._lif_block_mat`) are called with the block plan's arrays as they are:
+        a wrapper per call had cost about 10 µs of a 150 µs contraction."""
+        if G is None and not carry:
+            return
         dt = x.dtype
         plan = self._block_plan(dt, K, B)
-        names, mats, ws = plan["names"], plan["mats"], plan["ws"]
+        names, m, ws = plan["names"], plan["m"], plan["ws"]
         N = Vp.shape[-1]
-        accs = self._accumulators(ts, names, G is not None, dt, N)
-        old = ts.carried(names) if names else None
-        if isinstance(old, torch.Tensor):  # [m, B, N, 1]: the rows of the last block's traces
-            old = old.numpy().reshape(old.shape[:-1])
-        elif old is not None:
-            old = [None if e is None else e[..., 0] for e in old]
-        gh, ev_out, P0, phi, b0, zp = lif_block_numba(
-            Vp, G, plan["cn"], plan["rd"], plan["has_rd"], plan["mode"], plan["detach"], plan["sur"], plan["cols"],
-            old, carry, "recurrent_weight" in mats, ws, accs[0].numpy())
-        gh2 = ws["gh2"]
-        for name in mats:
-            pre = (x if name == "weight" else zp).reshape(K, B, -1)
-            H = pre.shape[-1]
+        use_g = G is not None
+        accs = self._accumulators(ts, names, use_g, dt, N)
+        E, has_ev = ws["none3"], False
+        if m:
+            old = ts.carried(names)
+            if isinstance(old, torch.Tensor):  # [m, B, N, 1]: the rows of the last block's traces
+                E, has_ev = old.numpy().reshape(m, B, N), True
+            elif any(e is not None for e in old):
+                E, has_ev = np.zeros((m, B, N), dtype=Vp.dtype), True
+                for j, e in enumerate(old):
+                    if e is not None:
+                        E[j] = _arr(e[..., 0])
+        ev_new = torch.empty((m, B, N, 1), dtype=dt) if (carry and m) else None  # the new traces, in their kept shape
+        w = ws["np"]
+        P0, phi, b0 = plan["outs"]
+        _nk._lif_block_vec(Vp, G if use_g else w["gh"], use_g, *plan["consts"], E, has_ev, carry, plan["need_zp"],
+                       *plan["work"], ws["z3"] if ev_new is None else ev_new.numpy().reshape(m, B, N), P0, phi, b0,
+                       accs[0].numpy())
+        z2 = ws["z2"]
+        for name in plan["mats"]:
+            pre = x if name == "weight" else ws["zp"]
             e = ts.mat.get(name)  # [N, B, 1, H]
             has_e = e is not None
             if has_e and not (e.is_contiguous() and e.dtype == dt):
@@ -393,23 +414,28 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             ev = None
             if name == "weight":
                 ev = self._block_events(x, K, B) if isinstance(events, str) else events
-            accT = None
             if ev is not None:  # the event-driven products: accT = (gh^T pre)^T, q as [B, H, N]
-                accT, q = event_grads(ev, gh2 if G is not None else None, P0, B, carry)
+                accT, qT = ev["accT"], ev["qT"]
+                _ep._grads(ev["ptr"][: ev["rows"] + 1], ev["idx"], ev["val"], plan["gh_rows"] if use_g else accT, use_g,
+                           P0 if carry else qT, carry, B, accT, qT)
+                q = qT.transpose(0, 2, 1) if carry else ws["z3"]  # [B, N, H], a strided view
             else:
-                if G is not None:
-                    Gm.addmm_(gh2.t(), pre.reshape(K * B, H))
-                q = torch.bmm(ws["P0T"], pre.transpose(0, 1)) if carry else None  # [B, N, H]
+                accT = None
+                H = pre.shape[-1]
+                if use_g:
+                    Gm.addmm_(ws["gh2"].t(), pre.reshape(K * B, H))
+                q = torch.bmm(ws["P0T"], pre.reshape(K, B, H).transpose(0, 1)).numpy() if carry else ws["z3"]
             if carry and not has_e:
-                e = torch.empty((N, B, 1, H), dtype=dt)
+                e = torch.empty((N, B, 1, x.shape[-1] if name == "weight" else N), dtype=dt)
             if e is not None:
-                lif_block_mat_numba(e, has_e, None if G is None else b0, Gm, carry, q, phi, ws, accT)
+                _nk._lif_block_mat(e.numpy(), has_e, use_g, b0 if use_g else z2, Gm.numpy() if use_g else z2, carry, q,
+                               phi if carry else z2, accT is not None, z2 if accT is None else accT)
                 if carry:
                     ts.mat[name] = e
-            elif accT is not None and G is not None:
+            elif accT is not None and use_g:
                 Gm.add_(torch.from_numpy(accT).t())
-        if carry and names:
-            ts.set_carried(names, ev_out)
+        if ev_new is not None:
+            ts.set_carried(names, ev_new)
 
 
 class ALIFTrace(_FusedAccumulators, LayerTrace):
