@@ -35,12 +35,11 @@ def forward_kernel(serial: bool = False):
     set as for every call of it; for callers that keep its operands and constants themselves.
     ``serial``: the same loop on the calling thread, for arrays of one block of neurons
     (:data:`BLOCK`)."""
-    fwd = _kernels()[0]
-    if serial:
+    if serial:  # no thread pool: numba's thread count is left as it is
         from .lif_sequence_numba_kernels import fwd_serial
 
         return fwd_serial
-    return fwd
+    return _kernels()[0]
 
 
 def available() -> bool:
@@ -63,8 +62,14 @@ def forward_consts(alpha, alpha_s, thr, B: int, N: int, dtype) -> tuple:
     (zeros without a synapse) and ``thr`` flattened to ``[B*N]`` numpy arrays of ``dtype``, and a
     ``[B*N]`` zero state; made once per sequence by callers that run the kernel on many blocks
     (:meth:`spikerec.hardware.online.traces_lif.LIFTrace.scan_block`)."""
-    zeros = np.zeros(B * N, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-    flat = lambda p: _flat(p.to(dtype), B, N).numpy()  # noqa: E731
+    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    zeros = np.zeros(B * N, dtype=npdt)
+
+    def flat(p):
+        out = np.empty(B * N, dtype=npdt)
+        out.reshape(B, N)[:] = p.detach().to(dtype).numpy()
+        return out
+
     return flat(alpha), (zeros if alpha_s is None else flat(alpha_s)), flat(thr), zeros
 
 

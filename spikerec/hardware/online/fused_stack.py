@@ -443,7 +443,7 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
     # memory of a stream does not depend on where its windows end
     gh, P0, phi, b0 = ws["gh"][:S], ws["P0"][:, :S], ws["phi"], ws["b0"]
     _chunk1(Jb.numpy(), w["V"][:, :S], gb.numpy() if use_g else w["gh"][:S], use_g, ws["z3"], False, True,
-            w["gh"][:S], ws["Gv"], ws["z3"], w["P0"][:, :S], w["phi"], w["b0"])
+            w["gh"][:S], ws["Gv"], ws["z3"], w["P0"][:, :S], w["phi"], w["b0"], ws["no_ones"])
     for pre_buf, e, G in mats:
         if e is None:
             continue

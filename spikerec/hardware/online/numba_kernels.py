@@ -879,7 +879,7 @@ if _HAVE_NUMBA:
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True)
-    def _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0):  # pragma: no cover - compiled
+    def _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0, ones):  # pragma: no cover - compiled
         """The per-neuron part of :func:`.traces_base.chunk_contract` for a one-state layer (``k =
         1``: every Jacobian is a number per sample and neuron), over a block ``J, G [K, B, N]``
         with the immediate partials ``V [m, K, B, N]`` of ``m`` per-neuron parameters:
@@ -889,7 +889,8 @@ if _HAVE_NUMBA:
             P0[b, k] = Phi_k = J_{K-1} ... J_{k+1},  phi = Phi_{-1} = J_{K-1} ... J_0     (``carry``)
             ev_out[j] = sum_k Phi_k V[j, k] + phi ev_in[j]
 
-        (``ev_in`` taken as zero without ``has_ev``). The sums run in float64."""
+        (``ev_in`` taken as zero without ``has_ev``; ``V[j]`` taken as ones, and not read, where
+        ``ones[j]``: a bias's partial). The sums run in float64."""
         K, B, N = J.shape
         m = V.shape[0]
         for j in range(m):
@@ -907,10 +908,16 @@ if _HAVE_NUMBA:
                 for n in range(N):
                     b0[b, n] = J[0, b, n] * gh[0, b, n]
             for j in range(m):
-                for k in range(K):
-                    for b in range(B):
-                        for n in range(N):
-                            Gv[j, n] += gh[k, b, n] * V[j, k, b, n]
+                if ones[j]:
+                    for k in range(K):
+                        for b in range(B):
+                            for n in range(N):
+                                Gv[j, n] += gh[k, b, n]
+                else:
+                    for k in range(K):
+                        for b in range(B):
+                            for n in range(N):
+                                Gv[j, n] += gh[k, b, n] * V[j, k, b, n]
                 if has_ev:
                     for b in range(B):
                         for n in range(N):
@@ -928,9 +935,14 @@ if _HAVE_NUMBA:
                 for b in range(B):
                     for n in range(N):
                         ev_out[j, b, n] = phi[b, n] * ev_in[j, b, n] if has_ev else 0.0
-                    for k in range(K):
-                        for n in range(N):
-                            ev_out[j, b, n] += P0[b, k, n] * V[j, k, b, n]
+                    if ones[j]:
+                        for k in range(K):
+                            for n in range(N):
+                                ev_out[j, b, n] += P0[b, k, n]
+                    else:
+                        for k in range(K):
+                            for n in range(N):
+                                ev_out[j, b, n] += P0[b, k, n] * V[j, k, b, n]
 
 
 def chunk1_numba(J, V, G, traces, carry: bool):
@@ -962,7 +974,8 @@ def chunk1_numba(J, V, G, traces, carry: bool):
     P0 = np.empty((B, K, N) if carry else (1, 1, 1), dtype=npdt)
     phi = np.empty((B, N) if carry else (1, 1), dtype=npdt)
     b0 = np.empty((B, N) if use_g else (1, 1), dtype=npdt)
-    _chunk1(Jn, Vn, c(G) if use_g else gh, use_g, E, has_ev, bool(carry), gh, Gv, ev_out, P0, phi, b0)
+    _chunk1(Jn, Vn, c(G) if use_g else gh, use_g, E, has_ev, bool(carry), gh, Gv, ev_out, P0, phi, b0,
+            np.zeros(max(m, 1), np.bool_))
     t = torch.from_numpy
     return (t(gh) if use_g else None, t(Gv[:m].astype(npdt)) if (use_g and m) else None,
             t(ev_out[:m]) if (carry and m) else None, t(P0) if carry else None, t(phi) if carry else None,
@@ -980,7 +993,7 @@ if _HAVE_NUMBA:
         ``Vp [K, B, N]`` (:func:`_lif_coefs` per sample and neuron, the surrogate derivative of
         ``v - thr`` inline: ``sur`` 1 fast sigmoid, 2 arc-tangent), written as ``J [K, B, N]``,
         the traced columns ``V [m, K, B, N]`` (``cols``: 0 ``log_tau_mem``, 1 ``threshold``,
-        2 ``bias``) and, with ``need_zp``, the previous spikes ``zp_out`` (the lateral weights'
+        2 ``bias``: its column of ones is not written) and, with ``need_zp``, the previous spikes ``zp_out`` (the lateral weights'
         presynaptic term); then :func:`_chunk1` on them, and (``use_g``) its per-neuron sums
         added to the accumulator rows ``Gacc[cols[j]]``. ``cn [3, N]``: ``alpha``,
         ``d alpha / d log_tau_mem``, ``thr``; ``rd`` the lateral self-weights (``has_rd``);
@@ -1029,15 +1042,16 @@ if _HAVE_NUMBA:
                     for n in range(N):
                         v0 = v2[i, n]
                         Vj[i, n] = _lif_dthr(co, n, m0, one if v0 - thr[n] > zero else zero, psi[i, n], v0)
-            else:
-                for i in range(R):
-                    for n in range(N):
-                        Vj[i, n] = one
+            # c == 2 (the bias): a column of ones, not written (_chunk1 reads it as ones)
         if need_zp:
             for i in range(R):
                 for n in range(N):
                     zp2[i, n] = one if v2[i, n] - thr[n] > zero else zero
-        _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0)
+        ones = np.empty(max(cols.shape[0], 1), np.bool_)
+        ones[:] = False
+        for j in range(cols.shape[0]):
+            ones[j] = cols[j] == 2
+        _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0, ones)
         if use_g:
             for j in range(cols.shape[0]):
                 r = cols[j]
@@ -1082,7 +1096,7 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
     t = lambda *shape: torch.empty(shape, dtype=dtype)  # noqa: E731
     ws = {"J": t(K, B, N), "V": t(m, K, B, N), "zp": t(K, B, N), "gh": t(K, B, N), "P0": t(B, K, N), "phi": t(B, N),
           "b0": t(B, N), "Gv": np.empty((max(m, 1), N), dtype=np.float64), "none3": np.zeros((max(m, 1), 1, 1), npdt),
-          "z2": np.zeros((1, 1), npdt), "z3": np.zeros((1, 1, 1), npdt)}
+          "z2": np.zeros((1, 1), npdt), "z3": np.zeros((1, 1, 1), npdt), "no_ones": np.zeros(max(m, 1), np.bool_)}
     ws["np"] = {k: v.numpy() for k, v in ws.items() if isinstance(v, torch.Tensor)}
     ws["gh2"], ws["P0T"] = ws["gh"].view(K * B, N), ws["P0"].transpose(1, 2)  # the views the GEMMs take
     return ws
