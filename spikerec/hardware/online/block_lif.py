@@ -14,11 +14,12 @@ The arithmetic is that of :func:`.block.closed_form_block` (the e-prop rule of B
 What :func:`.block.closed_form_block` derives again at every block (the layers' kinds, the
 kernels' flattened constants, the numpy views of the scratch arrays) is derived here once per
 sequence, block size and batch size, and the scratch arrays (input currents, membranes, spikes,
-the spatial error) are reused from block to block: on a 2-layer stack of 64 units, batch 8, blocks
-of 64 steps, a sequence of 1024 steps took 14.3 ms against 17.4 ms (the CPU of BENCHMARKS.md).
-A sparse input takes the event-driven products of :mod:`.event_products`, listed once per layer
-and block for both the forward and the contraction. The result is bit-identical to the general
-block (tests/test_online_events.py).
+the spatial error) are reused from block to block; the compiled functions are called with
+argument tuples made once per sequence. On a 2-layer stack of 64 units, batch 8, blocks of 64
+steps, a sequence of 1024 steps took 14.3 ms against 17.4 ms for the general block, then 12.2-12.7
+ms with the prepared calls (the CPU of BENCHMARKS.md). A sparse input takes the event-driven
+products of :mod:`.event_products`, listed once per layer and block for both the forward and the
+contraction. The result is bit-identical to the general block (tests/test_online_events.py).
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ class LIFStackBlock:
         ro = self.readout = learner.tracers[-1].cell
         self.Wo = ro.weight.detach()
         self.bo = None if ro.bias is None else ro.bias.detach()
-        # the readout of sparse spikes, the package's MSE and the readout's backward in one call
+        # the readout of sparse spikes, the package's MSE and the readout's gradients in one call
         O, N = self.Wo.shape
         self.mse_ok = self.Wo.dtype == dtype
         self.mse_W = self.Wo.contiguous()
@@ -158,8 +159,8 @@ class LIFStackBlock:
         """The gradient work of one block ``x [K, B, C]`` (as :func:`.block.closed_form_block`);
         returns the block's summed loss (detached) or ``None``. ``mse_target [K, B, O]`` (a
         contiguous CPU tensor of the block's dtype): the loss is the package's MSE against it;
-        when the top layer's spikes are sparse, the readout, the loss and the readout's backward
-        are one compiled call on their events (:func:`.event_products.event_readout_mse`)."""
+        when the top layer's spikes are sparse, the readout, the loss and the readout's parameter
+        gradients are one compiled call on their events (:func:`.event_products.event_readout_mse`)."""
         K, B = self.K, self.B
         states = learner.states
         fwd = self.fwd

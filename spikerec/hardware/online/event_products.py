@@ -10,7 +10,7 @@ input) is mostly zeros, and the block multiplies it three times (the e-prop grad
     q_b  = sum_k Phi_{k,b} pre_{k,b}        (the carried trace's new part, ``Phi [B, K, N]``)
 
 With the package's MSE loss, the readout of the top layer's spikes, the loss and the readout's
-backward are one call on the spikes' events too (:func:`event_readout_mse`).
+parameter gradients are one call on the spikes' events too (:func:`event_readout_mse`).
 
 With ``pre`` listed as events (per row: the columns that are non-zero and their values) each
 product costs one ``N``-wide multiply-add per event instead of ``H`` per row, so the cost follows
