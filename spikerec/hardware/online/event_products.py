@@ -234,11 +234,11 @@ def event_readout_mse(ws: dict, W: torch.Tensor, WT, bias, y, target, gy, dW, db
 
 
 def event_grads(ws: dict, gh, P0, B: int, carry: bool):
-    """``gh^T pre`` as ``accT [H, N]`` (its transpose; ``gh`` ``None``: skipped) and, with
+    """``gh^T pre`` as ``accT [H, N]`` (its transpose; ``gh [R, N]`` ``None``: skipped) and, with
     ``carry``, ``qT [B, H, N]`` with ``qT[b] = (Phi_b^T pre_b)^T`` (``P0 [B, K, N]``), from the
-    events in ``ws``; returns the two numpy arrays (workspace, valid until the next call)."""
+    events in ``ws``; ``gh``, ``P0``: contiguous numpy arrays. Returns the two numpy arrays
+    (workspace, valid until the next call)."""
     use_g = gh is not None
-    P0n = P0.numpy() if carry else ws["qT"]
-    _grads(ws["ptr"][: ws["rows"] + 1], ws["idx"], ws["val"], gh.numpy() if use_g else ws["accT"], use_g, P0n, carry, B,
-           ws["accT"], ws["qT"])
+    _grads(ws["ptr"][: ws["rows"] + 1], ws["idx"], ws["val"], gh if use_g else ws["accT"], use_g,
+           P0 if carry else ws["qT"], carry, B, ws["accT"], ws["qT"])
     return ws["accT"], ws["qT"]

@@ -28,8 +28,7 @@ from ...surrogate import heaviside
 from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
                             lif_block_workspace, compiled_cpu, compiled_dtype, numba_available)
 from . import numba_kernels as _nk
-from . import event_products as _ep
-from .event_products import event_current, event_workspace, spike_events
+from .event_products import event_current, event_grads, event_workspace, spike_events
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -376,9 +375,9 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         """:meth:`_block_contract_compiled` on the membranes before each step ``Vp`` and the
         spatial error ``G`` given as numpy ``[K, B, N]`` arrays (``G`` ``None``: no loss in the
         block), as the prepared LIF-stack block keeps them (:mod:`.block_lif`). The compiled
-        passes (:func:`.numba_kernels._lif_block_vec`, :func:`.event_products._grads`,
-        :func:`.numba_kernels._lif_block_mat`) are called with the block plan's arrays as they are:
-        a wrapper per call had cost about 10 µs of a 150 µs contraction."""
+        passes (:func:`.numba_kernels._lif_block_vec`, :func:`.numba_kernels._lif_block_mat`; the
+        event products through :func:`.event_products.event_grads`) are called with the block
+        plan's arrays as they are: a wrapper per call had cost about 10 µs of a 150 µs contraction."""
         if G is None and not carry:
             return
         dt = x.dtype
@@ -401,8 +400,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         w = ws["np"]
         P0, phi, b0 = plan["outs"]
         _nk._lif_block_vec(Vp, G if use_g else w["gh"], use_g, *plan["consts"], E, has_ev, carry, plan["need_zp"],
-                       *plan["work"], ws["z3"] if ev_new is None else ev_new.numpy().reshape(m, B, N), P0, phi, b0,
-                       accs[0].numpy())
+                           *plan["work"], ws["z3"] if ev_new is None else ev_new.numpy().reshape(m, B, N), P0, phi,
+                           b0, accs[0].numpy())
         z2 = ws["z2"]
         for name in plan["mats"]:
             pre = x if name == "weight" else ws["zp"]
@@ -415,9 +414,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             if name == "weight":
                 ev = self._block_events(x, K, B) if isinstance(events, str) else events
             if ev is not None:  # the event-driven products: accT = (gh^T pre)^T, q as [B, H, N]
-                accT, qT = ev["accT"], ev["qT"]
-                _ep._grads(ev["ptr"][: ev["rows"] + 1], ev["idx"], ev["val"], plan["gh_rows"] if use_g else accT, use_g,
-                           P0 if carry else qT, carry, B, accT, qT)
+                accT, qT = event_grads(ev, plan["gh_rows"] if use_g else None, P0, B, carry)
                 q = qT.transpose(0, 2, 1) if carry else ws["z3"]  # [B, N, H], a strided view
             else:
                 accT = None
@@ -428,8 +425,8 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             if carry and not has_e:
                 e = torch.empty((N, B, 1, x.shape[-1] if name == "weight" else N), dtype=dt)
             if e is not None:
-                _nk._lif_block_mat(e.numpy(), has_e, use_g, b0 if use_g else z2, Gm.numpy() if use_g else z2, carry, q,
-                               phi if carry else z2, accT is not None, z2 if accT is None else accT)
+                _nk._lif_block_mat(e.numpy(), has_e, use_g, b0 if use_g else z2, Gm.numpy() if use_g else z2, carry,
+                                   q, phi if carry else z2, accT is not None, z2 if accT is None else accT)
                 if carry:
                     ts.mat[name] = e
             elif accT is not None and use_g:
