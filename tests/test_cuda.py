@@ -94,3 +94,50 @@ def test_online_learner_on_cuda_equals_cpu(mode):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-10, atol=1e-12)
     for n in grads[0]:
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-9, atol=1e-11, msg=n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_stream_from_a_cuda_graph_equals_the_eager_stream(dtype):
+    """The stream step replayed from a CUDA graph (:mod:`spikerec.hardware.online.cuda_graph`)
+    gives the eager step's outputs, losses and gradients, through a step without a target, a
+    reset of one sample, an update every 9 steps and a checkpoint read mid-stream; and the graph
+    is used (replays counted)."""
+    from spikerec.hardware.online import OnlineLearner, mse_step_loss
+
+    g = _gen()
+    model = _mixed_stack().to(dtype=dtype, device="cuda")
+    T, B = 40, 3
+    x = (torch.rand(T, B, 3, generator=g, dtype=F64) * 3).to(dtype=dtype, device="cuda")
+    tgt = torch.randn(T, B, 2, generator=g, dtype=F64).to(dtype=dtype, device="cuda")
+    mask = torch.tensor([False, True, False], device="cuda")
+    runs = []
+    for graph in (False, None):
+        model.zero_grad()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        init = {n: p.detach().clone() for n, p in model.named_parameters()}
+        lr = OnlineLearner(model, loss=mse_step_loss, optimizer=opt, update_every=9, cuda_graph=graph)
+        ys, ls, ckpt = [], [], None
+        for t in range(T):
+            r = lr.step(x[t], None if t == 17 else tgt[t])
+            ys.append(r.output)
+            ls.append(torch.zeros((), device="cuda", dtype=dtype) if r.loss is None else r.loss)
+            if t == 25:
+                lr.reset(mask)
+            if t == 30:
+                ckpt = {k: v.clone() for k, v in lr.state_tensors()[0].items()}
+        lr.update()
+        runs.append((torch.stack(ys), torch.stack(ls), ckpt, {n: p.detach().clone() for n, p in model.named_parameters()},
+                     lr.__dict__.get("_graph_replays", 0)))
+        with torch.no_grad():  # the same starting parameters for the second run
+            for n, p in model.named_parameters():
+                p.copy_(init[n])
+    (y0, l0, c0, p0, n0), (y1, l1, c1, p1, n1) = runs
+    assert n0 == 0 and n1 >= 10, f"graph replays: eager {n0}, graphed {n1}"
+    tol = dict(rtol=1e-12, atol=1e-13) if dtype == F64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y1, y0, **tol)
+    torch.testing.assert_close(l1, l0, **tol)
+    assert c0.keys() == c1.keys()
+    for k in c0:
+        torch.testing.assert_close(c1[k], c0[k], **tol, msg=k)
+    for n in p0:
+        torch.testing.assert_close(p1[n], p0[n], **tol, msg=n)

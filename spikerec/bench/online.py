@@ -10,6 +10,9 @@ of a per-step MSE loss is computed by
   ``fused_stack``);
 * ``stream_layer``: the same with ``fused=False`` (torch forward and spatial backward, one compiled
   trace kernel per layer);
+* ``stream_eager``: the same as ``stream`` with ``cuda_graph=False``: on a CUDA device, every step
+  launched op by op instead of replayed from a CUDA graph (:mod:`spikerec.hardware.online.cuda_graph`;
+  on the CPU the same path as ``stream``);
 * ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
   the earlier implementation, kept as the reference), for a before/after comparison in one run;
 * ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``,
@@ -212,7 +215,8 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
         if lr is None:
             if m.startswith("stream"):
                 lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, fast=False if m == "stream_ref" else None,
-                                   fused=False if m == "stream_layer" else None)
+                                   fused=False if m == "stream_layer" else None,
+                                   cuda_graph=False if m == "stream_eager" else None)
             else:
                 lr = OnlineLearner(model, mode="chunked", chunk=chunk, fast=False if m == "chunked_ref" else None)
                 lr.closed_form_block = m == "chunked"
@@ -228,7 +232,7 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
             with flush_subnormals():
                 y, _ = model(x)
                 (0.5 * ((y - tgt) ** 2).sum()).backward()
-        elif m in ("stream", "stream_layer", "stream_ref"):
+        elif m.startswith("stream"):
             lr = learner(m, fresh=peak is not None)
             lr.reset()  # a new sequence: states and traces from zero
             for x_t, t_t in steps():
@@ -394,9 +398,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("stream", "stream_layer", "stream_ref", "chunked", "chunked_autograd", "chunked_ref", "bptt"):
-            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_layer, stream_ref, chunked, "
-                  f"chunked_autograd, chunked_ref or bptt", file=sys.stderr)
+        if m not in ("stream", "stream_layer", "stream_eager", "stream_ref", "chunked", "chunked_autograd", "chunked_ref",
+                     "bptt"):
+            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_layer, stream_eager, stream_ref, "
+                  f"chunked, chunked_autograd, chunked_ref or bptt", file=sys.stderr)
             return 2
     if args.trace_kernel:
         try:
