@@ -141,3 +141,40 @@ def test_stream_from_a_cuda_graph_equals_the_eager_stream(dtype):
         torch.testing.assert_close(c1[k], c0[k], **tol, msg=k)
     for n in p0:
         torch.testing.assert_close(p1[n], p0[n], **tol, msg=n)
+
+
+def test_a_step_the_graph_cannot_hold_runs_eagerly():
+    """A loss whose gradient reads a value on the host cannot be captured in a CUDA graph: every
+    step runs eagerly with the eager result, the learner keeps the reason, and it stops trying
+    after MAX_FAILURES captures."""
+    from spikerec.hardware.online import OnlineLearner, mse_step_loss
+    from spikerec.hardware.online.cuda_graph import MAX_FAILURES
+
+    def host_loss(y, t):
+        return mse_step_loss(y, t)
+
+    def host_vg(y, t):
+        d = y - t
+        if float(d.abs().max()) > 1e6:  # a host read inside the step
+            raise ValueError("diverged")
+        return mse_step_loss.value_and_grad(y, t)
+
+    host_loss.value_and_grad = host_vg
+    g = _gen()
+    model = _mixed_stack().cuda()
+    T, B = 14, 3
+    x = (torch.rand(T, B, 3, generator=g, dtype=F64) * 3).cuda()
+    tgt = torch.randn(T, B, 2, generator=g, dtype=F64).cuda()
+    runs = []
+    for graph in (False, None):
+        model.zero_grad()
+        lr = OnlineLearner(model, loss=host_loss, cuda_graph=graph)
+        ys = torch.stack([lr.step(x[t], tgt[t]).output for t in range(T)])
+        lr.update()
+        runs.append((ys, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, lr))
+    (y0, g0, _), (y1, g1, lr1) = runs
+    assert lr1.__dict__.get("_graph_replays", 0) == 0 and lr1._graph_failures == MAX_FAILURES
+    assert lr1._graph_error
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=0, atol=0, msg=n)
