@@ -16,7 +16,7 @@ kernels' flattened constants, the numpy views of the scratch arrays) is derived 
 sequence, block size and batch size, and the scratch arrays (input currents, membranes, spikes,
 the spatial error) are reused from block to block; the compiled functions are called with
 argument tuples made once per sequence. On a 2-layer stack of 64 units, batch 8, blocks of 64
-steps, a sequence of 1024 steps took 14.3 ms against 17.4 ms for the general block, then 12.2-12.7
+steps, a sequence of 1024 steps took 14.3 ms against 17.4 ms for the general block, then 11.9-12.3
 ms with the prepared calls (the CPU of BENCHMARKS.md). A sparse input takes the event-driven
 products of :mod:`.event_products`, listed once per layer and block for both the forward and the
 contraction. The result is bit-identical to the general block (tests/test_online_events.py).
@@ -137,6 +137,7 @@ class LIFStackBlock:
 
     def __init__(self, learner, K: int, B: int, dtype):
         self.K, self.B, self.dtype = K, B, dtype
+        self.np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         self.layers = [_Layer(tr, K, B, dtype) for tr in learner.tracers[:-1]]
         # the forward loop on the calling thread where each layer is one block of neurons
         self.fwd = lif_sequence_numba.forward_kernel(
@@ -192,7 +193,7 @@ class LIFStackBlock:
                                          accumulator(sp, ro.weight), accumulator(sp, ro.bias) if self.bo is not None
                                          else None, top.gz)
                 states[-1] = type(states[-1])(y[(K - 1) * B:].clone())
-                return self._backward(learner, ins, carry, torch.scalar_tensor(loss, dtype=self.dtype))
+                return self._backward(learner, ins, carry, torch.from_numpy(np.array(loss, self.np_dtype)))
             y = readout_rows(h, self.Wo, self.bo)
             states[-1] = type(states[-1])(y[(K - 1) * B:])
             total, gy = block_loss(learner, y.view(K, B, -1), vgs, block_vg)

@@ -216,19 +216,15 @@ def event_current(ws: dict, Wt: torch.Tensor, bias, out: torch.Tensor) -> None:
 def event_readout_mse(ws: dict, W: torch.Tensor, WT, bias, y, target, gy, dW, db, gz) -> float:
     """The linear readout ``y = z W^T + b`` of the spikes ``z`` listed in ``ws``, the package's
     MSE against ``target`` (``0.5 sum (y - target)^2``, returned) and the readout's backward:
-    ``dW += gy^T z`` and ``db += sum gy`` into the accumulators (``None``: not trained), in one
+    ``dW += gy^T z`` and ``db += sum gy`` into the accumulators (contiguous; ``None``: not trained), in one
     compiled call on the events, and the error at the spikes ``gz = gy W`` (one GEMM: with few
     outputs, a compiled loop over the rows took twice as long); all ``[R, ...]`` contiguous CPU
     tensors of one dtype (``WT``: ``W^T`` as a contiguous numpy array, made once by the caller)."""
-    dWT = ws.get("dWT")
-    if dWT is None or dWT.shape != WT.shape:
-        dWT = ws["dWT"] = np.empty_like(WT)
-    dWT[:] = 0
     bn = WT[0] if bias is None else bias.numpy()
+    # the weight's accumulator is added to in place through its transposed view
     loss = _readout_mse(ws["ptr"], ws["idx"], ws["val"], WT, bn, bias is not None, y.numpy(), target.numpy(),
-                        gy.numpy(), dWT, bn if db is None else db.numpy(), dW is not None, db is not None)
-    if dW is not None:
-        dW.add_(torch.from_numpy(dWT).t())
+                        gy.numpy(), WT if dW is None else dW.numpy().T, bn if db is None else db.numpy(),
+                        dW is not None, db is not None)
     torch.mm(gy, W, out=gz)
     return loss
 
