@@ -20,6 +20,9 @@ one) and used while the generation, the shapes and the dtypes stay; an eager ste
 NaN input is still reported before any state changes. A step the graph cannot hold (a tensor
 read on the host inside the step, a trace created or reshaped by it) is run eagerly; after
 :data:`MAX_FAILURES` such captures the learner stops trying.
+
+On one H200, 2-layer nets of 64 units and batch 8, the step went from 1.7-2.7 ms to 0.17-0.35 ms
+(tests/test_cuda.py compares the graphed stream with the eager one; BENCHMARKS.md has the runs).
 """
 from __future__ import annotations
 
