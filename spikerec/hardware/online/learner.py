@@ -1060,7 +1060,6 @@ class OnlineLearner:
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)
         if drop is not None and drop.training:
-            y = None
             total = None
             for k in range(K):  # active dropout: step by step so the masks match the stream form
                 y_, l_ = self._stream([x[k]], [losses[k]])
