@@ -18,9 +18,16 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["triton_available", "numba_available", "numba_usable_here", "numba_for_kernels"]
+__all__ = ["triton_available", "numba_available", "numba_usable_here", "numba_for_kernels", "numpy_dtype"]
 
 _POOL_PID: int | None = None  # the process that started numba's thread pool
+
+
+def numpy_dtype(dtype):
+    """The numpy dtype of the torch ``dtype`` (the kernels' scratch arrays and constants)."""
+    import torch
+
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def numba_usable_here() -> bool:

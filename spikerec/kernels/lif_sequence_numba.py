@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..surrogate import ATan, FastSigmoid
-from . import numba_available
+from . import numba_available, numpy_dtype
 
 __all__ = ["available", "forward_consts", "forward_kernel", "lif_forward", "lif_backward"]
 
@@ -62,7 +62,7 @@ def forward_consts(alpha, alpha_s, thr, B: int, N: int, dtype) -> tuple:
     (zeros without a synapse) and ``thr`` flattened to ``[B*N]`` numpy arrays of ``dtype``, and a
     ``[B*N]`` zero state; made once per sequence by callers that run the kernel on many blocks
     (:meth:`spikerec.hardware.online.traces_lif.LIFTrace.scan_block`)."""
-    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    npdt = numpy_dtype(dtype)
     zeros = np.zeros(B * N, dtype=npdt)
 
     def flat(p):

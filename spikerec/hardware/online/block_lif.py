@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...kernels import lif_sequence, lif_sequence_numba
+from ...kernels import lif_sequence, lif_sequence_numba, numpy_dtype
 from ...neurons import lif as _lif
 from . import event_products as _ep
 from . import numba_kernels as _nk
@@ -78,13 +78,13 @@ def _stack_fits(learner, dtype) -> bool:
     return True
 
 
-def _layer_scratch(K: int, B: int, H: int, N: int, dtype) -> tuple:
+def _layer_scratch(K: int, B: int, N: int, dtype) -> tuple:
     """A layer's block scratch: the forward kernel's two, the input currents, the spikes, the
     spatial error at the spikes and its product with the surrogate, the membranes ``[v before
     the block, v_1 .. v_K]`` as their first row and the ``[K*B, N]`` rows after each step, and
     numpy views (the kernel's ``[K, B*N]`` operands, the membranes before each step ``[K, B, N]``,
     the spatial error ``[K, B, N]`` and ``[K*B, N]``, the spikes ``[K*B, N]``)."""
-    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    npdt = numpy_dtype(dtype)
     I = torch.empty((K * B, N), dtype=dtype)
     Vb = torch.empty((K + 1, B, N), dtype=dtype)
     Z = torch.empty((K * B, N), dtype=dtype)
@@ -110,7 +110,7 @@ class _Layer:
         H = c.input_size
         a, a_s, th, zeros = lif_sequence_numba.forward_consts(k["alpha"], None, k["thr"], B, N, dtype)
         (self.i_scratch, no_syn, self.I, self.Z, self.gz, self.gp, self.v0, new_v,
-         views) = tr.scratch(("stack block", K, B, dtype), lambda: _layer_scratch(K, B, H, N, dtype))
+         views) = tr.scratch(("stack block", K, B, dtype), lambda: _layer_scratch(K, B, N, dtype))
         I_np, v0_np, V_np, Z_np, self.vp_np, self.gp_np, gp_rows, self.Z_np = views
         # forward: fwd(*fwd_args, vT, i_scratch)
         self.fwd_args = (I_np, v0_np, zeros, a, a_s, th, lif_sequence_numba.RESET_CODES[c.reset], False, V_np, Z_np,
@@ -137,7 +137,7 @@ class LIFStackBlock:
 
     def __init__(self, learner, K: int, B: int, dtype):
         self.K, self.B, self.dtype = K, B, dtype
-        self.np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self.np_dtype = numpy_dtype(dtype)
         self.layers = [_Layer(tr, K, B, dtype) for tr in learner.tracers[:-1]]
         # the forward loop on the calling thread where each layer is one block of neurons
         self.fwd = lif_sequence_numba.forward_kernel(

@@ -128,7 +128,6 @@ class StreamGraph:
         self.target = target_t.detach().clone()
         self.graph = torch.cuda.CUDAGraph()
         self.y = self.loss = None
-        self.replays = 0
 
     def valid(self, learner, x_t, target_t) -> bool:
         return (self.gen == learner._gen and x_t.shape == self.key[0] and x_t.dtype == self.key[1]
@@ -162,7 +161,6 @@ class StreamGraph:
         self.x.copy_(x_t)
         self.target.copy_(target_t)
         self.graph.replay()
-        self.replays += 1
         return self.y.clone(), (None if self.loss is None else self.loss.clone())
 
 

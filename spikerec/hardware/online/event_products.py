@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...kernels import numpy_dtype
 from .numba_kernels import _HAVE_NUMBA
 
 __all__ = ["EVENT_DENSITY", "event_limit", "event_workspace", "spike_events", "event_words", "list_events",
@@ -172,7 +173,7 @@ def event_limit(size: int) -> int:
 def event_workspace(R: int, H: int, N: int, B: int, dtype) -> dict:
     """The scratch arrays of the event products for up to ``R`` rows of ``H`` inputs, ``N``
     neurons and batch ``B`` (made once per sequence and block size)."""
-    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    npdt = numpy_dtype(dtype)
     return {"idx": np.empty(R * H, np.int32), "val": np.empty(R * H, npdt), "ptr": np.empty(R + 1, np.int64),
             "accT": np.empty((H, N), npdt), "qT": np.empty((B, H, N), npdt), "rows": R}
 

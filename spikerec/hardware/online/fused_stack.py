@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
 from . import fused_driver
 from .numba_kernels import lif_block_mat_numba, lif_block_workspace, numba_available
@@ -540,7 +541,7 @@ class FusedStack:
 
     def __init__(self, learner, dtype):
         self.learner, self.dtype = learner, dtype
-        self.np_dtype = torch.empty(0, dtype=dtype).numpy().dtype  # the loss value's (a 0-d array: 1 µs less than torch's)
+        self.np_dtype = numpy_dtype(dtype)  # the loss value's (a 0-d array: 1 µs less than torch's)
         self.gen = None
         self.gy = None  # the loss gradient buffer of the compiled MSE
         self.rows = []  # per LRU layer: (dC_re, dC_im accumulators, rows of gy, Re h, Im h [DEFER, B, .])

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
 from ...surrogate import heaviside
 
@@ -671,18 +672,17 @@ if _HAVE_NUMBA:
                     sums[n] += gp[r, n]
 
 
-def lif_spatial_numba(gout, v, thr, sur: tuple, want_sum: bool, out=None):
+def lif_spatial_numba(gout, v, thr, sur: tuple, want_sum: bool):
     """:func:`_lif_spatial` on torch tensors (``gout``, ``v`` ``[rows, N]``; ``thr`` the threshold
     row ``[N]`` as a numpy array of their dtype; ``sur = (code, slope, scale)`` of
     :func:`surrogate_code`); returns ``(gp, sum gp or None)`` (the sum in the arrays' dtype), or
-    ``None`` for a surrogate without an inline form (the caller uses torch). ``out``: a
-    contiguous ``[rows, N]`` tensor to write ``gp`` into (else a new one)."""
+    ``None`` for a surrogate without an inline form (the caller uses torch)."""
     code, p1, p2 = sur
     if not code:
         return None
     R, N = v.shape
     vn = _arr(v)
-    gp = torch.empty((R, N), dtype=v.dtype) if out is None else out
+    gp = torch.empty((R, N), dtype=v.dtype)
     sums = np.zeros(N if want_sum else 1, dtype=np.float64)
     _lif_spatial(_arr(gout), vn, thr, code, p1, p2, gp.numpy(), bool(want_sum), sums)
     return gp, (torch.from_numpy(sums.astype(vn.dtype)) if want_sum else None)
@@ -1092,7 +1092,7 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
     """The scratch arrays of the chunked LIF block's compiled per-neuron pass
     (:func:`_lif_block_vec`) for blocks of ``K`` steps, batch ``B``, ``N`` neurons and ``m`` traced
     per-neuron parameters (made once per sequence and block size)."""
-    npdt = torch.empty(0, dtype=dtype).numpy().dtype
+    npdt = numpy_dtype(dtype)
     t = lambda *shape: torch.empty(shape, dtype=dtype)  # noqa: E731
     ws = {"J": t(K, B, N), "V": t(m, K, B, N), "zp": t(K, B, N), "gh": t(K, B, N), "P0": t(B, K, N), "phi": t(B, N),
           "b0": t(B, N), "Gv": np.empty((max(m, 1), N), dtype=np.float64), "none3": np.zeros((max(m, 1), 1, 1), npdt),
@@ -1102,18 +1102,14 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
     return ws
 
 
-def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict, accT=None) -> None:
-    """:func:`_lif_block_mat` on torch tensors: ``e`` (contiguous) updated in place, read as zero
-    without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``, ``phi`` used with ``carry``;
-    ``ws`` a :func:`lif_block_workspace` (its placeholders). With ``accT`` (numpy, the event
-    products' ``gh^T pre`` transposed) ``q`` is the event form's numpy ``[B, H, N]``."""
+def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict) -> None:
+    """:func:`_lif_block_mat` on torch tensors (without event products): ``e`` (contiguous)
+    updated in place, read as zero without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``,
+    ``phi`` used with ``carry``; ``ws`` a :func:`lif_block_workspace` (its placeholders)."""
     z2 = ws["z2"]
-    events = accT is not None
-    if carry:  # [B, N, H] (the event form's [B, H, N] array read through a transposed view)
-        q = q.transpose(0, 2, 1) if events else q.numpy()
     _lif_block_mat(e.numpy(), has_e, b0 is not None, z2 if b0 is None else b0.numpy(),
-                   z2 if b0 is None else Gm.numpy(), carry, q if carry else ws["z3"], phi.numpy() if carry else z2,
-                   events, accT if events else z2)
+                   z2 if b0 is None else Gm.numpy(), carry, q.numpy() if carry else ws["z3"],
+                   phi.numpy() if carry else z2, False, z2)
 
 
 # --- the chunked block of one LRU layer ------------------------------------------------------
