@@ -19,15 +19,19 @@ product, ``dL/dv``, ``dL/da``, and one ``addmm`` for the carry into ``z_{t-1}``)
 surrogate derivatives and all parameter reductions are vectorised outside the loops.
 It equals autograd through :meth:`ALIF.step` (tests check values and gradients in float64).
 
-Two implementations:
+Three implementations:
 
 * on the CPU (float32/float64), the compiled kernel of
   :mod:`spikerec.kernels.alif_sequence_numba` (compiled steps; the recurrent products by torch
   matmuls between them, or summed inside one compiled loop for layers of up to 128 neurons;
   surrogate derivative and parameter gradients inside the loop), when numba is installed;
-* otherwise (CUDA tensors, no numba) the torch loop below.
+* on CUDA, the Triton kernels of :mod:`spikerec.kernels.alif_triton` (one persistent launch per
+  pass, the recurrent product inside it; float16/bfloat16 inputs run with a float32 state), when
+  Triton is installed and the surrogate has a Triton form;
+* otherwise the torch loop below.
 
-``impl`` picks one: ``"auto"`` (the default), ``"torch"`` or ``"numba"``.
+``impl`` picks one: ``"auto"`` (the default), ``"torch"``, ``"numba"`` or ``"triton"`` (also on CPU
+tensors under ``TRITON_INTERPRET=1``).
 """
 from __future__ import annotations
 
@@ -39,12 +43,10 @@ from . import alif_sequence_numba as _nb
 
 __all__ = ["ALIFSequence", "alif_sequence", "IMPLS"]
 
-IMPLS = ("auto", "torch", "numba")
+IMPLS = ("auto", "torch", "numba", "triton")
 
 
 def _use_numba(impl: str, I: torch.Tensor) -> bool:
-    if impl not in IMPLS:
-        raise ValueError(f"ALIF kernel: impl must be one of {IMPLS}, got {impl!r}")
     if impl == "numba":
         if I.device.type != "cpu":
             raise ValueError(f"ALIF kernel impl='numba': needs CPU tensors, got {I.device}")
@@ -55,10 +57,52 @@ def _use_numba(impl: str, I: torch.Tensor) -> bool:
             and os.environ.get("SPIKEREC_NUMBA", "1") != "0" and _nb.available())
 
 
+def _triton_form(impl: str, I: torch.Tensor, surrogate, params):
+    """The surrogate's Triton form when the Triton kernels run this call, else None."""
+    from . import triton_available
+
+    if impl == "triton":
+        if not triton_available():
+            raise RuntimeError("ALIF kernel impl='triton': the 'triton' package is not importable; use impl='torch'")
+        if not I.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("ALIF kernel impl='triton': needs CUDA tensors (or TRITON_INTERPRET=1 set before "
+                             f"importing triton); got {I.device}")
+    elif not (impl == "auto" and I.is_cuda and triton_available()):
+        return None
+    ok = (I.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+          and all(p.numel() in (1, I.shape[-1]) for p in params))
+    if not ok:
+        if impl == "triton":
+            raise ValueError("ALIF kernel impl='triton': needs float16/bfloat16/float32/float64 inputs and "
+                             "per-neuron or shared parameters")
+        return None
+    from .surrogate_triton import triton_form
+
+    form = triton_form(surrogate)
+    if form is None and impl == "triton":
+        raise ValueError(f"ALIF kernel impl='triton': surrogate {surrogate.name!r} has no Triton form")
+    return form
+
+
+def _like_param(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A ``[N]`` gradient summed to the shape and dtype of the parameter ``p`` (shared or per neuron)."""
+    return (g.sum() if p.numel() == 1 else g).reshape(p.shape).to(p.dtype)
+
+
 class ALIFSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, I, v0, a0, alpha, rho, b, beta, w_rec, surrogate, detach_reset, impl="auto"):
         ctx.surrogate, ctx.detach_reset = surrogate, detach_reset
+        if impl not in IMPLS:
+            raise ValueError(f"ALIF kernel: impl must be one of {IMPLS}, got {impl!r}")
+        ctx.triton = _triton_form(impl, I, surrogate, (alpha, rho, b, beta))
+        if ctx.triton is not None:
+            from .alif_triton import alif_forward
+
+            Z, V, A = alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec)
+            ctx.save_for_backward(v0, a0, alpha, rho, b, beta, w_rec, V, A, Z)
+            ctx.I_dtype = I.dtype
+            return Z, V[-1].to(v0.dtype), A[-1].to(a0.dtype)
         ctx.numba = _use_numba(impl, I)
         if ctx.numba:
             z0 = torch.gt(v0, b + beta * a0)
@@ -89,6 +133,24 @@ class ALIFSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gZ, gvT, gaT):
+        if ctx.triton is not None:
+            from .alif_triton import alif_backward
+
+            v0, a0, alpha, rho, b, beta, w_rec, V, A, Z = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            G, gv, ga, g_alpha, g_rho, g_b, g_beta = alif_backward(
+                gZ, ctx.triton, Z, V, A, v0, a0, alpha, rho, b, beta, w_rec, ctx.detach_reset, gvT, gaT)
+            g_w = None
+            if w_rec is not None and need[7]:  # sum_t dL/dv_t^T z_{t-1}
+                N = V.shape[-1]
+                z0 = torch.gt(v0, b + beta * a0).to(G.dtype)
+                g_w = torch.mm(G[0].t(), z0)
+                if V.shape[0] > 1:
+                    g_w.addmm_(G[1:].reshape(-1, N).t(), Z[:-1].reshape(-1, N).to(G.dtype))
+                g_w = g_w.to(w_rec.dtype)
+            pick = lambda g, k, p: _like_param(g, p) if need[k] else None  # noqa: E731
+            return (G.to(ctx.I_dtype), gv, ga, pick(g_alpha, 3, alpha), pick(g_rho, 4, rho), pick(g_b, 5, b),
+                    pick(g_beta, 6, beta), g_w, None, None, None)
         v0, a0, alpha, rho, b, beta, w_rec, V, A, Zb, z0 = ctx.saved_tensors
         sur, detach = ctx.surrogate, ctx.detach_reset
         need = ctx.needs_input_grad

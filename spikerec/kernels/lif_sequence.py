@@ -25,16 +25,19 @@ recurrence
 
     dL/dv_t = dL/dz_t sigma'(v_t - thr) + alpha dL/dv_{t+1}   (+ the reset and recurrent carries)
 
-Two implementations:
+Three implementations:
 
 * feed-forward layers on the CPU: the compiled kernel of
   :mod:`spikerec.kernels.lif_sequence_numba` (one pass per block of neurons, parameter
   gradients accumulated inside the reverse loop), when numba is installed;
-* otherwise (recurrent layers, CUDA tensors, no numba) a torch loop of a few in-place
-  ops per step; the recurrent matmul of the backward uses the weight's transpose laid
-  out once before the loop.
+* feed-forward layers on CUDA: the Triton kernels of :mod:`spikerec.kernels.lif_triton` (one
+  launch for the forward and one for the backward; float16/bfloat16 inputs run with a float32
+  state), when Triton is installed and the surrogate has a Triton form;
+* otherwise (recurrent layers, no compiled form) a torch loop of a few in-place ops per step;
+  the recurrent matmul of the backward uses the weight's transpose laid out once before the loop.
 
-``impl`` picks one: ``"auto"`` (the default), ``"torch"`` or ``"numba"``.
+``impl`` picks one: ``"auto"`` (the default), ``"torch"``, ``"numba"`` or ``"triton"`` (also on CPU
+tensors under ``TRITON_INTERPRET=1``).
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from . import lif_sequence_numba as _nb
 
 __all__ = ["LIFSequence", "lif_sequence", "IMPLS"]
 
-IMPLS = ("auto", "torch", "numba")
+IMPLS = ("auto", "torch", "numba", "triton")
 
 
 def _use_numba(impl: str, I: torch.Tensor, w_rec) -> bool:
@@ -64,12 +67,57 @@ def _use_numba(impl: str, I: torch.Tensor, w_rec) -> bool:
             and os.environ.get("SPIKEREC_NUMBA", "1") != "0" and _nb.available())
 
 
+def _triton_form(impl: str, I: torch.Tensor, w_rec, surrogate, params):
+    """The surrogate's Triton form when the Triton kernels run this call, else None."""
+    from . import triton_available
+
+    if impl == "triton":
+        if w_rec is not None:
+            raise ValueError("LIF kernel impl='triton': only feed-forward layers (no recurrent weight)")
+        if not triton_available():
+            raise RuntimeError("LIF kernel impl='triton': the 'triton' package is not importable; use impl='torch'")
+        if not I.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("LIF kernel impl='triton': needs CUDA tensors (or TRITON_INTERPRET=1 set before "
+                             f"importing triton); got {I.device}")
+    elif not (impl == "auto" and I.is_cuda and w_rec is None and triton_available()):
+        return None
+    if I.dtype not in _TRITON_DTYPES or any(p is not None and p.numel() not in (1, I.shape[-1]) for p in params):
+        if impl == "triton":
+            raise ValueError("LIF kernel impl='triton': needs float16/bfloat16/float32/float64 inputs and "
+                             "per-neuron or shared parameters")
+        return None
+    from .surrogate_triton import triton_form
+
+    form = triton_form(surrogate)
+    if form is None and impl == "triton":
+        raise ValueError(f"LIF kernel impl='triton': surrogate {surrogate.name!r} has no Triton form")
+    return form
+
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _like_param(g: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A ``[N]`` gradient summed to the shape and dtype of the parameter ``p`` (shared or per neuron)."""
+    return (g.sum() if p.numel() == 1 else g).reshape(p.shape).to(p.dtype)
+
+
 class LIFSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, I, v0, i0, alpha, alpha_s, thr, w_rec, surrogate, reset, detach_reset, impl="auto"):
         if impl not in IMPLS:
             raise ValueError(f"LIF kernel: impl must be one of {IMPLS}, got {impl!r}")
         syn = i0 is not None
+        form = _triton_form(impl, I, w_rec, surrogate, (alpha, alpha_s, thr))
+        ctx.triton = form
+        ctx.numba = False
+        if form is not None:
+            from .lif_triton import lif_forward
+
+            Z, V, S, vT, iT = lif_forward(I, v0, i0, alpha, alpha_s, thr, reset)
+            ctx.save_for_backward(v0, i0, alpha, alpha_s, thr, V, S)
+            ctx.reset, ctx.detach_reset, ctx.I_dtype = reset, detach_reset, I.dtype
+            return Z, vT, iT
         z0 = torch.gt(v0, thr)
         if _use_numba(impl, I, w_rec):
             Z, V, Iseq, vT, iT = _nb.lif_forward(I, v0, i0, alpha, alpha_s, thr, reset)
@@ -90,6 +138,16 @@ class LIFSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gZ, gvT, giT):
+        if ctx.triton is not None:
+            from .lif_triton import lif_backward
+
+            v0, i0, alpha, alpha_s, thr, V, S = ctx.saved_tensors
+            need = ctx.needs_input_grad
+            DJ, gv, gi, ga, gas, gth = lif_backward(gZ, ctx.triton, V, S, v0, i0, alpha, alpha_s, thr, ctx.reset,
+                                                    ctx.detach_reset, gvT, giT, ctx.I_dtype)
+            return (DJ, gv, gi, _like_param(ga, alpha) if need[3] else None,
+                    _like_param(gas, alpha_s) if (gas is not None and need[4]) else None,
+                    _like_param(gth, thr) if need[5] else None, None, None, None, None, None)
         v0, z0, i0, alpha, alpha_s, thr, w_rec, V, Iseq = ctx.saved_tensors
         if v0 is not None:
             z0 = torch.gt(v0, thr)

@@ -24,7 +24,7 @@ from ..neurons import alif as _alif
 from ..neurons.alif import ALIFOptions, ALIFParams, ALIFState
 from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
-from ..kernels.alif_sequence import ALIFSequence
+from ..kernels.alif_sequence import IMPLS, ALIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["ALIF", "ALIFState", "truncated_normal_positive"]
@@ -53,6 +53,8 @@ class ALIF(Cell):
         surrogate: default ``fast_sigmoid(slope=2, scale=0.5)``, i.e. the paper's
             ``gamma / (1 + |2 omega v|)^2`` with ``omega = 1``, ``gamma = 0.5``.
         detach_reset: stop-gradient on the reset term ``theta_t z_{t-1}``.
+        impl: the sequence kernel of :meth:`forward` (:data:`spikerec.kernels.alif_sequence.IMPLS`):
+            ``"auto"`` takes the compiled form of the device (numba on the CPU, Triton on CUDA).
     """
 
     def __init__(
@@ -75,8 +77,12 @@ class ALIF(Cell):
         init: str = "glorot_uniform",
         rec_init: str = "glorot_uniform",
         learn_tau: bool = True,
+        impl: str = "auto",
     ):
         super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"ALIF: impl must be one of {IMPLS}, got {impl!r}")
+        self.impl = impl
         if int(input_size) <= 0 or int(hidden_size) <= 0:
             raise ValueError(f"ALIF: input_size and hidden_size must be positive, got {input_size}, {hidden_size}")
         check_time_constant(tau_mem, "tau_mem")
@@ -172,7 +178,7 @@ class ALIF(Cell):
         alpha, rho = _alif.decays(p, o)
         Z, v, a = ALIFSequence.apply(
             self.input_current(x), state.v, state.a, alpha, rho, p.b, p.beta,
-            p.recurrent_weight, o.surrogate, o.detach_reset,
+            p.recurrent_weight, o.surrogate, o.detach_reset, self.impl,
         )
         return Z, ALIFState(v, a)
 
@@ -182,3 +188,5 @@ class ALIF(Cell):
 
 neurons.register_backend("alif", "layers.ALIF.forward (fused ALIFSequence, CPU)", ALIF.forward,
                          test="tests/test_lif_alif.py::test_alif_fused_equals_step_loop")
+neurons.register_backend("alif", "kernels.alif_triton (ALIFSequence impl='triton', CUDA)", ALIFSequence.apply,
+                         test="tests/test_triton_spiking.py::test_triton_layers_equal_step_loop_under_interpreter")

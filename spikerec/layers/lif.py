@@ -16,7 +16,7 @@ from ..neurons import lif as _lif
 from ..neurons.lif import RESET_MODES, CubaLIFState, LIFOptions, LIFParams, LIFState
 from ..neurons.roles import ParamSpec, Role, Transform
 from ..surrogate import Surrogate, get_surrogate
-from ..kernels.lif_sequence import LIFSequence
+from ..kernels.lif_sequence import IMPLS, LIFSequence
 from .base import Cell, check_sequence, check_step_input, check_time_constant, init_weight_
 
 __all__ = ["LIF", "LIFState", "CubaLIFState", "RESET_MODES"]
@@ -47,6 +47,8 @@ class LIF(Cell):
         surrogate: surrogate spec (name, dict or :class:`~spikerec.surrogate.Surrogate`).
         detach_reset: stop the gradient through the spike in the reset term (snnTorch's default).
         init, rec_init: weight initialisation schemes (``glorot_uniform``, ``orthogonal``, ...).
+        impl: the sequence kernel of :meth:`forward` (:data:`spikerec.kernels.lif_sequence.IMPLS`):
+            ``"auto"`` takes the compiled form of the device (numba on the CPU, Triton on CUDA).
     """
 
     def __init__(
@@ -68,8 +70,12 @@ class LIF(Cell):
         detach_reset: bool = True,
         init: str = "glorot_uniform",
         rec_init: str = "orthogonal",
+        impl: str = "auto",
     ):
         super().__init__()
+        if impl not in IMPLS:
+            raise ValueError(f"LIF: impl must be one of {IMPLS}, got {impl!r}")
+        self.impl = impl
         if int(input_size) <= 0 or int(hidden_size) <= 0:
             raise ValueError(f"LIF: input_size and hidden_size must be positive, got {input_size}, {hidden_size}")
         if reset not in RESET_MODES:
@@ -176,7 +182,7 @@ class LIF(Cell):
         alpha, alpha_s = self._sequence_decays(p, o)
         Z, v, i = LIFSequence.apply(
             _lif.input_current(p, x), state.v, state.i if self.cuba else None, alpha, alpha_s, p.threshold,
-            p.recurrent_weight, o.surrogate, o.reset, o.detach_reset,
+            p.recurrent_weight, o.surrogate, o.reset, o.detach_reset, self.impl,
         )
         return Z, (CubaLIFState(i, v) if self.cuba else LIFState(v))
 
@@ -208,3 +214,5 @@ class LIF(Cell):
 
 neurons.register_backend("lif", "layers.LIF.forward (fused LIFSequence, CPU)", LIF.forward,
                          test="tests/test_lif_alif.py::test_lif_fused_equals_step_loop")
+neurons.register_backend("lif", "kernels.lif_triton (LIFSequence impl='triton', CUDA)", LIFSequence.apply,
+                         test="tests/test_triton_spiking.py::test_triton_layers_equal_step_loop_under_interpreter")

@@ -1,0 +1,213 @@
+"""Triton kernels of the feed-forward LIF time loop and its reverse pass (CUDA; on the CPU under
+``TRITON_INTERPRET=1`` for tests).
+
+The same recurrence as :mod:`spikerec.kernels.lif_sequence` (whose docstring gives the equations:
+plain or current-based, resets "subtract" / "zero" / "none", the reset term detached or not).
+Without recurrent weights every neuron of every sample is an independent scalar recurrence, so
+one program runs ``BLOCK`` of them through all ``T`` steps with the state in registers:
+
+* forward: reads ``I_t``, writes the spikes ``z_t`` (in the input's dtype) and what the backward
+  reads, the membranes ``v_t`` (and the synaptic currents ``i_t`` of a CUBA layer), in the state's
+  dtype (float32 for float16/bfloat16/float32 inputs, float64 for float64);
+* backward: one reverse pass that recomputes the spikes from the saved membranes, evaluates the
+  surrogate derivative in registers (:mod:`spikerec.kernels.surrogate_triton`), writes
+  ``dL/dI_t`` and accumulates each element's share of the parameter gradients, which are summed
+  over the batch afterwards.
+
+The per-neuron parameters (``alpha``, ``alpha_s``, ``thr``) are ``[N]`` vectors; a shared (scalar)
+one is expanded to ``[N]`` by the caller and its gradient summed back.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .surrogate_triton import surrogate_derivative
+
+__all__ = ["lif_forward", "lif_backward", "RESET_CODES", "BLOCK"]
+
+RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
+BLOCK = 256
+
+
+@triton.jit
+def _lif_fwd(I_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr,
+             Z_ptr, V_ptr, S_ptr, vT_ptr, iT_ptr, T, M, N,
+             SYN: tl.constexpr, RESET: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M
+    n = offs % N
+    sd = V_ptr.dtype.element_ty
+    alpha = tl.load(alpha_ptr + n, mask=mask, other=0.0).to(sd)
+    thr = tl.load(thr_ptr + n, mask=mask, other=1.0).to(sd)
+    v = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(sd)
+    z = (v > thr).to(sd)
+    if SYN:
+        alpha_s = tl.load(alpha_s_ptr + n, mask=mask, other=0.0).to(sd)
+        i = tl.load(i0_ptr + offs, mask=mask, other=0.0).to(sd)
+    base = offs.to(tl.int64)  # element offsets in 64 bits, advanced by M per step
+    for t in range(0, T):
+        x = tl.load(I_ptr + base, mask=mask, other=0.0).to(sd)
+        if SYN:
+            i = x + alpha_s * i
+            tl.store(S_ptr + base, i, mask=mask)
+            x = i
+        if RESET == 0:
+            v = (x + alpha * v) - thr * z
+        elif RESET == 1:
+            v = x + (alpha * (1.0 - z)) * v
+        else:
+            v = x + alpha * v
+        tl.store(V_ptr + base, v, mask=mask)
+        z = (v > thr).to(sd)
+        tl.store(Z_ptr + base, z.to(Z_ptr.dtype.element_ty), mask=mask)
+        base += M
+    tl.store(vT_ptr + offs, v.to(vT_ptr.dtype.element_ty), mask=mask)
+    if SYN:
+        tl.store(iT_ptr + offs, i.to(iT_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr, gvT_ptr, giT_ptr,
+             DJ_ptr, gv0_ptr, gi0_ptr, ga_ptr, gas_ptr, gth_ptr, T, M, N, sp, sscale,
+             SYN: tl.constexpr, RESET: tl.constexpr, DETACH: tl.constexpr, HAS_GZ: tl.constexpr,
+             HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, SUR: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M
+    n = offs % N
+    sd = V_ptr.dtype.element_ty
+    alpha = tl.load(alpha_ptr + n, mask=mask, other=0.0).to(sd)
+    thr = tl.load(thr_ptr + n, mask=mask, other=1.0).to(sd)
+    v0 = tl.load(v0_ptr + offs, mask=mask, other=0.0).to(sd)
+    zero = tl.zeros([BLOCK], dtype=sd)
+    gv = zero
+    if HAS_GVT:
+        gv = tl.load(gvT_ptr + offs, mask=mask, other=0.0).to(sd)
+    if SYN:
+        alpha_s = tl.load(alpha_s_ptr + n, mask=mask, other=0.0).to(sd)
+        i0 = tl.load(i0_ptr + offs, mask=mask, other=0.0).to(sd)
+        gi = zero
+        if HAS_GIT:
+            gi = tl.load(giT_ptr + offs, mask=mask, other=0.0).to(sd)
+    carry = zero
+    acc_a = zero
+    acc_as = zero
+    acc_th = zero
+    base = (tl.zeros([BLOCK], dtype=tl.int64) + (T - 1)) * M + offs  # step T - 1, in 64 bits
+    v = tl.load(V_ptr + base, mask=mask, other=0.0)
+    for s in range(0, T):
+        t = T - 1 - s
+        first = t == 0
+        # the state before step t: saved at t - 1, or the initial state
+        vp = tl.load(V_ptr + base - M, mask=mask & (t > 0), other=0.0)
+        vp = tl.where(first, v0, vp)
+        zp = (vp > thr).to(sd)
+        gz = carry
+        if HAS_GZ:
+            gz += tl.load(gZ_ptr + base, mask=mask, other=0.0).to(sd)
+        gu = gz * surrogate_derivative(v - thr, sp, sscale, SUR)
+        acc_th -= gu
+        gv = gv + gu  # dL/dv_t
+        if SYN:
+            sp_prev = tl.load(S_ptr + base - M, mask=mask & (t > 0), other=0.0)
+            sp_prev = tl.where(first, i0, sp_prev)
+            gi = gi + gv  # dL/dJ_t = dL/di_t
+            tl.store(DJ_ptr + base, gi.to(DJ_ptr.dtype.element_ty), mask=mask)
+            acc_as += gi * sp_prev
+            gi = alpha_s * gi
+        else:
+            tl.store(DJ_ptr + base, gv.to(DJ_ptr.dtype.element_ty), mask=mask)
+        if RESET == 1:
+            acc_a += gv * ((1.0 - zp) * vp)
+        else:
+            acc_a += gv * vp
+        if RESET == 0:
+            acc_th -= gv * zp
+        if not DETACH:
+            if RESET == 0:
+                carry = -thr * gv
+            elif RESET == 1:
+                carry = -(alpha * vp) * gv
+        if RESET == 1:
+            gv = (alpha * (1.0 - zp)) * gv
+        else:
+            gv = alpha * gv
+        v = vp
+        base -= M
+    if not DETACH:
+        if RESET != 2:  # z_{-1} = H(v0 - thr) receives the last carry
+            gu0 = carry * surrogate_derivative(v0 - thr, sp, sscale, SUR)
+            gv += gu0
+            acc_th -= gu0
+    tl.store(gv0_ptr + offs, gv.to(gv0_ptr.dtype.element_ty), mask=mask)
+    tl.store(ga_ptr + offs, acc_a, mask=mask)
+    tl.store(gth_ptr + offs, acc_th, mask=mask)
+    if SYN:
+        tl.store(gi0_ptr + offs, gi.to(gi0_ptr.dtype.element_ty), mask=mask)
+        tl.store(gas_ptr + offs, acc_as, mask=mask)
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernels keep the state in: float64 for float64 inputs, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def per_neuron(p: torch.Tensor, N: int) -> torch.Tensor:
+    """A parameter of ``N`` or one element as a contiguous ``[N]`` vector (no copy when it is one)."""
+    return p.detach().reshape(-1).expand(N).contiguous() if p.numel() == 1 else p.detach().reshape(N).contiguous()
+
+
+def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
+    """``(Z, V, S|None, v_T, i_T|None)`` of the LIF recurrence over ``I[T, B, N]`` (module docstring):
+    spikes in ``I``'s dtype; membranes ``V`` and currents ``S`` (CUBA) in the state dtype."""
+    T, B, N = I.shape
+    M = B * N
+    syn = i0 is not None
+    sdt = state_dtype(I.dtype)
+    I = I.contiguous()
+    Z = torch.empty_like(I)
+    V = torch.empty(I.shape, dtype=sdt, device=I.device)
+    S = torch.empty_like(V) if syn else V
+    vT = torch.empty_like(v0)
+    iT = torch.empty_like(i0) if syn else vT
+    a = per_neuron(alpha, N)
+    a_s = per_neuron(alpha_s, N) if syn else a
+    th = per_neuron(thr, N)
+    if T > 0:
+        _lif_fwd[(triton.cdiv(M, BLOCK),)](
+            I, v0.contiguous(), (i0 if syn else v0).contiguous(), a, a_s, th, Z, V, S, vT, iT, T, M, N,
+            SYN=syn, RESET=RESET_CODES[reset], BLOCK=BLOCK)
+    else:
+        vT.copy_(v0)
+        if syn:
+            iT.copy_(i0)
+    return Z, V, (S if syn else None), vT, (iT if syn else None)
+
+
+def lif_backward(gZ, form, V, S, v0, i0, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT, I_dtype):
+    """The reverse pass: ``(dL/dI, dL/dv0, dL/di0|None, dL/dalpha, dL/dalpha_s|None, dL/dthr)``, the
+    parameter gradients as ``[N]`` sums over the batch (the caller sums them to the parameters'
+    shapes). ``form``: the surrogate's Triton form (:func:`surrogate_triton.triton_form`)."""
+    T, B, N = V.shape
+    M = B * N
+    syn = S is not None
+    sdt = V.dtype
+    dev = V.device
+    DJ = torch.empty(V.shape, dtype=I_dtype, device=dev)
+    gv0 = torch.empty_like(v0)
+    gi0 = torch.empty_like(i0) if syn else gv0
+    acc = torch.empty((3, B, N), dtype=sdt, device=dev)
+    a = per_neuron(alpha, N)
+    a_s = per_neuron(alpha_s, N) if syn else a
+    th = per_neuron(thr, N)
+    code, p, scale = form
+    gz = gZ.contiguous() if gZ is not None else V
+    _lif_bwd[(triton.cdiv(M, BLOCK),)](
+        gz, V, S if syn else V, v0.contiguous(), (i0 if syn else v0).contiguous(), a, a_s, th,
+        gvT.contiguous() if gvT is not None else v0, giT.contiguous() if giT is not None else v0,
+        DJ, gv0, gi0, acc[0], acc[1], acc[2], T, M, N, p, scale,
+        SYN=syn, RESET=RESET_CODES[reset], DETACH=bool(detach), HAS_GZ=gZ is not None,
+        HAS_GVT=gvT is not None, HAS_GIT=(syn and giT is not None), SUR=code, BLOCK=BLOCK)
+    sums = acc.sum(1)
+    return DJ, gv0, (gi0 if syn else None), sums[0], (sums[1] if syn else None), sums[2]

@@ -1,0 +1,89 @@
+"""Triton forms of the surrogate derivatives of :mod:`spikerec.surrogate`.
+
+A surrogate's compiled form is looked up by its class (:func:`triton_form`): the fused spiking
+kernels evaluate ``sigma'(x)`` inside their reverse loop through :func:`surrogate_derivative`,
+one ``constexpr`` branch per formula, with the surrogate's own parameters passed as scalars.
+A surrogate without a Triton form (``multi_gaussian``, or a user's own class) makes the kernels
+step aside: the layer then runs its torch loop, with a one-time warning naming the surrogate.
+
+The formulas are the ones in the surrogates' docstrings (each class's ``derivative``); a test
+compares every form with ``Surrogate.derivative`` on fresh random inputs in float64.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import triton
+import triton.language as tl
+
+from ..surrogate import ATan, Exponential, FastSigmoid, Gaussian, Sigmoid, Surrogate, Triangle
+
+__all__ = ["triton_form", "surrogate_derivative", "CODES"]
+
+#: the surrogate classes with a Triton form and the code of their branch in :func:`surrogate_derivative`
+CODES = {FastSigmoid: 0, ATan: 1, Triangle: 2, Gaussian: 3, Sigmoid: 4, Exponential: 5}
+_WARNED: set[str] = set()
+_HALF_PI = tl.constexpr(math.pi / 2.0)
+_SQRT_2PI = tl.constexpr(math.sqrt(2.0 * math.pi))
+
+
+def triton_form(sur: Surrogate, *, warn: bool = True):
+    """``(code, p, scale)`` of ``sur`` for :func:`surrogate_derivative`, or None (with a one-time
+    warning naming the surrogate) when it has no Triton form. ``p`` is the slope or the width."""
+    code = CODES.get(type(sur))
+    if code is None:
+        if warn and sur.name not in _WARNED:
+            _WARNED.add(sur.name)
+            warnings.warn(f"surrogate {sur.name!r} ({type(sur).__name__}) has no Triton form: the spiking layers "
+                          "run their torch loop on CUDA", RuntimeWarning, stacklevel=3)
+        return None
+    p = getattr(sur, "slope", None)
+    if p is None:
+        p = sur.width
+    return code, float(p), float(sur.scale)
+
+
+@triton.jit
+def surrogate_derivative(x, p, scale, CODE: tl.constexpr):
+    """``sigma'(x)`` of the surrogate with code ``CODE`` (:data:`CODES`), in the dtype of ``x``."""
+    if CODE == 0:  # fast sigmoid: scale / (1 + slope |x|)^2
+        d = 1.0 + p * tl.abs(x)
+        out = scale / (d * d)
+    elif CODE == 1:  # arc-tangent: scale (slope / 2) / (1 + (pi/2 slope x)^2)
+        u = _HALF_PI * p * x
+        out = scale * (p / 2.0) / (1.0 + u * u)
+    elif CODE == 2:  # triangle: scale max(0, 1 - |x| / width) / width
+        out = scale * tl.maximum(1.0 - tl.abs(x) / p, 0.0) / p
+    elif CODE == 3:  # Gaussian: scale exp(-x^2 / (2 width^2)) / (sqrt(2 pi) width)
+        u = x / p
+        out = scale * tl.exp(-0.5 * u * u) / (_SQRT_2PI * p)
+    elif CODE == 4:  # logistic: scale slope s (1 - s), s = sigmoid(slope x)
+        s = 1.0 / (1.0 + tl.exp(-p * x))
+        out = scale * p * s * (1.0 - s)
+    else:  # single exponential: scale exp(-|x| / width) / (2 width)
+        out = scale * tl.exp(-tl.abs(x) / p) / (2.0 * p)
+    return out.to(x.dtype)
+
+
+@triton.jit
+def _derivative_kernel(x_ptr, out_ptr, M, p, scale, CODE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, surrogate_derivative(x, p, scale, CODE), mask=mask)
+
+
+def derivative(sur: Surrogate, x):
+    """``sur.derivative(x)`` through the Triton form (for tests: one launch over a contiguous ``x``)."""
+    import torch
+
+    form = triton_form(sur)
+    if form is None:
+        raise ValueError(f"surrogate {sur.name!r} has no Triton form")
+    code, p, scale = form
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    M = x.numel()
+    _derivative_kernel[(triton.cdiv(M, 256),)](x, out, M, p, scale, CODE=code, BLOCK=256)
+    return out
