@@ -28,7 +28,7 @@ when omitted). Every function returns all states ``x[T, ...]``.
   once a step covers >= ``SEQUENTIAL_MIN_WIDTH`` channels, each step is
   already compute-bound and the blocked scan's second pass costs more than the
   per-step overhead it saves; there ``linear_scan`` runs the work-efficient in-place
-  sequential pass instead (same custom backward). Measured in ``BENCHMARKS.md``.
+  sequential pass instead (same custom backward; docs/decisions.md, Kernels and benchmarks 3).
 
 Gradients come from a custom autograd function whose backward is itself a reverse
 scan with ``conj(a)`` (PyTorch's convention ``z.grad = dL/dRe z + i dL/dIm z``)::
@@ -156,7 +156,7 @@ def _seq(a, b, out, x, order, const):
 
 
 # On the CPU a step over >= this many channels is compute-bound: the blocked scan's second
-# pass then costs more than the per-step overhead it saves (measured, see BENCHMARKS.md).
+# pass then costs more than the per-step overhead it saves (docs/decisions.md, Kernels and benchmarks 3).
 SEQUENTIAL_MIN_WIDTH = 2048
 
 

@@ -43,9 +43,9 @@ __all__ = [
 
 def heaviside(x: torch.Tensor) -> torch.Tensor:
     """Strict Heaviside ``H(x) = [x > 0]`` in the dtype of ``x``. Written straight into a tensor of
-    that dtype (``torch.gt(..., out=)``; a boolean intermediate and its cast take 6x as long on
-    the CPU); where autograd records ``x`` or a ``torch.func`` transform is active (``out=`` is
-    not allowed there), through the cast."""
+    that dtype (``torch.gt(..., out=)``; a boolean intermediate and its cast are slower on the
+    CPU, docs/decisions.md, Kernels and benchmarks 6); where autograd records ``x`` or a
+    ``torch.func`` transform is active (``out=`` is not allowed there), through the cast."""
     if (x.requires_grad and torch.is_grad_enabled()) or torch._C._are_functorch_transforms_active():
         return (x > 0).to(x.dtype)
     return torch.gt(x, 0, out=torch.empty_like(x))

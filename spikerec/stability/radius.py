@@ -98,9 +98,9 @@ def _max_modulus(S: torch.Tensor) -> torch.Tensor:
 
 
 # The batched products below are written as row vectors times matrices: ``bmm`` of a
-# ``[B, n, n]`` matrix with a column ``[B, n, 1]`` takes a slow path in the CPU BLAS (about
-# 10x slower at B = 16, n = 256, forward and backward), while ``[B, 1, n] @ [B, n, n]``
-# (also with a transposed view) takes the fast one. Same products, same gradients.
+# ``[B, n, n]`` matrix with a column ``[B, n, 1]`` takes a slow path in the CPU BLAS, forward
+# and backward, while ``[B, 1, n] @ [B, n, n]`` (also with a transposed view) takes the fast
+# one (docs/decisions.md, LSC speed 2). Same products, same gradients.
 def _batched_matvec(S: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``S_b v_b`` for ``S [B, n, m]``, ``v [B, m]`` (as ``v^T S^T``)."""
     return torch.bmm(v.unsqueeze(1), S.mT).squeeze(1)
