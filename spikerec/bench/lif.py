@@ -325,11 +325,23 @@ def main(argv=None) -> int:
     ap.add_argument("--libs", default="snntorch,norse,spikingjelly", help="peers to include (comma list)")
     ap.add_argument("--parts", default="neuron,layer,alif", help="which parts to run (comma list)")
     ap.add_argument("--json", help="also write the results to this JSON file")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cuda: the GPU bench (spikerec.bench.lif_cuda): the published setup and --sizes")
+    ap.add_argument("--sizes", default="512,4096,16384", help="--device cuda: layer widths N (comma list)")
     a = ap.parse_args(argv)
+    if a.reps < 1 or a.T < 1 or a.B < 1 or a.N < 1 or a.alif_n < 1:
+        ap.error("--T, --B, --N, --alif-n and --reps must be >= 1")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(a.threads)
     libs = set(filter(None, a.libs.split(",")))
     parts = set(a.parts.split(","))
+    if a.device == "cuda":
+        from .lif_cuda import run
+
+        result = run(a, libs)
+        if a.json:
+            atomic_write_text(a.json, json.dumps(result, indent=1))
+        return 0
     print(f"T={a.T} B={a.B} N={a.N} float32, {a.threads} threads, {platform.processor() or platform.machine()}, "
           f"torch {torch.__version__}; minimum of {a.reps} interleaved rounds after a warm-up")
     result = {"T": a.T, "B": a.B, "N": a.N, "threads": a.threads}

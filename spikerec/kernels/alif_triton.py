@@ -74,7 +74,6 @@ def _alif_fwd(I_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rho_ptr, b_ptr, beta_ptr
     c_begin = tl.program_id(1) * COLS
     sd = V_ptr.dtype.element_ty
     M = B * N
-    step = 0  # element offset of step t, advanced by M (64-bit pointers below)
     Zc = Z_ptr
     Vc = V_ptr
     Ac = A_ptr
@@ -125,7 +124,7 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
     c_begin = tl.program_id(1) * COLS
     sd = V_ptr.dtype.element_ty
     M = B * N
-    last = (tl.zeros([1], dtype=tl.int64) + (T - 1)) * M  # offset of step T - 1, in 64 bits
+    last = (T - 1).to(tl.int64) * M  # offset of step T - 1, in 64 bits
     Zc = Z_ptr + last
     Vc = V_ptr + last
     Ac = A_ptr + last

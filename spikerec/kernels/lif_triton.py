@@ -28,13 +28,20 @@ from .surrogate_triton import surrogate_derivative
 __all__ = ["lif_forward", "lif_backward", "RESET_CODES", "BLOCK"]
 
 RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
-BLOCK = 256
+BLOCK = 256  # elements per program
+STEPS = 8  # time steps per load and store (U): loads in flight per element
+
+
+@triton.jit
+def _row(tile, sel):
+    """Row ``u`` of a ``[U, BLOCK]`` tile (``sel = arange(U)[:, None] == u``), exactly."""
+    return tl.sum(tl.where(sel, tile, 0.0), axis=0)
 
 
 @triton.jit
 def _lif_fwd(I_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr,
              Z_ptr, V_ptr, S_ptr, vT_ptr, iT_ptr, T, M, N,
-             SYN: tl.constexpr, RESET: tl.constexpr, BLOCK: tl.constexpr):
+             SYN: tl.constexpr, RESET: tl.constexpr, BLOCK: tl.constexpr, U: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M
     n = offs % N
@@ -46,23 +53,41 @@ def _lif_fwd(I_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr,
     if SYN:
         alpha_s = tl.load(alpha_s_ptr + n, mask=mask, other=0.0).to(sd)
         i = tl.load(i0_ptr + offs, mask=mask, other=0.0).to(sd)
-    base = offs.to(tl.int64)  # element offsets in 64 bits, advanced by M per step
-    for t in range(0, T):
-        x = tl.load(I_ptr + base, mask=mask, other=0.0).to(sd)
+    us = tl.arange(0, U)[:, None]
+    cols = offs.to(tl.int64)[None, :]
+    # U steps at a time: their inputs are loaded (and outputs stored) as one [U, BLOCK] tile, so
+    # that U loads per element are in flight instead of one
+    for t0 in range(0, T, U):
+        steps = t0 + us
+        m2 = (steps < T) & mask[None, :]
+        ptrs = steps.to(tl.int64) * M + cols
+        X = tl.load(I_ptr + ptrs, mask=m2, other=0.0).to(sd)
+        Vt = tl.zeros([U, BLOCK], dtype=sd)
+        Zt = tl.zeros([U, BLOCK], dtype=sd)
         if SYN:
-            i = x + alpha_s * i
-            tl.store(S_ptr + base, i, mask=mask)
-            x = i
-        if RESET == 0:
-            v = (x + alpha * v) - thr * z
-        elif RESET == 1:
-            v = x + (alpha * (1.0 - z)) * v
-        else:
-            v = x + alpha * v
-        tl.store(V_ptr + base, v, mask=mask)
-        z = (v > thr).to(sd)
-        tl.store(Z_ptr + base, z.to(Z_ptr.dtype.element_ty), mask=mask)
-        base += M
+            St = tl.zeros([U, BLOCK], dtype=sd)
+        for u in tl.static_range(U):
+            sel = us == u
+            valid = t0 + u < T
+            x = _row(X, sel)
+            if SYN:
+                i = tl.where(valid, x + alpha_s * i, i)
+                St = tl.where(sel, i[None, :], St)
+                x = i
+            if RESET == 0:
+                vn = (x + alpha * v) - thr * z
+            elif RESET == 1:
+                vn = x + (alpha * (1.0 - z)) * v
+            else:
+                vn = x + alpha * v
+            v = tl.where(valid, vn, v)
+            z = (v > thr).to(sd)
+            Vt = tl.where(sel, v[None, :], Vt)
+            Zt = tl.where(sel, z[None, :], Zt)
+        tl.store(V_ptr + ptrs, Vt, mask=m2)
+        tl.store(Z_ptr + ptrs, Zt.to(Z_ptr.dtype.element_ty), mask=m2)
+        if SYN:
+            tl.store(S_ptr + ptrs, St, mask=m2)
     tl.store(vT_ptr + offs, v.to(vT_ptr.dtype.element_ty), mask=mask)
     if SYN:
         tl.store(iT_ptr + offs, i.to(iT_ptr.dtype.element_ty), mask=mask)
@@ -72,7 +97,8 @@ def _lif_fwd(I_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr,
 def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr, gvT_ptr, giT_ptr,
              DJ_ptr, gv0_ptr, gi0_ptr, ga_ptr, gas_ptr, gth_ptr, T, M, N, sp, sscale,
              SYN: tl.constexpr, RESET: tl.constexpr, DETACH: tl.constexpr, HAS_GZ: tl.constexpr,
-             HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, SUR: tl.constexpr, BLOCK: tl.constexpr):
+             HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, SUR: tl.constexpr, BLOCK: tl.constexpr,
+             U: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M
     n = offs % N
@@ -94,47 +120,68 @@ def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_p
     acc_a = zero
     acc_as = zero
     acc_th = zero
-    base = (tl.zeros([BLOCK], dtype=tl.int64) + (T - 1)) * M + offs  # step T - 1, in 64 bits
-    v = tl.load(V_ptr + base, mask=mask, other=0.0)
-    for s in range(0, T):
-        t = T - 1 - s
-        first = t == 0
-        # the state before step t: saved at t - 1, or the initial state
-        vp = tl.load(V_ptr + base - M, mask=mask & (t > 0), other=0.0)
-        vp = tl.where(first, v0, vp)
-        zp = (vp > thr).to(sd)
-        gz = carry
+    us = tl.arange(0, U)[:, None]
+    cols = offs.to(tl.int64)[None, :]
+    n_chunks = tl.cdiv(T, U)
+    for c in range(0, n_chunks):
+        t0 = (n_chunks - 1 - c) * U
+        steps = t0 + us
+        m2 = (steps < T) & mask[None, :]
+        ptrs = steps.to(tl.int64) * M + cols
+        Vt = tl.load(V_ptr + ptrs, mask=m2, other=0.0)
         if HAS_GZ:
-            gz += tl.load(gZ_ptr + base, mask=mask, other=0.0).to(sd)
-        gu = gz * surrogate_derivative(v - thr, sp, sscale, SUR)
-        acc_th -= gu
-        gv = gv + gu  # dL/dv_t
+            GZt = tl.load(gZ_ptr + ptrs, mask=m2, other=0.0).to(sd)
+        # the state before the chunk: saved at t0 - 1, or the initial state
+        before = offs.to(tl.int64) + (t0 - 1).to(tl.int64) * M  # (unused where t0 = 0: masked)
+        v_in = tl.where(t0 > 0, tl.load(V_ptr + before, mask=mask & (t0 > 0), other=0.0), v0)
         if SYN:
-            sp_prev = tl.load(S_ptr + base - M, mask=mask & (t > 0), other=0.0)
-            sp_prev = tl.where(first, i0, sp_prev)
-            gi = gi + gv  # dL/dJ_t = dL/di_t
-            tl.store(DJ_ptr + base, gi.to(DJ_ptr.dtype.element_ty), mask=mask)
-            acc_as += gi * sp_prev
-            gi = alpha_s * gi
-        else:
-            tl.store(DJ_ptr + base, gv.to(DJ_ptr.dtype.element_ty), mask=mask)
-        if RESET == 1:
-            acc_a += gv * ((1.0 - zp) * vp)
-        else:
-            acc_a += gv * vp
-        if RESET == 0:
-            acc_th -= gv * zp
-        if not DETACH:
+            St = tl.load(S_ptr + ptrs, mask=m2, other=0.0)
+            s_in = tl.where(t0 > 0, tl.load(S_ptr + before, mask=mask & (t0 > 0), other=0.0), i0)
+        DJt = tl.zeros([U, BLOCK], dtype=sd)
+        for uu in tl.static_range(U):
+            u = U - 1 - uu
+            sel = us == u
+            valid = t0 + u < T
+            v = _row(Vt, sel)
+            if u > 0:
+                vp = _row(Vt, us == u - 1)
+            else:
+                vp = v_in
+            zp = (vp > thr).to(sd)
+            gz = carry
+            if HAS_GZ:
+                gz += _row(GZt, sel)
+            gu = gz * surrogate_derivative(v - thr, sp, sscale, SUR)
+            gu = tl.where(valid, gu, 0.0)
+            acc_th -= gu
+            gvn = gv + gu  # dL/dv_t
+            if SYN:
+                if u > 0:
+                    sprev = _row(St, us == u - 1)
+                else:
+                    sprev = s_in
+                gin = gi + gvn  # dL/dJ_t = dL/di_t
+                DJt = tl.where(sel, gin[None, :], DJt)
+                acc_as += tl.where(valid, gin * sprev, 0.0)
+                gi = tl.where(valid, alpha_s * gin, gi)
+            else:
+                DJt = tl.where(sel, gvn[None, :], DJt)
+            if RESET == 1:
+                acc_a += tl.where(valid, gvn * ((1.0 - zp) * vp), 0.0)
+            else:
+                acc_a += tl.where(valid, gvn * vp, 0.0)
             if RESET == 0:
-                carry = -thr * gv
-            elif RESET == 1:
-                carry = -(alpha * vp) * gv
-        if RESET == 1:
-            gv = (alpha * (1.0 - zp)) * gv
-        else:
-            gv = alpha * gv
-        v = vp
-        base -= M
+                acc_th -= tl.where(valid, gvn * zp, 0.0)
+            if not DETACH:
+                if RESET == 0:
+                    carry = tl.where(valid, -thr * gvn, carry)
+                elif RESET == 1:
+                    carry = tl.where(valid, -(alpha * vp) * gvn, carry)
+            if RESET == 1:
+                gv = tl.where(valid, (alpha * (1.0 - zp)) * gvn, gv)
+            else:
+                gv = tl.where(valid, alpha * gvn, gv)
+        tl.store(DJ_ptr + ptrs, DJt.to(DJ_ptr.dtype.element_ty), mask=m2)
     if not DETACH:
         if RESET != 2:  # z_{-1} = H(v0 - thr) receives the last carry
             gu0 = carry * surrogate_derivative(v0 - thr, sp, sscale, SUR)
@@ -177,7 +224,7 @@ def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
     if T > 0:
         _lif_fwd[(triton.cdiv(M, BLOCK),)](
             I, v0.contiguous(), (i0 if syn else v0).contiguous(), a, a_s, th, Z, V, S, vT, iT, T, M, N,
-            SYN=syn, RESET=RESET_CODES[reset], BLOCK=BLOCK)
+            SYN=syn, RESET=RESET_CODES[reset], BLOCK=BLOCK, U=STEPS)
     else:
         vT.copy_(v0)
         if syn:
@@ -208,6 +255,6 @@ def lif_backward(gZ, form, V, S, v0, i0, alpha, alpha_s, thr, reset: str, detach
         gvT.contiguous() if gvT is not None else v0, giT.contiguous() if giT is not None else v0,
         DJ, gv0, gi0, acc[0], acc[1], acc[2], T, M, N, p, scale,
         SYN=syn, RESET=RESET_CODES[reset], DETACH=bool(detach), HAS_GZ=gZ is not None,
-        HAS_GVT=gvT is not None, HAS_GIT=(syn and giT is not None), SUR=code, BLOCK=BLOCK)
+        HAS_GVT=gvT is not None, HAS_GIT=(syn and giT is not None), SUR=code, BLOCK=BLOCK, U=STEPS)
     sums = acc.sum(1)
     return DJ, gv0, (gi0 if syn else None), sums[0], (sums[1] if syn else None), sums[2]
