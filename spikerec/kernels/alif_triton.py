@@ -226,10 +226,13 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
         tl.store(p, tl.load(p, mask=m2, other=0.0) - gu0 * a0, mask=m2)
 
 
-def _tiles(N: int, B: int, recurrent: bool):
-    """``(grid, COLS, BN, BK)``: a recurrent layer's program runs every column tile of its samples."""
+def _tiles(N: int, B: int, recurrent: bool, use_dot: bool):
+    """``(grid, COLS, BN, BK)``: a recurrent layer's program runs every column tile of its samples.
+    Without ``tl.dot`` (float64) the product is a ``[BB, BK, BN]`` broadcast, kept small."""
     BN = 64 if N >= 64 else (32 if N >= 32 else 16)
     BK = BN
+    if not use_dot:
+        BN, BK = min(BN, 32), 8
     rows = triton.cdiv(B, BB)
     if recurrent:
         return (rows, 1), triton.cdiv(N, BN) * BN, BN, BK
@@ -251,9 +254,9 @@ def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec):
     A = torch.empty_like(V)
     z0 = torch.gt(v0, b + beta * a0).to(I.dtype).contiguous()
     rec = w_rec is not None
-    grid, cols, BN, BK = _tiles(N, B, rec)
-    W = w_rec.detach().contiguous() if rec else V
     use_dot = sdt == torch.float32
+    grid, cols, BN, BK = _tiles(N, B, rec, use_dot)
+    W = w_rec.detach().contiguous() if rec else V
     _alif_fwd[grid](I, v0.contiguous(), a0.contiguous(), z0, _vec(alpha, N), _vec(rho, N), _vec(b, N), _vec(beta, N),
                     W, Z, V, A, T, B, N, cols, HAS_W=rec, USE_DOT=use_dot, BN=BN, BK=BK, num_warps=4)
     return Z, V, A
@@ -273,7 +276,7 @@ def alif_backward(gZ, form, Z, V, A, v0, a0, alpha, rho, b, beta, w_rec, detach:
     ga0 = torch.empty_like(a0)
     z0 = torch.gt(v0, b + beta * a0).to(Z.dtype).contiguous()
     rec = w_rec is not None
-    grid, cols, BN, BK = _tiles(N, B, rec)
+    grid, cols, BN, BK = _tiles(N, B, rec, sdt == torch.float32)
     W = w_rec.detach().contiguous() if rec else V
     code, p, scale = form
     _alif_bwd[grid](gZ.contiguous() if gZ is not None else V, Z, V, A, v0.contiguous(), a0.contiguous(), z0,
