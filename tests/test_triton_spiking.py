@@ -128,10 +128,21 @@ def test_surrogate_without_triton_form_warns_once_by_name():
 
 
 # --- compiled on a GPU ------------------------------------------------------------------------------
+def _run(cell, x, s0, path):
+    """Forward (``cell(x)`` or the step loop), a weighted loss, backward: outputs and every gradient."""
+    cell.zero_grad()
+    xx = x.clone().requires_grad_()
+    s = type(s0)(*[t.clone().requires_grad_() for t in s0])
+    z, sT = (cell(xx, s) if path == "fused" else cell.step_loop(xx, s))
+    w = torch.randn(z.shape, dtype=F64, generator=torch.Generator().manual_seed(7)).to(z.device, z.dtype)
+    loss = (z * w).sum() + sum(((k + 1.3) * t).sum() for k, t in enumerate(sT))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in cell.named_parameters() if p.grad is not None}
+    return z.detach(), [t.detach() for t in sT], xx.grad, [t.grad for t in s], grads
+
+
 def _gpu_paths(cell, T, B, dtype):
     """The cell's forward on CUDA (Triton, auto) and its step loop in float64 on the CPU."""
-    from tests.test_lif_alif import _run
-
     g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
     x = torch.randn(T, B, cell.input_size, dtype=F64, generator=g) * 1.5
     s0 = type(cell.initial_state(B))(*[torch.randn(B, cell.hidden_size, dtype=F64, generator=g) * 0.7

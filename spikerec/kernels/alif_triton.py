@@ -30,7 +30,7 @@ from .surrogate_triton import surrogate_derivative
 
 __all__ = ["alif_forward", "alif_backward"]
 
-BB = 16  # samples per program (the smallest tile of tl.dot)
+BB = tl.constexpr(16)  # samples per program (the smallest tile of tl.dot)
 
 
 @triton.jit
@@ -233,7 +233,7 @@ def _tiles(N: int, B: int, recurrent: bool, use_dot: bool):
     BK = BN
     if not use_dot:
         BN, BK = min(BN, 32), 8
-    rows = triton.cdiv(B, BB)
+    rows = triton.cdiv(B, BB.value)
     if recurrent:
         return (rows, 1), triton.cdiv(N, BN) * BN, BN, BK
     return (rows, triton.cdiv(N, BN)), BN, BN, BK

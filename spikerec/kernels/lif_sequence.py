@@ -116,7 +116,7 @@ class LIFSequence(torch.autograd.Function):
 
             Z, V, S, vT, iT = lif_forward(I, v0, i0, alpha, alpha_s, thr, reset)
             ctx.save_for_backward(v0, i0, alpha, alpha_s, thr, V, S)
-            ctx.reset, ctx.detach_reset, ctx.I_dtype = reset, detach_reset, I.dtype
+            ctx.reset, ctx.detach_reset, ctx.I_dtype, ctx.spent = reset, detach_reset, I.dtype, False
             return Z, vT, iT
         z0 = torch.gt(v0, thr)
         if _use_numba(impl, I, w_rec):
@@ -141,10 +141,16 @@ class LIFSequence(torch.autograd.Function):
         if ctx.triton is not None:
             from .lif_triton import lif_backward
 
+            if ctx.spent:
+                raise RuntimeError("LIF kernel (Triton): the backward reuses the saved membranes for the gradient, "
+                                   "so it runs once per forward; for a second backward (retain_graph) use impl='torch'")
             v0, i0, alpha, alpha_s, thr, V, S = ctx.saved_tensors
             need = ctx.needs_input_grad
+            need_params = need[3] or need[4] or need[5]
             DJ, gv, gi, ga, gas, gth = lif_backward(gZ, ctx.triton, V, S, v0, i0, alpha, alpha_s, thr, ctx.reset,
-                                                    ctx.detach_reset, gvT, giT, ctx.I_dtype)
+                                                    ctx.detach_reset, gvT, giT, ctx.I_dtype, need_params,
+                                                    into_saved=True)
+            ctx.spent = DJ is V
             return (DJ, gv, gi, _like_param(ga, alpha) if need[3] else None,
                     _like_param(gas, alpha_s) if (gas is not None and need[4]) else None,
                     _like_param(gth, thr) if need[5] else None, None, None, None, None, None)

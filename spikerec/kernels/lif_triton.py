@@ -28,8 +28,9 @@ from .surrogate_triton import surrogate_derivative
 __all__ = ["lif_forward", "lif_backward", "RESET_CODES", "BLOCK"]
 
 RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
-BLOCK = 256  # elements per program
+BLOCK = 512  # elements per program: with WARPS warps and 16-byte accesses, each thread holds whole columns
 STEPS = 8  # time steps per load and store (U): loads in flight per element
+WARPS = 4
 
 
 @triton.jit
@@ -97,8 +98,8 @@ def _lif_fwd(I_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr,
 def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr, gvT_ptr, giT_ptr,
              DJ_ptr, gv0_ptr, gi0_ptr, ga_ptr, gas_ptr, gth_ptr, T, M, N, sp, sscale,
              SYN: tl.constexpr, RESET: tl.constexpr, DETACH: tl.constexpr, HAS_GZ: tl.constexpr,
-             HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, SUR: tl.constexpr, BLOCK: tl.constexpr,
-             U: tl.constexpr):
+             HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, SUR: tl.constexpr, NEED_PARAMS: tl.constexpr,
+             BLOCK: tl.constexpr, U: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M
     n = offs % N
@@ -188,11 +189,13 @@ def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_p
             gv += gu0
             acc_th -= gu0
     tl.store(gv0_ptr + offs, gv.to(gv0_ptr.dtype.element_ty), mask=mask)
-    tl.store(ga_ptr + offs, acc_a, mask=mask)
-    tl.store(gth_ptr + offs, acc_th, mask=mask)
+    if NEED_PARAMS:
+        tl.store(ga_ptr + offs, acc_a, mask=mask)
+        tl.store(gth_ptr + offs, acc_th, mask=mask)
     if SYN:
         tl.store(gi0_ptr + offs, gi.to(gi0_ptr.dtype.element_ty), mask=mask)
-        tl.store(gas_ptr + offs, acc_as, mask=mask)
+        if NEED_PARAMS:
+            tl.store(gas_ptr + offs, acc_as, mask=mask)
 
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -224,7 +227,7 @@ def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
     if T > 0:
         _lif_fwd[(triton.cdiv(M, BLOCK),)](
             I, v0.contiguous(), (i0 if syn else v0).contiguous(), a, a_s, th, Z, V, S, vT, iT, T, M, N,
-            SYN=syn, RESET=RESET_CODES[reset], BLOCK=BLOCK, U=STEPS)
+            SYN=syn, RESET=RESET_CODES[reset], BLOCK=BLOCK, U=STEPS, num_warps=WARPS)
     else:
         vT.copy_(v0)
         if syn:
@@ -232,19 +235,23 @@ def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
     return Z, V, (S if syn else None), vT, (iT if syn else None)
 
 
-def lif_backward(gZ, form, V, S, v0, i0, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT, I_dtype):
+def lif_backward(gZ, form, V, S, v0, i0, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT, I_dtype,
+                 need_params: bool = True, into_saved: bool = False):
     """The reverse pass: ``(dL/dI, dL/dv0, dL/di0|None, dL/dalpha, dL/dalpha_s|None, dL/dthr)``, the
     parameter gradients as ``[N]`` sums over the batch (the caller sums them to the parameters'
-    shapes). ``form``: the surrogate's Triton form (:func:`surrogate_triton.triton_form`)."""
+    shapes; all None unless ``need_params``). ``form``: the surrogate's Triton form
+    (:func:`surrogate_triton.triton_form`). ``into_saved``: write ``dL/dI`` over the saved membranes
+    ``V`` where the dtypes agree (each step's membranes are read before its gradient is written), so
+    the backward allocates no second ``[T, B, N]`` tensor; ``V`` is then spent."""
     T, B, N = V.shape
     M = B * N
     syn = S is not None
     sdt = V.dtype
     dev = V.device
-    DJ = torch.empty(V.shape, dtype=I_dtype, device=dev)
+    DJ = V if (into_saved and I_dtype == sdt) else torch.empty(V.shape, dtype=I_dtype, device=dev)
     gv0 = torch.empty_like(v0)
     gi0 = torch.empty_like(i0) if syn else gv0
-    acc = torch.empty((3, B, N), dtype=sdt, device=dev)
+    acc = torch.empty((3, B, N), dtype=sdt, device=dev) if need_params else V
     a = per_neuron(alpha, N)
     a_s = per_neuron(alpha_s, N) if syn else a
     th = per_neuron(thr, N)
@@ -255,6 +262,9 @@ def lif_backward(gZ, form, V, S, v0, i0, alpha, alpha_s, thr, reset: str, detach
         gvT.contiguous() if gvT is not None else v0, giT.contiguous() if giT is not None else v0,
         DJ, gv0, gi0, acc[0], acc[1], acc[2], T, M, N, p, scale,
         SYN=syn, RESET=RESET_CODES[reset], DETACH=bool(detach), HAS_GZ=gZ is not None,
-        HAS_GVT=gvT is not None, HAS_GIT=(syn and giT is not None), SUR=code, BLOCK=BLOCK, U=STEPS)
+        HAS_GVT=gvT is not None, HAS_GIT=(syn and giT is not None), SUR=code, NEED_PARAMS=need_params,
+        BLOCK=BLOCK, U=STEPS, num_warps=WARPS)
+    if not need_params:
+        return DJ, gv0, (gi0 if syn else None), None, None, None
     sums = acc.sum(1)
     return DJ, gv0, (gi0 if syn else None), sums[0], (sums[1] if syn else None), sums[2]
