@@ -123,8 +123,9 @@ def test_surrogate_without_triton_form_warns_once_by_name():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert surrogate_triton.triton_form(MultiGaussian()) is None  # once only
-    code, p, scale = surrogate_triton.triton_form(get_surrogate("atan", slope=3.0, scale=0.5))
+    code, (p, scale, q) = surrogate_triton.triton_form(get_surrogate("atan", slope=3.0, scale=0.5))
     assert (code, p, scale) == (surrogate_triton.CODES[type(get_surrogate("atan"))], 3.0, 0.5)
+    assert q == 3.0 * 3.141592653589793 / 2
 
 
 # --- compiled on a GPU ------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def _peak(fn) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def _neurons(N, beta, libs, dev):
+def _neurons(B, N, beta, libs, dev):
     """``{name: (neuron(I) -> spikes, input scale)}`` on ``dev``."""
     from ..layers import LIF
     from ..surrogate import get_surrogate
@@ -81,8 +81,9 @@ def _neurons(N, beta, libs, dev):
         thr = cell.threshold.detach()
         from ..kernels.lif_sequence import LIFSequence
 
-        def fwd(I, alpha=alpha.detach(), thr=thr, impl=impl):
-            v0 = torch.zeros(I.shape[1:], device=I.device)
+        v0 = torch.zeros(B, N, device=dev)  # the initial state, held as the CPU bench holds it
+
+        def fwd(I, alpha=alpha.detach(), thr=thr, impl=impl, v0=v0):
             return LIFSequence.apply(I, v0, None, alpha, None, thr, None, sur, "subtract", True, impl)[0]
         out[name] = (fwd, 1.0)
 
@@ -160,7 +161,7 @@ def _layer_part(T, B, N, libs, reps, dev, whole_layer: bool):
     x = (torch.rand(T, B, N, device=dev) < 0.1).float()
     I0 = (torch.randn(T, B, N, device=dev) * 0.5 + 0.3)
     runs, rates, peaks = {}, {}, {}
-    for name, (neuron, scale) in _neurons(N, beta, libs, dev).items():
+    for name, (neuron, scale) in _neurons(B, N, beta, libs, dev).items():
         if whole_layer:
             lin = torch.nn.Linear(N, N, device=dev)
             with torch.no_grad():

@@ -26,11 +26,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .surrogate_triton import surrogate_derivative
+from .surrogate_triton import surrogate_constants, surrogate_derivative
 
 __all__ = ["alif_forward", "alif_backward"]
 
-BB = tl.constexpr(16)  # samples per program (the smallest tile of tl.dot)
+ROWS = 16  # samples per program (16: the smallest tile of tl.dot)
+COLS_MAX = 64  # the column tile
+DOT_F32 = True  # float32 products on tl.dot in IEEE float32; else (and always in float64) a broadcast sum
+WARPS = 4
 
 
 @triton.jit
@@ -43,8 +46,8 @@ def _prev(cur_ptr, init_ptr, idx, m2, t, M):
 
 
 @triton.jit
-def _rec_product(z_ptr, W_ptr, rows, rmask, cols, cmask, N, BN: tl.constexpr, BK: tl.constexpr,
-                 USE_DOT: tl.constexpr, TRANS: tl.constexpr):
+def _rec_product(z_ptr, W_ptr, rows, rmask, cols, cmask, N, BB: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, USE_DOT: tl.constexpr, TRANS: tl.constexpr):
     """``sum_k z[rows, k] W[cols, k]`` (``TRANS``: ``sum_k z[rows, k] W[k, cols]``) as ``[BB, BN]``."""
     if USE_DOT:
         acc = tl.zeros([BB, BN], dtype=tl.float32)
@@ -68,7 +71,7 @@ def _rec_product(z_ptr, W_ptr, rows, rmask, cols, cmask, N, BN: tl.constexpr, BK
 @triton.jit
 def _alif_fwd(I_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rho_ptr, b_ptr, beta_ptr, W_ptr,
               Z_ptr, V_ptr, A_ptr, T, B, N, COLS,
-              HAS_W: tl.constexpr, USE_DOT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+              HAS_W: tl.constexpr, USE_DOT: tl.constexpr, BB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     rmask = rows < B
     c_begin = tl.program_id(1) * COLS
@@ -99,7 +102,7 @@ def _alif_fwd(I_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rho_ptr, b_ptr, beta_ptr
                     src = z0_ptr
                 else:
                     src = Zc - M
-                x = x + _rec_product(src, W_ptr, rows, rmask, cols, cmask, N, BN, BK, USE_DOT, False).to(sd)
+                x = x + _rec_product(src, W_ptr, rows, rmask, cols, cmask, N, BB, BN, BK, USE_DOT, False).to(sd)
             v = (x + alpha * v) - theta * zp
             z = (v > theta).to(sd)
             tl.store(Vc + idx, v, mask=m2)
@@ -115,10 +118,10 @@ def _alif_fwd(I_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rho_ptr, b_ptr, beta_ptr
 
 @triton.jit
 def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rho_ptr, b_ptr, beta_ptr, W_ptr,
-              gvT_ptr, gaT_ptr, G_ptr, GA_ptr, C_ptr, acc_ptr, gv0_ptr, ga0_ptr, T, B, N, COLS, sp, sscale,
+              gvT_ptr, gaT_ptr, G_ptr, GA_ptr, C_ptr, acc_ptr, gv0_ptr, ga0_ptr, T, B, N, COLS, sur_ptr,
               HAS_W: tl.constexpr, USE_DOT: tl.constexpr, DETACH: tl.constexpr, HAS_GZ: tl.constexpr,
-              HAS_GVT: tl.constexpr, HAS_GAT: tl.constexpr, SUR: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr):
+              HAS_GVT: tl.constexpr, HAS_GAT: tl.constexpr, SUR: tl.constexpr, BB: tl.constexpr,
+              BN: tl.constexpr, BK: tl.constexpr):
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     rmask = rows < B
     c_begin = tl.program_id(1) * COLS
@@ -152,7 +155,7 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
             gz = tl.load(C_ptr + idx, mask=m2 & below, other=0.0)
             if HAS_GZ:
                 gz += tl.load(gZc + idx, mask=m2, other=0.0).to(sd)
-            gu = gz * surrogate_derivative(v - theta, sp, sscale, SUR)
+            gu = gz * surrogate_derivative(v - theta, sur_ptr, SUR)
             gv_next = tl.load(Gc + M + idx, mask=m2 & below, other=0.0)
             ga_next = tl.load(GA_ptr + idx, mask=m2 & below, other=0.0)
             if HAS_GVT:
@@ -189,7 +192,7 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
             rho = tl.load(rho_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
             carry = (1.0 - rho) * tl.load(GA_ptr + idx, mask=m2, other=0.0)
             if HAS_W:
-                carry += _rec_product(Gc, W_ptr, rows, rmask, cols, cmask, N, BN, BK, USE_DOT, True).to(sd)
+                carry += _rec_product(Gc, W_ptr, rows, rmask, cols, cmask, N, BB, BN, BK, USE_DOT, True).to(sd)
             if not DETACH:
                 b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
                 beta = tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
@@ -215,7 +218,7 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
         beta = tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
         v0 = tl.load(v0_ptr + idx, mask=m2, other=0.0).to(sd)
         a0 = tl.load(a0_ptr + idx, mask=m2, other=0.0).to(sd)
-        gu0 = tl.load(C_ptr + idx, mask=m2, other=0.0) * surrogate_derivative(v0 - (b + beta * a0), sp, sscale, SUR)
+        gu0 = tl.load(C_ptr + idx, mask=m2, other=0.0) * surrogate_derivative(v0 - (b + beta * a0), sur_ptr, SUR)
         gv0 = alpha * tl.load(G_ptr + idx, mask=m2, other=0.0) + gu0
         ga0 = rho * tl.load(GA_ptr + idx, mask=m2, other=0.0) - beta * gu0
         tl.store(gv0_ptr + idx, gv0.to(gv0_ptr.dtype.element_ty), mask=m2)
@@ -227,16 +230,18 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
 
 
 def _tiles(N: int, B: int, recurrent: bool, use_dot: bool):
-    """``(grid, COLS, BN, BK)``: a recurrent layer's program runs every column tile of its samples.
-    Without ``tl.dot`` (float64) the product is a ``[BB, BK, BN]`` broadcast, kept small."""
-    BN = 64 if N >= 64 else (32 if N >= 32 else 16)
-    BK = BN
-    if not use_dot:
-        BN, BK = min(BN, 32), 8
-    rows = triton.cdiv(B, BB.value)
+    """``(grid, COLS, BB, BN, BK)``: a recurrent layer's program runs every column tile of its samples.
+    Without ``tl.dot`` the product is a ``[BB, BK, BN]`` broadcast, kept small."""
+    BN = min(COLS_MAX, max(16, triton.next_power_of_2(N)))
+    if use_dot:
+        BB, BK = 16, BN
+    else:
+        BB, BK = (ROWS if ROWS < 16 or not DOT_F32 else 8), 8
+        BN = min(BN, 32) if BB >= 8 else BN
+    rows = triton.cdiv(B, BB)
     if recurrent:
-        return (rows, 1), triton.cdiv(N, BN) * BN, BN, BK
-    return (rows, triton.cdiv(N, BN)), BN, BN, BK
+        return (rows, 1), triton.cdiv(N, BN) * BN, BB, BN, BK
+    return (rows, triton.cdiv(N, BN)), BN, BB, BN, BK
 
 
 def _vec(p, N):
@@ -254,11 +259,11 @@ def alif_forward(I, v0, a0, alpha, rho, b, beta, w_rec):
     A = torch.empty_like(V)
     z0 = torch.gt(v0, b + beta * a0).to(I.dtype).contiguous()
     rec = w_rec is not None
-    use_dot = sdt == torch.float32
-    grid, cols, BN, BK = _tiles(N, B, rec, use_dot)
+    use_dot = sdt == torch.float32 and DOT_F32 and ROWS >= 16
+    grid, cols, BB, BN, BK = _tiles(N, B, rec, use_dot)
     W = w_rec.detach().contiguous() if rec else V
     _alif_fwd[grid](I, v0.contiguous(), a0.contiguous(), z0, _vec(alpha, N), _vec(rho, N), _vec(b, N), _vec(beta, N),
-                    W, Z, V, A, T, B, N, cols, HAS_W=rec, USE_DOT=use_dot, BN=BN, BK=BK, num_warps=4)
+                    W, Z, V, A, T, B, N, cols, HAS_W=rec, USE_DOT=use_dot, BB=BB, BN=BN, BK=BK, num_warps=WARPS)
     return Z, V, A
 
 
@@ -276,14 +281,17 @@ def alif_backward(gZ, form, Z, V, A, v0, a0, alpha, rho, b, beta, w_rec, detach:
     ga0 = torch.empty_like(a0)
     z0 = torch.gt(v0, b + beta * a0).to(Z.dtype).contiguous()
     rec = w_rec is not None
-    grid, cols, BN, BK = _tiles(N, B, rec, sdt == torch.float32)
+    use_dot = sdt == torch.float32 and DOT_F32 and ROWS >= 16
+    grid, cols, BB, BN, BK = _tiles(N, B, rec, use_dot)
     W = w_rec.detach().contiguous() if rec else V
-    code, p, scale = form
+    code = form[0]
+    sur_c = surrogate_constants(form, sdt, dev)
     _alif_bwd[grid](gZ.contiguous() if gZ is not None else V, Z, V, A, v0.contiguous(), a0.contiguous(), z0,
                     _vec(alpha, N), _vec(rho, N), _vec(b, N), _vec(beta, N), W,
                     gvT.contiguous() if gvT is not None else v0, gaT.contiguous() if gaT is not None else a0,
-                    G, GA, C, acc, gv0, ga0, T, B, N, cols, p, scale,
-                    HAS_W=rec, USE_DOT=sdt == torch.float32, DETACH=bool(detach), HAS_GZ=gZ is not None,
-                    HAS_GVT=gvT is not None, HAS_GAT=gaT is not None, SUR=code, BN=BN, BK=BK, num_warps=4)
+                    G, GA, C, acc, gv0, ga0, T, B, N, cols, sur_c,
+                    HAS_W=rec, USE_DOT=use_dot, DETACH=bool(detach), HAS_GZ=gZ is not None,
+                    HAS_GVT=gvT is not None, HAS_GAT=gaT is not None, SUR=code, BB=BB, BN=BN, BK=BK,
+                    num_warps=WARPS)
     sums = acc.sum(1)
     return G, gv0, ga0, sums[0], sums[1], sums[2], sums[3]

@@ -149,7 +149,7 @@ class LIFSequence(torch.autograd.Function):
             need_params = need[3] or need[4] or need[5]
             DJ, gv, gi, ga, gas, gth = lif_backward(gZ, ctx.triton, V, S, v0, i0, alpha, alpha_s, thr, ctx.reset,
                                                     ctx.detach_reset, gvT, giT, ctx.I_dtype, need_params,
-                                                    into_saved=True)
+                                                    into_saved=True, need_state=need[1] or need[2])
             ctx.spent = DJ is V
             return (DJ, gv, gi, _like_param(ga, alpha) if need[3] else None,
                     _like_param(gas, alpha_s) if (gas is not None and need[4]) else None,

@@ -23,13 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .surrogate_triton import surrogate_derivative
+from .surrogate_triton import surrogate_constants, surrogate_derivative
 
 __all__ = ["lif_forward", "lif_backward", "RESET_CODES", "BLOCK"]
 
 RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
 BLOCK = 512  # elements per program: with WARPS warps and 16-byte accesses, each thread holds whole columns
-STEPS = 8  # time steps per load and store (U): loads in flight per element
+STEPS = 4  # time steps per load and store (U): loads in flight per element
 WARPS = 4
 
 
@@ -96,10 +96,10 @@ def _lif_fwd(I_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr,
 
 @triton.jit
 def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_ptr, gvT_ptr, giT_ptr,
-             DJ_ptr, gv0_ptr, gi0_ptr, ga_ptr, gas_ptr, gth_ptr, T, M, N, sp, sscale,
+             DJ_ptr, gv0_ptr, gi0_ptr, ga_ptr, gas_ptr, gth_ptr, T, M, N, sur_ptr,
              SYN: tl.constexpr, RESET: tl.constexpr, DETACH: tl.constexpr, HAS_GZ: tl.constexpr,
              HAS_GVT: tl.constexpr, HAS_GIT: tl.constexpr, SUR: tl.constexpr, NEED_PARAMS: tl.constexpr,
-             BLOCK: tl.constexpr, U: tl.constexpr):
+             NEED_STATE: tl.constexpr, BLOCK: tl.constexpr, U: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M
     n = offs % N
@@ -152,7 +152,7 @@ def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_p
             gz = carry
             if HAS_GZ:
                 gz += _row(GZt, sel)
-            gu = gz * surrogate_derivative(v - thr, sp, sscale, SUR)
+            gu = gz * surrogate_derivative(v - thr, sur_ptr, SUR)
             gu = tl.where(valid, gu, 0.0)
             acc_th -= gu
             gvn = gv + gu  # dL/dv_t
@@ -185,15 +185,17 @@ def _lif_bwd(gZ_ptr, V_ptr, S_ptr, v0_ptr, i0_ptr, alpha_ptr, alpha_s_ptr, thr_p
         tl.store(DJ_ptr + ptrs, DJt.to(DJ_ptr.dtype.element_ty), mask=m2)
     if not DETACH:
         if RESET != 2:  # z_{-1} = H(v0 - thr) receives the last carry
-            gu0 = carry * surrogate_derivative(v0 - thr, sp, sscale, SUR)
+            gu0 = carry * surrogate_derivative(v0 - thr, sur_ptr, SUR)
             gv += gu0
             acc_th -= gu0
-    tl.store(gv0_ptr + offs, gv.to(gv0_ptr.dtype.element_ty), mask=mask)
+    if NEED_STATE:
+        tl.store(gv0_ptr + offs, gv.to(gv0_ptr.dtype.element_ty), mask=mask)
     if NEED_PARAMS:
         tl.store(ga_ptr + offs, acc_a, mask=mask)
         tl.store(gth_ptr + offs, acc_th, mask=mask)
     if SYN:
-        tl.store(gi0_ptr + offs, gi.to(gi0_ptr.dtype.element_ty), mask=mask)
+        if NEED_STATE:
+            tl.store(gi0_ptr + offs, gi.to(gi0_ptr.dtype.element_ty), mask=mask)
         if NEED_PARAMS:
             tl.store(gas_ptr + offs, acc_as, mask=mask)
 
@@ -236,10 +238,10 @@ def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str):
 
 
 def lif_backward(gZ, form, V, S, v0, i0, alpha, alpha_s, thr, reset: str, detach: bool, gvT, giT, I_dtype,
-                 need_params: bool = True, into_saved: bool = False):
+                 need_params: bool = True, into_saved: bool = False, need_state: bool = True):
     """The reverse pass: ``(dL/dI, dL/dv0, dL/di0|None, dL/dalpha, dL/dalpha_s|None, dL/dthr)``, the
     parameter gradients as ``[N]`` sums over the batch (the caller sums them to the parameters'
-    shapes; all None unless ``need_params``). ``form``: the surrogate's Triton form
+    shapes; all None unless ``need_params``; the initial state's gradients None unless ``need_state``). ``form``: the surrogate's Triton form
     (:func:`surrogate_triton.triton_form`). ``into_saved``: write ``dL/dI`` over the saved membranes
     ``V`` where the dtypes agree (each step's membranes are read before its gradient is written), so
     the backward allocates no second ``[T, B, N]`` tensor; ``V`` is then spent."""
@@ -249,21 +251,24 @@ def lif_backward(gZ, form, V, S, v0, i0, alpha, alpha_s, thr, reset: str, detach
     sdt = V.dtype
     dev = V.device
     DJ = V if (into_saved and I_dtype == sdt) else torch.empty(V.shape, dtype=I_dtype, device=dev)
-    gv0 = torch.empty_like(v0)
-    gi0 = torch.empty_like(i0) if syn else gv0
+    gv0 = torch.empty_like(v0) if need_state else v0
+    gi0 = torch.empty_like(i0) if (syn and need_state) else gv0
     acc = torch.empty((3, B, N), dtype=sdt, device=dev) if need_params else V
     a = per_neuron(alpha, N)
     a_s = per_neuron(alpha_s, N) if syn else a
     th = per_neuron(thr, N)
-    code, p, scale = form
+    code = form[0]
+    sur_c = surrogate_constants(form, sdt, dev)
     gz = gZ.contiguous() if gZ is not None else V
     _lif_bwd[(triton.cdiv(M, BLOCK),)](
         gz, V, S if syn else V, v0.contiguous(), (i0 if syn else v0).contiguous(), a, a_s, th,
         gvT.contiguous() if gvT is not None else v0, giT.contiguous() if giT is not None else v0,
-        DJ, gv0, gi0, acc[0], acc[1], acc[2], T, M, N, p, scale,
+        DJ, gv0, gi0, acc[0], acc[1], acc[2], T, M, N, sur_c,
         SYN=syn, RESET=RESET_CODES[reset], DETACH=bool(detach), HAS_GZ=gZ is not None,
         HAS_GVT=gvT is not None, HAS_GIT=(syn and giT is not None), SUR=code, NEED_PARAMS=need_params,
-        BLOCK=BLOCK, U=STEPS, num_warps=WARPS)
+        NEED_STATE=need_state, BLOCK=BLOCK, U=STEPS, num_warps=WARPS)
+    if not need_state:
+        gv0 = gi0 = None
     if not need_params:
         return DJ, gv0, (gi0 if syn else None), None, None, None
     sums = acc.sum(1)

@@ -11,6 +11,7 @@ compares every form with ``Surrogate.derivative`` on fresh random inputs in floa
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -19,18 +20,18 @@ import triton.language as tl
 
 from ..surrogate import ATan, Exponential, FastSigmoid, Gaussian, Sigmoid, Surrogate, Triangle
 
-__all__ = ["triton_form", "surrogate_derivative", "CODES"]
+__all__ = ["triton_form", "surrogate_constants", "surrogate_derivative", "CODES"]
 
 #: the surrogate classes with a Triton form and the code of their branch in :func:`surrogate_derivative`
 CODES = {FastSigmoid: 0, ATan: 1, Triangle: 2, Gaussian: 3, Sigmoid: 4, Exponential: 5}
 _WARNED: set[str] = set()
-_HALF_PI = tl.constexpr(math.pi / 2.0)
-_SQRT_2PI = tl.constexpr(math.sqrt(2.0 * math.pi))
 
 
 def triton_form(sur: Surrogate, *, warn: bool = True):
-    """``(code, p, scale)`` of ``sur`` for :func:`surrogate_derivative`, or None (with a one-time
-    warning naming the surrogate) when it has no Triton form. ``p`` is the slope or the width."""
+    """``(code, constants)`` of ``sur`` for :func:`surrogate_derivative`, or None (with a one-time
+    warning naming the surrogate) when it has no Triton form. ``constants`` are ``(p, scale, q)``:
+    ``p`` the slope or the width, ``q`` a product the formula needs (``pi/2 slope`` for the
+    arc-tangent, ``sqrt(2 pi) width`` for the Gaussian), formed in double precision here."""
     code = CODES.get(type(sur))
     if code is None:
         if warn and sur.name not in _WARNED:
@@ -38,26 +39,38 @@ def triton_form(sur: Surrogate, *, warn: bool = True):
             warnings.warn(f"surrogate {sur.name!r} ({type(sur).__name__}) has no Triton form: the spiking layers "
                           "run their torch loop on CUDA", RuntimeWarning, stacklevel=3)
         return None
-    p = getattr(sur, "slope", None)
-    if p is None:
-        p = sur.width
-    return code, float(p), float(sur.scale)
+    p = float(getattr(sur, "slope", None) or sur.width)
+    q = math.pi / 2.0 * p if code == 1 else (math.sqrt(2.0 * math.pi) * p if code == 3 else 0.0)
+    return code, (p, float(sur.scale), q)
+
+
+@functools.lru_cache(maxsize=64)
+def surrogate_constants(form, dtype, device):
+    """The constants of a Triton form as a tensor of the kernel's state ``dtype`` (scalar arguments
+    of a Triton kernel are float32; float64 kernels read these at full precision). Made once per
+    form, dtype and device."""
+    import torch
+
+    return torch.tensor(form[1], dtype=dtype, device=device)
 
 
 @triton.jit
-def surrogate_derivative(x, p, scale, CODE: tl.constexpr):
-    """``sigma'(x)`` of the surrogate with code ``CODE`` (:data:`CODES`), in the dtype of ``x``."""
+def surrogate_derivative(x, c_ptr, CODE: tl.constexpr):
+    """``sigma'(x)`` of the surrogate with code ``CODE`` (:data:`CODES`) and constants at ``c_ptr``
+    (:func:`surrogate_constants`), in the dtype of ``x``."""
+    p = tl.load(c_ptr).to(x.dtype)
+    scale = tl.load(c_ptr + 1).to(x.dtype)
     if CODE == 0:  # fast sigmoid: scale / (1 + slope |x|)^2
         d = 1.0 + p * tl.abs(x)
         out = scale / (d * d)
     elif CODE == 1:  # arc-tangent: scale (slope / 2) / (1 + (pi/2 slope x)^2)
-        u = _HALF_PI * p * x
+        u = tl.load(c_ptr + 2).to(x.dtype) * x
         out = scale * (p / 2.0) / (1.0 + u * u)
     elif CODE == 2:  # triangle: scale max(0, 1 - |x| / width) / width
         out = scale * tl.maximum(1.0 - tl.abs(x) / p, 0.0) / p
     elif CODE == 3:  # Gaussian: scale exp(-x^2 / (2 width^2)) / (sqrt(2 pi) width)
         u = x / p
-        out = scale * tl.exp(-0.5 * u * u) / (_SQRT_2PI * p)
+        out = scale * tl.exp(-0.5 * u * u) / tl.load(c_ptr + 2).to(x.dtype)
     elif CODE == 4:  # logistic: scale slope s (1 - s), s = sigmoid(slope x)
         s = 1.0 / (1.0 + tl.exp(-p * x))
         out = scale * p * s * (1.0 - s)
@@ -67,11 +80,11 @@ def surrogate_derivative(x, p, scale, CODE: tl.constexpr):
 
 
 @triton.jit
-def _derivative_kernel(x_ptr, out_ptr, M, p, scale, CODE: tl.constexpr, BLOCK: tl.constexpr):
+def _derivative_kernel(x_ptr, out_ptr, M, c_ptr, CODE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, surrogate_derivative(x, p, scale, CODE), mask=mask)
+    tl.store(out_ptr + offs, surrogate_derivative(x, c_ptr, CODE), mask=mask)
 
 
 def derivative(sur: Surrogate, x):
@@ -81,9 +94,9 @@ def derivative(sur: Surrogate, x):
     form = triton_form(sur)
     if form is None:
         raise ValueError(f"surrogate {sur.name!r} has no Triton form")
-    code, p, scale = form
     x = x.contiguous()
     out = torch.empty_like(x)
     M = x.numel()
-    _derivative_kernel[(triton.cdiv(M, 256),)](x, out, M, p, scale, CODE=code, BLOCK=256)
+    _derivative_kernel[(triton.cdiv(M, 256),)](x, out, M, surrogate_constants(form, x.dtype, x.device),
+                                               CODE=form[0], BLOCK=256)
     return out
