@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_fork import run_cli
+from cli_fork import DEADLINE_S, run_cli
 from spikerec.data import dataset_info
 from spikerec.errors import EXIT_CODES, CheckpointError, ConfigError, DataError, ExportError, SpikerecError
 from spikerec.models import build_model
@@ -209,12 +209,12 @@ def test_debug_shows_the_traceback():
 def test_interrupt_gives_one_line_and_the_resume_command(tmp_path, sig):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "spikerec", "train", "quickstart", *TINY, "--set", "train.epochs=500",
-            "--set", "train.checkpoint_every=3", "--out", str(out)]
+            "--set", "train.checkpoint_every=3", "--checkpoint-minutes", "0", "--out", str(out)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     try:
-        deadline = time.time() + 300
-        while not list((out / "checkpoints").glob("step-*")) and time.time() < deadline and p.poll() is None:
-            time.sleep(0.2)
+        deadline = time.monotonic() + DEADLINE_S  # only a guard against a hang: the moment is the checkpoint's
+        while not list((out / "checkpoints").glob("step-*")) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
         assert p.poll() is None, p.communicate()
         p.send_signal(sig)
         _, stderr = p.communicate(timeout=120)

@@ -43,7 +43,7 @@ from spikerec.train.trainer import Trainer
 TINY = ["quickstart", "--quiet", "--set", "train.epochs=2", "--set", "model.layers.0.size=8",
         "--set", "data.batch_size=64", "--set", "data.options.classes=2", "--set", "train.checkpoint_every=2",
         "--set", "train.log_every=1", "--set", "model.dropout=0.2", "--set", "lsc.max_steps=3",
-        "--set", "lsc.batch_size=4", "--set", "train.threads=1"]
+        "--set", "lsc.batch_size=4", "--set", "train.threads=1", "--checkpoint-minutes", "0"]
 
 PROBE = {"root": None, "record": None, "kill": (), "log": None, "context": "start"}
 

@@ -9,12 +9,12 @@ import time
 import pytest
 import torch
 
-from cli_fork import fork_cli, run_cli, snapshot, wait_cli
+from cli_fork import DEADLINE_S, fork_cli, run_cli, snapshot, wait_cli
 from spikerec.train.runs import RunFolderError, RunLock, remove_debris
 
 TINY = ["quickstart", "--quiet", "--set", "train.epochs=2", "--set", "model.layers.0.size=16",
         "--set", "data.batch_size=64", "--set", "train.checkpoint_every=3", "--set", "lsc.max_steps=3",
-        "--set", "lsc.batch_size=4", "--set", "train.threads=1"]
+        "--set", "lsc.batch_size=4", "--set", "train.threads=1", "--checkpoint-minutes", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +134,10 @@ def test_ctrl_c_and_sigterm_write_a_checkpoint_and_print_the_resume_command(runs
     run = tmp_path / "run"
     pid, so, se = fork_cli(["train", *TINY, "--out", str(run), "--set", "train.epochs=200"], str(tmp_path))
     latest = run / "checkpoints" / "latest.json"
-    deadline = time.time() + 300
+    deadline = time.monotonic() + DEADLINE_S  # only a guard against a hang: the moment is the checkpoint's
     while not latest.is_file() or json.loads(latest.read_text())["step"] < 3:  # training is under way
-        assert time.time() < deadline
-        time.sleep(0.2)
+        assert time.monotonic() < deadline and not os.waitpid(pid, os.WNOHANG)[0], (so.read_text(), se.read_text())
+        time.sleep(0.05)
     os.kill(pid, sig)
     code, out, err = wait_cli(pid, so, se)
     assert code == 130, (out, err)
@@ -172,15 +172,34 @@ def test_a_truncated_model_file_is_named(runs, tmp_path):
     assert code == 5 and f"'{w}' is not a readable safetensors file" in err and "Traceback" not in err
 
 
-def test_time_based_checkpoints(tmp_path):
+class _Clock:
+    """``time`` for the trainer whose ``perf_counter`` advances one minute per reading."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 60.0
+        return self.now
+
+
+def test_time_based_checkpoints(tmp_path, monkeypatch):
+    import spikerec.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "time", _Clock())  # inherited by the forked command: no real clock
     run = tmp_path / "run"
     code, out, err = run_cli(["train", *TINY, "--out", str(run), "--set", "train.checkpoint_every=0",
-                              "--set", "train.keep_checkpoints=10", "--checkpoint-minutes", "1e-6",
+                              "--set", "train.keep_checkpoints=10", "--checkpoint-minutes", "1",
                               "--stop-after-steps", "4"])
     assert code == 0, err
     steps = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
     # after LSC (step 0), then after every step: each one is due by the clock
     assert steps == [f"step-{i:08d}" for i in range(5)], steps
+    monkeypatch.undo()
+    code, out, err = run_cli(["train", *TINY, "--out", str(tmp_path / "off"), "--set", "train.checkpoint_every=0",
+                              "--set", "train.keep_checkpoints=10", "--checkpoint-minutes", "0", "--stop-after-steps", "4"])
+    assert code == 0, err
+    assert sorted(p.name for p in (tmp_path / "off" / "checkpoints").glob("step-*")) == ["step-00000000", "step-00000004"]
 
 
 def test_a_folder_left_by_a_start_killed_before_its_config_is_started_afresh(tmp_path):
