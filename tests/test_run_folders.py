@@ -149,6 +149,33 @@ def test_ctrl_c_and_sigterm_write_a_checkpoint_and_print_the_resume_command(runs
     assert f"stopped after {step} steps" in out
 
 
+def test_ctrl_c_during_lsc_keeps_the_folder_and_the_same_command_starts_afresh(tmp_path, monkeypatch):
+    """SIGINT at the first LSC step (raised by the step itself, not timed): no checkpoint exists yet, so
+    the folder is kept with its config and the message says how to start again; the same command does."""
+    import spikerec.train.trainer as trainer_module
+
+    lsc_pretrain = trainer_module.lsc_pretrain
+
+    def interrupted(model, data, options, progress=None):
+        def step(*a):
+            signal.raise_signal(signal.SIGINT)
+            return progress(*a)
+        return lsc_pretrain(model, data, options, progress=step)
+
+    monkeypatch.setattr(trainer_module, "lsc_pretrain", interrupted)  # inherited by the forked command
+    run = tmp_path / "run"
+    code, out, err = run_cli(["train", *TINY, "--out", str(run)])
+    assert code == 130, err
+    assert err.strip() == f"spikerec train: interrupted; start it again with: spikerec train --resume {run} --from-scratch"
+    assert "stopped after 0 steps (SIGINT) before the first checkpoint" in out and "--from-scratch" not in out
+    assert (run / "config.json").is_file() and not any((run / "checkpoints").glob("step-*"))
+    monkeypatch.undo()
+    code, out, err = run_cli(["train", *TINY, "--out", str(run), "--stop-after-steps", "1"])
+    assert code == 0, err
+    assert f"'{run}' held an interrupted start without a checkpoint: removed " in out and "config.json" in out
+    assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 1
+
+
 def test_evaluate_names_its_weights_and_never_switches(runs, tmp_path):
     run = _copy(runs, "done", tmp_path)
     code, out, err = run_cli(["evaluate", str(run), "--no-metrics"])
@@ -170,6 +197,7 @@ def test_a_truncated_model_file_is_named(runs, tmp_path):
     w.write_bytes(w.read_bytes()[:50])
     code, out, err = run_cli(["evaluate", str(run), "--no-metrics"])
     assert code == 5 and f"'{w}' is not a readable safetensors file" in err and "Traceback" not in err
+    assert f"or use the run's newest checkpoint: 'spikerec evaluate {run} --checkpoint'" in err
 
 
 class _Clock:

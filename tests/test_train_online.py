@@ -41,6 +41,8 @@ def test_stream_training_carries_the_stream_and_resumes_bit_identically(tmp_path
 
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     assert main(["train", *STREAM, "--out", str(a)]) == 0
+    listed = next(line for line in capsys.readouterr().out.splitlines() if "model.safetensors, config.json" in line)
+    assert "stream.png" in listed  # the run folder's files as printed
     assert main(["train", *STREAM, "--out", str(b), "--stop-after-steps", "7"]) == 0
     assert main(["train", "--resume", str(b), "--quiet"]) == 0
     assert main(["train", *STREAM, "--set", "online.stream=false", "--out", str(c)]) == 0
