@@ -41,7 +41,7 @@ from .checkpoint import (_json_default, atomic_write_json, checkpoints_newest_fi
 
 __all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "read_weights",
            "load_weights", "RunError", "RunFolderError", "RunInUseError", "RunLock", "prepare_out", "remove_debris",
-           "remove_if_unused", "describe_run", "weights_source", "resume_status", "stop_message", "LOCK_NAME",
+           "describe_run", "weights_source", "resume_status", "stop_message", "LOCK_NAME",
            "killed_start_leftovers", "clear_unstarted", "same_config_status", "lock_holder"]
 
 LOCK_NAME = ".lock"
@@ -241,8 +241,10 @@ def killed_start_leftovers(run_dir) -> list[str] | None:
         return []
     left = []
     for p in sorted(d.iterdir()):
-        if p.name == LOCK_NAME or _is_write_debris(p):
-            left += [] if p.name == LOCK_NAME else [p.name]
+        if p.name == LOCK_NAME:
+            continue
+        if _is_write_debris(p):
+            left.append(p.name)
         elif p.name == "tensorboard" and p.is_dir() and not p.is_symlink() and all(
                 q.is_file() and q.name.startswith("events.out.tfevents.") for q in p.iterdir()):
             left.append("tensorboard/")
@@ -456,19 +458,6 @@ def remove_debris(run_dir) -> list[Path]:
             ex.rmdir()
             gone.append(ex)
     return gone
-
-
-def remove_if_unused(run_dir) -> None:
-    """Remove a run folder that holds nothing but its lock file (a run that could not start)."""
-    d = Path(run_dir)
-    try:
-        if {p.name for p in d.iterdir()} <= {LOCK_NAME}:
-            (d / LOCK_NAME).unlink(missing_ok=True)
-            d.rmdir()
-            if d.parent.name == "runs":
-                d.parent.rmdir()
-    except OSError:
-        pass
 
 
 def weights_source(run_dir, checkpoint: bool = False) -> str:
