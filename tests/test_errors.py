@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_fork import DEADLINE_S, run_cli
 from spikerec.data import dataset_info
 from spikerec.errors import EXIT_CODES, CheckpointError, ConfigError, DataError, ExportError, SpikerecError
 from spikerec.models import build_model
@@ -91,6 +92,32 @@ def test_bad_command_lines(case, args, code, words):
     assert err.startswith(f"spikerec {args[0]}: "), err
     for w in words:
         assert w in err, (case, w, err)
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["train", "--epochs", "0"], 2, "argument --epochs: must be >= 1, got 0"),
+    (["train", "--stop-after-steps", "-5"], 2, "argument --stop-after-steps: must be >= 0, got -5"),
+    (["train", "--checkpoint-minutes", "-1"], 2, "argument --checkpoint-minutes: must be a finite number >= 0, got -1"),
+    (["train", "--checkpoint-minutes", "nan"], 2, "argument --checkpoint-minutes: must be a finite number >= 0"),
+    (["train", "--nproc-per-node", "0"], 2, "argument --nproc-per-node: must be >= 1, got 0"),
+    (["train", "--set", "train.epochs=0"], 2, "'train.epochs' must be > 0"),
+    (["evaluate", "RUN", "--batch-size", "0"], 2, "argument --batch-size: must be >= 1, got 0"),
+    (["evaluate", "RUN", "--metrics-batches", "-1"], 2, "argument --metrics-batches: must be >= 1, got -1"),
+    (["export", "RUN", "--target", "generic", "--samples", "0"], 2, "argument --samples: must be >= 1, got 0"),
+    (["export", "RUN", "--target", "generic", "--samples", "-3"], 2, "argument --samples: must be >= 1, got -3"),
+    (["export", "RUN", "--target", "generic", "--finetune-epochs", "-2"], 2, "argument --finetune-epochs: must be >= 0"),
+    (["export", "RUN", "--target", "xylo", "--random-input"], 6, "64 input channels exceed the limit of 16 inputs on Xylo v1"),
+    (["export", "RUN", "--target", "warp"], 2, "argument --target: invalid choice: 'warp'"),
+    (["lsc", "--target", "nan"], 2, "'lsc.target' must be a finite number"),
+    (["datasets", "--verfy"], 2, "unrecognized arguments: --verfy"),
+])
+def test_every_command_follows_the_exit_code_table(run, args, code, words):
+    """Each command, export included, turns a bad option value or a model the target cannot take into
+    one line and the documented exit code (run in a forked process, as from a shell)."""
+    got, out, err = run_cli([str(run) if a == "RUN" else a for a in args])
+    assert got == code, (args, err)
+    assert err.startswith(f"spikerec {args[0]}: ") and len(err.strip().splitlines()) == 1, err
+    assert words in err, (words, err)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -182,12 +209,12 @@ def test_debug_shows_the_traceback():
 def test_interrupt_gives_one_line_and_the_resume_command(tmp_path, sig):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "spikerec", "train", "quickstart", *TINY, "--set", "train.epochs=500",
-            "--set", "train.checkpoint_every=3", "--out", str(out)]
+            "--set", "train.checkpoint_every=3", "--checkpoint-minutes", "0", "--out", str(out)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
     try:
-        deadline = time.time() + 300
-        while not list((out / "checkpoints").glob("step-*")) and time.time() < deadline and p.poll() is None:
-            time.sleep(0.2)
+        deadline = time.monotonic() + DEADLINE_S  # only a guard against a hang: the moment is the checkpoint's
+        while not list((out / "checkpoints").glob("step-*")) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
         assert p.poll() is None, p.communicate()
         p.send_signal(sig)
         _, stderr = p.communicate(timeout=120)

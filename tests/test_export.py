@@ -11,6 +11,7 @@ from hand_count import hand_count
 from safetensors.torch import save_file
 
 from spikerec.cli import export as export_command
+from spikerec.cli import main as spikerec_main
 from spikerec.hardware.intsim import evaluate
 from spikerec.hardware.netx import NetxExportError, write_netx
 from spikerec.hardware.quantize import finetune, quantize
@@ -103,6 +104,8 @@ def test_export_command_writes_files_and_cross_checks(tmp_path, capsys, target):
         assert sims["xylosim"]["accuracy"] == sims["intsim"]["accuracy"] if "accuracy" in sims["intsim"] else True
     printed = capsys.readouterr().out
     assert "snntorch" in printed and "synaptic operations per sample" in printed
+    files = next(line for line in printed.splitlines() if line.strip().startswith("files:"))
+    assert str(out / "report.json") in files and str(out / stored) in files
     # NeuroBench deployment metrics of the exported model on the cross-check input, by hand
     metrics = rep["deployment_metrics"]
     if "skipped" in metrics:
@@ -118,15 +121,32 @@ def test_export_command_writes_files_and_cross_checks(tmp_path, capsys, target):
 
 
 def test_export_command_errors(tmp_path, capsys):
-    assert export_command.main([str(tmp_path / "nope"), "--target", "generic", "--random-input"]) == 2
-    assert "config.json" in capsys.readouterr().err
+    """The exit codes of docs/errors.md: not a run folder 2, a model file that cannot be read 5, a model
+    the target cannot take 6, a bad option value 2; each one line on stderr."""
+    assert spikerec_main(["export", str(tmp_path / "nope"), "--target", "generic", "--random-input"]) == 2
+    assert "not a spikerec run folder: config.json is missing" in capsys.readouterr().err
     run, _ = _run_folder(tmp_path)
     cfg = dict(CFG, layers=[dict(CFG["layers"][0], kind="alif", b=0.3)])
     cfg["layers"][0] = {"kind": "alif", "size": 16, "b": 0.3}
     (run / "config.json").write_text(json.dumps({"model": cfg}))
     save_file({k: v.contiguous() for k, v in build_model(cfg).state_dict().items()}, str(run / "model.safetensors"))
-    assert export_command.main([str(run), "--target", "loihi2", "--random-input"]) == 2
-    assert "does not support 'alif'" in capsys.readouterr().err
+    assert spikerec_main(["export", str(run), "--target", "loihi2", "--random-input"]) == 6
+    err = capsys.readouterr().err
+    assert err.startswith("spikerec export: ") and len(err.splitlines()) == 1 and "does not support 'alif'" in err
+    for option, value, words in [("--samples", "0", "must be >= 1, got 0"), ("--samples", "-3", "must be >= 1, got -3"),
+                                 ("--finetune-epochs", "-2", "must be >= 0, got -2"), ("--dt", "0", "must be a finite number > 0, got 0"),
+                                 ("--lr", "nan", "must be a finite number > 0, got nan")]:
+        assert spikerec_main(["export", str(run), "--target", "generic", option, value]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"spikerec export: argument {option}: {words}") and len(err.splitlines()) == 1, err
+    w = run / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:60])  # truncated
+    assert spikerec_main(["export", str(run), "--target", "generic", "--random-input"]) == 5
+    err = capsys.readouterr().err
+    assert f"'{w}' is not a readable safetensors file" in err and len(err.splitlines()) == 1
+    w.unlink()
+    assert spikerec_main(["export", str(run), "--target", "generic", "--random-input"]) == 5
+    assert "model.safetensors' is missing" in capsys.readouterr().err
 
 
 # --- accuracy after export (the quickstart-sized digits model) -----------------------------------
@@ -239,7 +259,7 @@ def test_export_of_a_trainer_run(trained_run, tmp_path, target):
 def test_xylo_export_of_a_model_over_the_chip_limits_names_the_limit(trained_run, tmp_path, capsys):
     """The 64-input digits run does not fit Xylo (16 inputs): the export fails and says so; no files are left."""
     out = tmp_path / "xylo"
-    assert export_command.main([str(trained_run), "--target", "xylo", "--out", str(out), "--adapt-reset"]) == 2
+    assert spikerec_main(["export", str(trained_run), "--target", "xylo", "--out", str(out), "--adapt-reset"]) == 6
     err = capsys.readouterr().err
     assert "64 input channels exceed the limit of 16 inputs on Xylo v1" in err
     assert not out.exists() or not any(out.iterdir())

@@ -18,9 +18,11 @@ def test_online_learning_matches_bptt_for_one_lru_layer(tmp_path, capsys):
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
-    c = tmp_path / "init"  # zero epochs: the initial weights, to show that training moved them
-    assert main(["train", *ARGS, "--epochs", "0", "--out", str(c)]) == 0
-    wc = load_file(str(c / "model.safetensors"))
+    c = tmp_path / "init"  # stopped before the first step: the initial weights, to show that training moved them
+    assert main(["train", *ARGS, "--stop-after-steps", "0", "--out", str(c)]) == 0
+    wc = {k[len("model/"):]: v for k, v in load_file(str(c / "checkpoints" / "step-00000000" / "state.safetensors")).items()
+          if k.startswith("model/")}
+    assert wc.keys() == wa.keys()
     assert max(float((wa[k] - wc[k]).abs().max()) for k in wa) > 1e-3
 
 
@@ -39,6 +41,8 @@ def test_stream_training_carries_the_stream_and_resumes_bit_identically(tmp_path
 
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     assert main(["train", *STREAM, "--out", str(a)]) == 0
+    listed = next(line for line in capsys.readouterr().out.splitlines() if "model.safetensors, config.json" in line)
+    assert "stream.png" in listed  # the run folder's files as printed
     assert main(["train", *STREAM, "--out", str(b), "--stop-after-steps", "7"]) == 0
     assert main(["train", "--resume", str(b), "--quiet"]) == 0
     assert main(["train", *STREAM, "--set", "online.stream=false", "--out", str(c)]) == 0

@@ -14,7 +14,7 @@ from ..hardware.profiles import PROFILES
 from ..train.checkpoint import atomic_write_json
 from ..train.runs import load_model, read_config, weights_source
 from ..train.trainer import evaluate
-from .common import ArgumentParser, check_device
+from .common import ArgumentParser, check_device, whole_number
 
 __all__ = ["main"]
 
@@ -27,14 +27,14 @@ def build_parser() -> ArgumentParser:
         epilog="example: spikerec evaluate runs/quickstart-20250101-120000 --split valid")
     p.add_argument("run", help="run folder")
     p.add_argument("--split", default="test", choices=("train", "valid", "test"), help="data split (default test)")
-    p.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (default: the run's)")
+    p.add_argument("--batch-size", type=whole_number(1), default=None, help="evaluation batch size (default: the run's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--checkpoint", action="store_true", help="use the newest checkpoint instead of the final weights")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-metrics", action="store_true",
                    help="skip the deployment metrics (NeuroBench: synaptic operations, activation and connection "
                         "sparsity, footprint), which are otherwise printed and written to RUN/summary.json")
-    p.add_argument("--metrics-batches", type=int, default=None,
+    p.add_argument("--metrics-batches", type=whole_number(1), default=None,
                    help="compute the deployment metrics on the first N batches only (default: the whole split)")
     return p
 

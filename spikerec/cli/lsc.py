@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..stability import lsc_pretrain
 from ..stability.progress import LSCProgressBar, lsc_warning
 from ..train.config import load_config, resolve_sizes
-from ..train.runs import new_run_dir, prepare_out, save_model, write_config
+from ..train.runs import clear_unstarted, new_run_dir, prepare_out, save_model, write_config
 from ..train.trainer import build_from_config, seed_everything
 from .common import ArgumentParser
 
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     data = [b for _, b in zip(range(int(lc["batches"])), loader)] if lc["batches"] else loader
     options = {k: v for k, v in lc.items() if k not in ("enabled", "batch_size", "batches")}
     out = prepare_out(args.out, flag=None) if args.out else new_run_dir(f"{cfg.get('preset', 'run')}-lsc")  # never onto an existing run
+    clear_unstarted(out)  # what a start killed before its config left there
     if not args.quiet:
         print(f"LSC pre-training of '{cfg.get('preset')}' towards radius {options.get('target', 1.0)} ...", flush=True)
     with LSCProgressBar(int(options.get("max_steps", 2000)), disable=args.quiet) as bar:

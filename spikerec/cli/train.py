@@ -13,11 +13,11 @@ from ..data import DatasetMissingError, dataset_info
 from ..errors import ConfigError, DataError
 from ..train.config import list_presets, load_config, resolve_sizes, validate_config
 from ..train.distributed import launch
-from ..train.runs import (RunFolderError, RunLock, describe_run, new_run_dir, prepare_out, read_config, remove_debris,
-                          resume_status, stop_message)
+from ..train.runs import (RunFolderError, RunLock, clear_unstarted, describe_run, new_run_dir, prepare_out, read_config,
+                          remove_debris, resume_status, same_config_status, stop_message)
 from ..train.trainer import Trainer, TrainingStopped
 from . import run_command
-from .common import ArgumentParser, Interrupted, check_device
+from .common import ArgumentParser, Interrupted, check_device, real_number, whole_number
 
 __all__ = ["main", "build_parser"]
 
@@ -34,10 +34,11 @@ examples:
   spikerec train --list                           the presets
 
 A run folder holds config.json, model.safetensors + model.json, metrics.jsonl/.csv,
-checkpoints/, curves.png, raster.png and summary.json; 'spikerec evaluate RUN' re-tests it.
-A run folder is never overwritten (--out onto an existing run is refused) and is used by one
-process at a time. Ctrl-C, SIGTERM and --stop-after-steps write a checkpoint and print the
---resume command.
+checkpoints/, curves.png, raster.png (stream.png, lsc.png) and summary.json; 'spikerec evaluate
+RUN' re-tests it. A run folder is never overwritten and is used by one process at a time: --out
+onto another run is refused, while the same command again continues its own unfinished run (or
+starts afresh if no checkpoint was written). Ctrl-C, SIGTERM and --stop-after-steps write a
+checkpoint and print the --resume command.
 """
 
 
@@ -54,20 +55,21 @@ def build_parser() -> ArgumentParser:
                    help="enable LSC pre-training, optionally with options (e.g. --lsc target=1 max_steps=200); "
                         "'--lsc off' disables it")
     p.add_argument("--learning", choices=("bptt", "online"), help="learning rule (overrides train.learning)")
-    p.add_argument("--epochs", type=int, help="shortcut for --set train.epochs=N")
+    p.add_argument("--epochs", type=whole_number(1), help="shortcut for --set train.epochs=N")
     p.add_argument("--seed", type=int, help="shortcut for --set train.seed=N")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (shortcut for --set train.device=...)")
-    p.add_argument("--out", help="run folder (default runs/<preset>-<time>); an existing run is never overwritten")
+    p.add_argument("--out", help="run folder (default runs/<preset>-<time>); another run is never overwritten, "
+                                 "this command's own unfinished run is continued")
     p.add_argument("--sibling", action="store_true",
                    help="if --out already holds something, start a fresh numbered sibling OUT-2, OUT-3, ... instead")
     p.add_argument("--resume", metavar="RUN", help="continue RUN from its newest intact checkpoint (same result as uninterrupted)")
     p.add_argument("--from-scratch", action="store_true",
                    help="with --resume: confirm training RUN again from the start when it has no checkpoint")
-    p.add_argument("--checkpoint-minutes", type=float, default=10.0, metavar="M",
+    p.add_argument("--checkpoint-minutes", type=real_number(0), default=10.0, metavar="M",
                    help="also write a checkpoint every M minutes of training (default 10; 0: off)")
-    p.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+    p.add_argument("--nproc-per-node", type=whole_number(1), default=1, metavar="N",
                    help="launch N data-parallel processes with torchrun (the global batch is split)")
-    p.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
+    p.add_argument("--stop-after-steps", type=whole_number(0), default=None, metavar="N",
                    help="stop after N optimiser steps with a checkpoint (continue with --resume)")
     p.add_argument("--quiet", action="store_true", help="no progress bars; one line per epoch (for logs)")
     p.add_argument("--list", action="store_true", help="list the presets and exit")
@@ -119,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         for name, desc in list_presets().items():
             print(f"  {name:<22} {desc}")
         return 0
-    if args.nproc_per_node < 1:
-        raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         rest = _strip_launch_args(argv)
         if not args.resume:  # every process must write to the same folder
@@ -150,41 +150,55 @@ def main(argv: list[str] | None = None) -> int:
     if run_dir is None and torchrun and not args.out:
         raise ConfigError("under torchrun give --out DIR (every process must use the same run folder)")
     created = False
+    again = None  # --out holds a run of this same config: the same command run again
     if run_dir is None:
         created = main_proc and not (args.out and Path(args.out).exists())
         if main_proc and args.out and not torchrun:
-            run_dir = prepare_out(args.out, sibling=args.sibling)  # never onto an existing run
+            again = None if args.sibling else same_config_status(args.out, cfg)
+            run_dir = Path(args.out) if again else prepare_out(args.out, sibling=args.sibling)  # never onto another run
             created = created or run_dir != Path(args.out)
         else:  # under torchrun the launcher prepared --out
             run_dir = new_run_dir(cfg.get("preset", "run"), args.out) if main_proc else Path(args.out)
     lock = RunLock(run_dir, "spikerec train").acquire() if main_proc else None
+    resume = bool(args.resume)
     try:
-        if main_proc and args.resume:
+        if main_proc and (args.resume or again):
             status = resume_status(run_dir)
             if status == "finished":
-                print(f"run '{run_dir}' is {describe_run(run_dir)}: nothing to resume, nothing changed. "
-                      f"Re-test it with: spikerec evaluate {run_dir}")
+                print(f"run '{run_dir}' is {describe_run(run_dir)}: nothing to {'resume' if args.resume else 'do'}, "
+                      f"nothing changed. Re-test it with: spikerec evaluate {run_dir}")
                 return 0
-            if status == "none" and not args.from_scratch:
+            if args.resume and status == "none" and not args.from_scratch:
                 raise RunFolderError(f"run '{run_dir}' has no checkpoint to resume from (it stopped before its first "
                                      f"one); to train it again from the start in the same folder, add --from-scratch")
+            if again and status == "checkpoint":
+                print(f"'{run_dir}' holds this command's unfinished run (the same config): continuing it", flush=True)
+            resume = resume or status == "checkpoint"
+        if main_proc and not resume:  # what an interrupted start of this run left: nothing of value
+            cleared = clear_unstarted(run_dir, same_config=again == "none")
+            if cleared:
+                print(f"'{run_dir}' held an interrupted start without a checkpoint: removed "
+                      f"{', '.join(cleared)}; starting afresh", flush=True)
         if main_proc:
             removed = remove_debris(run_dir)
             if removed:
                 print(f"removed {len(removed)} leftover(s) of an interrupted write: "
                       f"{', '.join(str(p) for p in removed[:3])}{' ...' if len(removed) > 3 else ''}")
-        trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=bool(args.resume),
+        trainer = Trainer(cfg, run_dir, quiet=args.quiet, resume=resume,
                           stop_after_steps=args.stop_after_steps,
                           echo=(lambda s: print(s, flush=True)) if main_proc else (lambda s: None),
                           checkpoint_minutes=args.checkpoint_minutes or None)
         try:
             summary = trainer.fit()
         except TrainingStopped as e:
-            if main_proc:
-                print(stop_message(e), flush=True)
+            what, hint = stop_message(e).split("\n", 1)
             if e.signum is None:
+                if main_proc:
+                    print(f"{what}\n{hint}", flush=True)
                 return 0
-            raise Interrupted(stop_message(e).splitlines()[-1]) from None  # one line on stderr, exit 130
+            if main_proc:
+                print(what, flush=True)
+            raise Interrupted(hint) from None  # the hint once, as the one line on stderr; exit 130
         except (DatasetMissingError, DataError) as e:
             _release_and_discard(lock, run_dir, created)
             raise DataError(f"data set '{cfg['data']['name']}' is not available: {' '.join(str(e).split())} "
@@ -220,7 +234,7 @@ def _resume_hint(run_dir: Path) -> str:
     ck = Path(run_dir) / "checkpoints"
     if ck.is_dir() and any(ck.glob("step-*")):
         return f"continue with: spikerec train --resume {run_dir}"
-    return "no checkpoint had been written yet, so nothing can be resumed; start the run again"
+    return "no checkpoint had been written yet, so nothing can be resumed; run the same command again to start afresh"
 
 
 def _discard_unstarted(run_dir: Path, created: bool) -> None:
@@ -250,8 +264,8 @@ def _print_summary(s: dict) -> None:
           f"'{s['data']}', {s['weights']} weights; {s['steps']} steps in {s['wall_time_s']:.0f} s)")
     d = s["run_dir"]
     print(f"run folder:    {d}")
-    files = [f for f in ("model.safetensors", "config.json", "metrics.csv", "curves.png", "raster.png", "lsc.png",
-                         "summary.json") if (Path(d) / f).exists()]
+    files = [f for f in ("model.safetensors", "config.json", "metrics.csv", "curves.png", "raster.png", "stream.png",
+                         "lsc.png", "summary.json") if (Path(d) / f).exists()]
     print(f"               {', '.join(files)}")
     print(f"re-evaluate:   spikerec evaluate {d}")
 

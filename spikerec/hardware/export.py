@@ -132,6 +132,7 @@ def export_model(model, target: str, out_dir: str, batches, *, train_batches=Non
         except (ImportError, ValueError) as e:  # neurobench missing, or a model its adapter does not cover
             report["deployment_metrics"] = {"skipped": str(e)}
     path = os.path.join(out_dir, "report.json")
+    files["report"] = path
     atomic_write_text(path, json.dumps(report, indent=1, default=str))
     return report
 

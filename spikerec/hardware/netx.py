@@ -20,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..atomic import atomic_path
+from ..errors import ExportError
 from .qnetwork import QuantizedNetwork
 
 __all__ = ["write_netx", "NetxExportError"]
 
 
-class NetxExportError(ValueError):
+class NetxExportError(ExportError):
     """The quantised network cannot be written as a netx file (names the layer)."""
 
 

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_path
+from ..errors import ExportError
 from ..layers.readout import LeakyReadout
 from ..models import RecurrentStack
 from .nir_map import MAPPINGS, SPIKING_NODE_TYPES, NIRImportError, _np, assign_params, mapping_for_cell, mapping_for_node
@@ -59,7 +60,7 @@ DEFAULT_DT = 1e-4
 FORMAT = "spikerec-nir-1"
 
 
-class NIRExportError(ValueError):
+class NIRExportError(ExportError):
     """A model NIR cannot express without spikerec's extensions; the message names the layer and the way out."""
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..atomic import atomic_path
+from ..errors import ExportError
 from .profiles import TargetProfile
 
 __all__ = ["HEADROOM", "QLayer", "QuantizedNetwork", "QuantReport", "QuantizationError", "SilentLayerWarning"]
@@ -20,7 +21,7 @@ __all__ = ["HEADROOM", "QLayer", "QuantizedNetwork", "QuantReport", "Quantizatio
 HEADROOM = 8.0  # the membrane must be able to reach HEADROOM x threshold without overflow
 
 
-class QuantizationError(ValueError):
+class QuantizationError(ExportError):
     """A layer cannot be represented on the target (names the layer)."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..atomic import atomic_write_text
+from ..errors import ExportError
 from .. import neurons
 from ..neurons import lif
 from .xylo_arith import INPUT_EVENT_CAP, SPIKE_CAP, STATE_MAX, accumulate, multi_spike, saturate, xylo_decay
@@ -28,7 +29,7 @@ from .xylo_arith import INPUT_EVENT_CAP, SPIKE_CAP, STATE_MAX, accumulate, multi
 __all__ = ["XyloSpec", "XyloResult", "XyloArithmetic", "layer_params", "XYLO_LIMITS", "XyloLimitError", "check_limits", "simulate_spec"]
 
 
-class XyloLimitError(ValueError):
+class XyloLimitError(ExportError):
     """The network does not fit the chip; the message names the limit and the layer."""
 
 

@@ -27,7 +27,7 @@ from ..errors import CheckpointError
 
 __all__ = ["atomic_write_text", "atomic_write_json", "save_tensors_atomic", "save_checkpoint", "load_checkpoint",
            "latest_checkpoint", "pack_optimizer", "unpack_optimizer", "get_rng_state", "set_rng_state",
-           "CheckpointError", "checkpoints_newest_first", "load_newest_intact"]
+           "CheckpointError", "checkpoints_newest_first", "load_newest_intact", "settle_checkpoints"]
 
 
 def atomic_write_json(path, obj: Any) -> None:
@@ -143,12 +143,25 @@ def save_checkpoint(root, step: int, tensors: dict[str, torch.Tensor], meta: dic
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_json(root / "latest.json", {"checkpoint": final.name, "step": int(step)})
-    done = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for old in done[: max(0, len(done) - int(keep))]:
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
+    settle_checkpoints(root, final, keep)
     return final
+
+
+def settle_checkpoints(root, newest: Path, keep: int) -> None:
+    """Point ``latest.json`` at ``newest`` and remove the step folders older than it beyond the
+    ``keep`` newest (newer ones are left alone). A resumed run calls it with the checkpoint it
+    resumed from: a write that a kill interrupted after the rename is finished."""
+    root, newest = Path(root), Path(newest)
+    pointer = {"checkpoint": newest.name, "step": int(newest.name.split("-")[-1])}
+    try:
+        current = json.loads((root / "latest.json").read_text())
+    except (OSError, ValueError):
+        current = None
+    if current != pointer:
+        atomic_write_json(root / "latest.json", pointer)
+    done = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name <= newest.name)
+    for old in done[: max(0, len(done) - int(keep))]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _readable(d: Path) -> bool:

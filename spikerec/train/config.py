@@ -72,7 +72,7 @@ class DataSection:
 class TrainSection:
     """``[train]``: optimiser, schedule, loss, devices and checkpoints of the trainer."""
 
-    epochs: _COUNT = 10
+    epochs: _POS_INT = 10
     optimizer: Literal["adam", "adamw"] = "adam"
     lr: Annotated[float, Range(gt=0)] = 1e-3
     betas: tuple[_BETA, _BETA] = (0.9, 0.999)

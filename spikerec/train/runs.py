@@ -6,13 +6,20 @@ A run folder holds::
     model.safetensors    final weights            model.json   metadata (sizes, data, metrics)
     metrics.jsonl        every record (step, epoch, lsc, test)   metrics.csv  one row per epoch
     checkpoints/         step-XXXXXXXX/{state.safetensors, state.json}, latest.json
-    curves.png, raster.png, lsc.json, lsc.png (when LSC ran), summary.json
+    curves.png, raster.png, stream.png (a stream run), lsc.json, lsc.png (when LSC ran), summary.json
+    tensorboard/         TensorBoard event files (when the tensorboard package is installed)
     .lock                while in use: advisory lock (``fcntl.flock``) and the PID of the process using it
 
 A run folder is never destroyed or shared: :func:`prepare_out` refuses a folder that already
 holds something (or picks a fresh numbered sibling), :class:`RunLock` gives one process at a
 time the folder (train, resume, export), and :func:`remove_debris` deletes what an interrupted
 atomic write left behind (``checkpoints/.tmp-step-*``, ``*.part``, ``.tmp*``).
+
+A start killed before it wrote ``config.json`` leaves at most the lock file, ``tensorboard/``
+and atomic-write temporaries: such a folder holds no run (:func:`killed_start_leftovers`), and
+:func:`clear_unstarted` empties it for a fresh start; so does a folder whose ``config.json``
+equals the new run's and that holds no checkpoint, model or summary (:func:`same_config_status`).
+A finished run or one with a checkpoint is never emptied.
 """
 from __future__ import annotations
 
@@ -29,11 +36,13 @@ from safetensors.torch import load_file
 from ..errors import CheckpointError, ConfigError, SpikerecError
 from ..lru_model import LRUModel
 from ..models import RecurrentStack, build_model
-from .checkpoint import atomic_write_json, checkpoints_newest_first, latest_checkpoint, load_checkpoint, save_tensors_atomic
+from .checkpoint import (_json_default, atomic_write_json, checkpoints_newest_first, latest_checkpoint, load_checkpoint,
+                         save_tensors_atomic)
 
 __all__ = ["build_from_config", "new_run_dir", "write_config", "read_config", "save_model", "load_model", "read_weights",
            "load_weights", "RunError", "RunFolderError", "RunInUseError", "RunLock", "prepare_out", "remove_debris",
-           "remove_if_unused", "describe_run", "weights_source", "resume_status", "stop_message", "LOCK_NAME"]
+           "describe_run", "weights_source", "resume_status", "stop_message", "LOCK_NAME",
+           "killed_start_leftovers", "clear_unstarted", "same_config_status", "lock_holder"]
 
 LOCK_NAME = ".lock"
 
@@ -89,6 +98,10 @@ def write_config(run_dir, cfg: dict) -> None:
 
 def read_config(run_dir) -> dict:
     p = Path(run_dir) / "config.json"
+    if not p.is_file() and killed_start_leftovers(run_dir):
+        raise RunError(f"'{run_dir}' holds only what a start killed before writing its config.json left "
+                       f"({', '.join(killed_start_leftovers(run_dir))}): there is no run to use; run the "
+                       f"'spikerec train ... --out {run_dir}' command again to start it afresh")
     if not p.is_file():
         raise RunError(f"'{run_dir}' is not a spikerec run folder: {p.name} is missing "
                        f"(runs are made by 'spikerec train', default folder runs/<preset>-<time>)")
@@ -148,7 +161,13 @@ def load_model(run_dir, *, map_location="cpu", checkpoint: bool = False):
         tensors, _ = load_checkpoint(run_dir / "checkpoints")
         state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     else:
-        state = read_weights(weights)
+        try:
+            state = read_weights(weights)
+        except CheckpointError as e:
+            if latest_checkpoint(run_dir / "checkpoints") is None:
+                raise
+            raise CheckpointError(f"{e}; or use the run's newest checkpoint: 'spikerec evaluate {run_dir} "
+                                  f"--checkpoint'") from None
     load_weights(model, state, weights, run_dir / "config.json")
     return model.to(map_location)
 
@@ -201,6 +220,8 @@ def describe_run(run_dir) -> str:
         return f"an unfinished run with a checkpoint at step {int(ck.name.split('-')[-1])}"
     if (d / "model.safetensors").is_file():
         return "a model (model.safetensors)"
+    if (d / "config.json").is_file():
+        return "a run that stopped before its first checkpoint"
     names = sorted(p.name for p in d.iterdir())
     return f"{len(names)} {'entry' if len(names) == 1 else 'entries'} ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
 
@@ -210,37 +231,139 @@ def _is_write_debris(p: Path) -> bool:
     return p.is_file() and not p.is_symlink() and (p.name.startswith(".tmp") or p.name.endswith(".part"))
 
 
+def killed_start_leftovers(run_dir) -> list[str] | None:
+    """What a start killed before it wrote ``config.json`` left in ``run_dir`` (besides the lock
+    file): write temporaries and a ``tensorboard/`` folder of event files, as names (folders with a
+    trailing ``/``); ``[]`` for an empty or missing folder; ``None`` when the folder holds anything
+    else (a run, or files that are not spikerec's), which must never be removed."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        return []
+    left = []
+    for p in sorted(d.iterdir()):
+        if p.name == LOCK_NAME:
+            continue
+        if _is_write_debris(p):
+            left.append(p.name)
+        elif p.name == "tensorboard" and p.is_dir() and not p.is_symlink() and all(
+                q.is_file() and q.name.startswith("events.out.tfevents.") for q in p.iterdir()):
+            left.append("tensorboard/")
+        else:
+            return None
+    return left
+
+
 def _nonempty(d: Path) -> bool:
-    """Holds anything but the lock file and write debris (a run killed before it wrote anything is empty)."""
-    return d.is_dir() and any(p.name != LOCK_NAME and not _is_write_debris(p) for p in d.iterdir())
+    """Holds anything but what a start killed before its config left (lock, write debris, TensorBoard events)."""
+    return d.is_dir() and killed_start_leftovers(d) is None
+
+
+def lock_holder(run_dir) -> str | None:
+    """``"PID command"`` of the process holding ``run_dir``'s :class:`RunLock`, else ``None`` (the lock
+    file is only read: nothing is created or changed)."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        return os.read(fd, 256).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)
+
+
+def _refusal(p: Path, flag: str | None) -> RunFolderError:
+    """Why ``p`` cannot be a new run's folder, and what to do instead (by what it holds)."""
+    holder = lock_holder(p)
+    if holder is not None:
+        pid, _, cmd = holder.partition(" ")
+        return RunInUseError(f"run folder '{p}' is in use by PID {pid}{f' ({cmd})' if cmd else ''}; wait for it to "
+                             f"finish or stop it, or choose another --out")
+    has_config = (p / "config.json").is_file()
+    if (p / "summary.json").is_file():
+        todo = f"Re-test it with 'spikerec evaluate {p}'. "
+    elif has_config and latest_checkpoint(p / "checkpoints") is not None:
+        todo = f"Its config differs from this command's; continue it with its own by 'spikerec train --resume {p}'. "
+    elif has_config and not (p / "model.safetensors").is_file():
+        todo = (f"Its config differs from this command's; train it again with its own by "
+                f"'spikerec train --resume {p} --from-scratch'. ")
+    else:
+        todo = ""
+    return RunFolderError(f"run folder '{p}' already exists and holds {describe_run(p)}; it is never overwritten. "
+                          f"{todo}Choose another --out" + (f", or add {flag} to start a fresh numbered sibling "
+                                                           f"({p}-2, ...)" if flag else ""))
 
 
 def prepare_out(out, *, sibling: bool = False, flag: str | None = "--sibling") -> Path:
-    """The folder for a new run at ``out``: created if missing, used if empty.
+    """The folder for a new run at ``out``: created if missing, used if it holds no run
+    (empty, or what a start killed before its config left: :func:`killed_start_leftovers`;
+    the caller empties it with :func:`clear_unstarted` once it holds the :class:`RunLock`).
 
-    A folder that holds anything is never reused: without ``sibling`` this raises
-    :class:`RunFolderError` (naming what the folder holds, how to continue it and ``flag``);
-    with ``sibling`` the first free ``<out>-2``, ``<out>-3``, ... is created and returned.
+    A folder that holds anything else is never reused: without ``sibling`` this raises
+    :class:`RunFolderError` (naming what the folder holds, what to do with it and ``flag``;
+    :class:`RunInUseError` when another process holds it); with ``sibling`` the first free
+    ``<out>-2``, ``<out>-3``, ... is created and returned.
     """
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise RunFolderError(f"--out '{p}' is a file, not a folder; give a new folder name")
     if _nonempty(p):
         if not sibling:
-            hint = f"continue it with 'spikerec train --resume {p}', " if (p / "config.json").is_file() else ""
-            raise RunFolderError(
-                f"run folder '{p}' already exists and holds {describe_run(p)}; it is never overwritten. "
-                f"{hint}choose another --out" + (f", or add {flag} to start a fresh numbered sibling ({p}-2, ...)"
-                                                 if flag else ""))
+            raise _refusal(p, flag)
         i = 2
         while _nonempty(Path(f"{p}-{i}")) or Path(f"{p}-{i}").is_file():
             i += 1
         p = Path(f"{p}-{i}")
     p.mkdir(parents=True, exist_ok=True)
-    for q in p.iterdir():  # what a run killed before its first file was complete left behind
-        if _is_write_debris(q):
-            q.unlink(missing_ok=True)
     return p
+
+
+def _plain_json(obj):
+    """``obj`` as ``config.json`` stores it (tuples become lists, numbers as JSON reads them back)."""
+    return json.loads(json.dumps(obj, default=_json_default))
+
+
+def same_config_status(out, cfg: dict) -> str | None:
+    """When ``out`` holds a run whose ``config.json`` equals ``cfg``: ``"finished"``, ``"checkpoint"``
+    (unfinished, resumable) or ``"none"`` (no checkpoint, model or summary: nothing of value, a fresh
+    start may empty it); ``None`` otherwise (no such folder, another config, an unreadable one, or a
+    model without a summary, e.g. ``spikerec lsc``'s)."""
+    d = Path(out)
+    try:
+        same = json.loads((d / "config.json").read_text()) == _plain_json(cfg)
+    except (OSError, ValueError):
+        return None
+    if not same:
+        return None
+    if (d / "summary.json").is_file():
+        return "finished"
+    if latest_checkpoint(d / "checkpoints") is not None:
+        return "checkpoint"
+    return None if (d / "model.safetensors").exists() else "none"
+
+
+def clear_unstarted(run_dir, same_config: bool = False) -> list[str]:
+    """Empty a folder that holds no run yet, keeping the lock file; returns what was removed
+    (names, folders with a trailing ``/``). That is what a start killed before its config left
+    (:func:`killed_start_leftovers`) and, with ``same_config`` (the caller checked
+    :func:`same_config_status` is ``"none"``), a run stopped before its first checkpoint.
+    Anything else is left alone and ``[]`` returned. Call it while holding the :class:`RunLock`."""
+    d = Path(run_dir)
+    left = killed_start_leftovers(d)
+    if left is None and same_config and not ((d / "summary.json").exists() or (d / "model.safetensors").exists()
+                                             or latest_checkpoint(d / "checkpoints") is not None):
+        left = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in sorted(d.iterdir())
+                if p.name != LOCK_NAME]
+    for name in left or []:
+        q = d / name.rstrip("/")
+        if q.is_dir() and not q.is_symlink():
+            shutil.rmtree(q)
+        else:
+            q.unlink(missing_ok=True)
+    return left or []
 
 
 class RunLock:
@@ -335,19 +458,6 @@ def remove_debris(run_dir) -> list[Path]:
             ex.rmdir()
             gone.append(ex)
     return gone
-
-
-def remove_if_unused(run_dir) -> None:
-    """Remove a run folder that holds nothing but its lock file (a run that could not start)."""
-    d = Path(run_dir)
-    try:
-        if {p.name for p in d.iterdir()} <= {LOCK_NAME}:
-            (d / LOCK_NAME).unlink(missing_ok=True)
-            d.rmdir()
-            if d.parent.name == "runs":
-                d.parent.rmdir()
-    except OSError:
-        pass
 
 
 def weights_source(run_dir, checkpoint: bool = False) -> str:

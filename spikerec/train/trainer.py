@@ -341,6 +341,8 @@ class Trainer:
         tensors, meta, skipped = ckpt.load_newest_intact(root, self._check_checkpoint)
         for d, why in skipped:
             self.echo(f"note: checkpoint {d} cannot be used ({why}); falling back to an older one")
+        if self.main:
+            ckpt.settle_checkpoints(root, Path(meta["path"]), int(self.tc["keep_checkpoints"]))
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model/")})
         if meta["has_best"]:
             self.best = {k[5:]: v.to(self.device) for k, v in tensors.items() if k.startswith("best/")}
