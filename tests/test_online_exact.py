@@ -171,26 +171,28 @@ def test_classification_losses_and_return_value():
         classification_loss("max", T)
 
 
-def test_per_step_update_sees_every_step():
-    """With a flush-and-zero callback the per-step pieces add up to the whole estimate."""
+def test_updates_every_step_or_block_add_up_to_the_whole_estimate():
+    """update() after every step (stream) or block (chunked) with a flush-and-zero of .grad: the
+    pieces add up to the whole estimate."""
     T, B = 11, 2
     model = deep_spiking_model()
     x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
     whole = online_grads(model, x, tgt, mse_loss)
-    for mode, chunk, calls in (("stream", None, T), ("chunked", 4, 3)):
+    for mode, chunk in (("stream", None), ("chunked", 4)):
         acc = {n: torch.zeros_like(p) for n, p in named(model)}
-        seen = []
-
-        def cb():
-            seen.append(1)
-            for n, p in named(model):
-                if p.grad is not None:
-                    acc[n] += p.grad
-            model.zero_grad()
-
         model.zero_grad()
-        OnlineLearner(model, mode=mode, chunk=chunk, per_step_update=cb).backward(x, tgt, mse_loss)
-        assert len(seen) == calls
+        lr = OnlineLearner(model, mode=mode, chunk=chunk, loss=lambda y, t: 0.5 * ((y - t) ** 2).sum())
+        calls = 0
+        for t in range(T):
+            lr.step(x[t], tgt[t])
+            if mode == "stream" or (t + 1) % chunk == 0 or t == T - 1:
+                lr.update()
+                calls += 1
+                for n, p in named(model):
+                    if p.grad is not None:
+                        acc[n] += p.grad
+                model.zero_grad()
+        assert calls == (T if mode == "stream" else 3)
         for n in whole:
             assert rel(acc[n], whole[n]) < 1e-10, n
 

@@ -1059,12 +1059,10 @@ if _HAVE_NUMBA:
                     Gacc[r, n] += dt(Gv[j, n])
 
     @_nb.njit(cache=True, nogil=True)
-    def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi, events, accT):  # pragma: no cover - compiled
+    def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi):  # pragma: no cover - compiled
         """The carried matrix trace ``e [N, B, 1, H]`` of a block: ``Gm[n] += sum_b b0[b, n] e[n, b]``
         (``use_g``, with the trace before the block), then ``e[n, b] <- phi[b, n] e[n, b] + q[b, n]``
-        (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``).
-        With ``events`` (the products of :mod:`.event_products`) ``Gm += accT^T`` (``use_g``;
-        ``accT [H, N]``) is added too (and ``q`` is a strided view of their ``[B, H, N]`` array)."""
+        (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``)."""
         N, B, _, H = e.shape
         if use_g and has_e:
             for n in range(N):
@@ -1072,10 +1070,6 @@ if _HAVE_NUMBA:
                     s = b0[b, n]
                     for h in range(H):
                         Gm[n, h] += s * e[n, b, 0, h]
-        if events and use_g:
-            for n in range(N):
-                for h in range(H):
-                    Gm[n, h] += accT[h, n]
         if carry:
             for n in range(N):
                 for b in range(B):
@@ -1103,13 +1097,13 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
 
 
 def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict) -> None:
-    """:func:`_lif_block_mat` on torch tensors (without event products): ``e`` (contiguous)
+    """:func:`_lif_block_mat` on torch tensors: ``e`` (contiguous)
     updated in place, read as zero without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``,
     ``phi`` used with ``carry``; ``ws`` a :func:`lif_block_workspace` (its placeholders)."""
     z2 = ws["z2"]
     _lif_block_mat(e.numpy(), has_e, b0 is not None, z2 if b0 is None else b0.numpy(),
                    z2 if b0 is None else Gm.numpy(), carry, q.numpy() if carry else ws["z3"],
-                   phi.numpy() if carry else z2, False, z2)
+                   phi.numpy() if carry else z2)
 
 
 # --- the chunked block of one LRU layer ------------------------------------------------------

@@ -167,7 +167,7 @@ def _fused_flags(learner, x_t) -> list[bool]:
     cache = learner.__dict__.setdefault("_fused", {})
     flags = cache.get(key)
     if flags is None:
-        flags = cache[key] = [learner.use_numba is not False and hasattr(tr, "fused_stream_step")
+        flags = cache[key] = [learner.kernel is not None and hasattr(tr, "fused_stream_step")
                               and tr.fused_ready(x_t.dtype, x_t.device) for tr in learner.tracers]
     return flags
 

@@ -142,6 +142,11 @@ class LayerTrace:
         new = self.step(x.reshape(K * B, *x.shape[2:]), prev)
         return (prev, last, new, None) if with_out else (prev, last, new)
 
+    def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
+        """The chunked block's contraction on the block's ``[K*B]`` rows: :func:`chunk_contract`
+        of the torch :meth:`partials` (a kind may override it with a compiled form)."""
+        chunk_contract(ts, stack_partials(self.partials(x, prev, new), K, B), G, carry)
+
     # --- helpers ------------------------------------------------------------------------------
     def use_J(self) -> bool:
         return self.rule in ("full", "snap1")
