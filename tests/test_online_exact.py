@@ -300,3 +300,34 @@ def test_spatial_and_trunc1_set_zero_gradients_not_none():
             assert p.grad is not None, (rule, n)
         if rule == "spatial":
             assert float(model.cells[0].log_tau_mem.grad.abs().max()) == 0.0
+
+
+def test_a_registered_kind_gives_the_learner_its_trace_and_exactness():
+    """The registry decides a cell's online form: a subclass of LIF that no entry claims as
+    itself is claimed by LIF's entry; registering a kind for it gives the learner that kind's
+    trace and exactness text, and the compiled paths leave it to the reference."""
+    from spikerec.hardware.online import OnlineKind, online_kind, register_online_kind
+    from spikerec.hardware.online import kinds as kinds_mod
+    from spikerec.hardware.online.traces_lif import LIFTrace
+
+    class MyLIF(LIF):
+        pass
+
+    class MyTrace(LIFTrace):
+        pass
+
+    cell = MyLIF(3, 4)
+    assert online_kind(cell).tag == "lif"
+    saved = list(kinds_mod._KINDS)
+    try:
+        kinds_mod._KINDS.insert(0, OnlineKind("my_lif", MyLIF, MyTrace, "my exactness"))
+        assert online_kind(cell).tag == "my_lif" and online_kind(LIF(3, 4)).tag == "lif"
+        register_online_kind(OnlineKind("my_lif", MyLIF, MyTrace, "my own exactness", compiled=lambda c: False))
+        lr = OnlineLearner(RecurrentStack([cell], LeakyReadout(4, 2)), loss=lambda y, t: ((y - t) ** 2).sum())
+        assert type(lr.tracers[0]) is MyTrace
+        assert lr.exactness()[0][2] == "my own exactness"
+        lr.step(torch.rand(2, 3), torch.randn(2, 2))
+        assert lr._fast_kinds is None  # not covered by the compiled paths: the reference
+    finally:
+        kinds_mod._KINDS[:] = saved
+    assert online_kind(cell).tag == "lif"

@@ -424,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
             # pool of one worker per core competes with the measured thread on a loaded machine
             env = dict(os.environ)
             env.setdefault("NUMBA_NUM_THREADS", os.environ.get("SPIKEREC_BENCH_THREADS", "1"))
+            # and so does the BLAS that numba's matrix products call (SciPy's OpenBLAS): its idle
+            # threads spinning beside a loaded core made some runs of a block ten times slower
+            env.setdefault("OPENBLAS_NUM_THREADS", os.environ.get("SPIKEREC_BENCH_THREADS", "1"))
             runs = []
             for _ in range(args.processes):
                 res = subprocess.run([sys.executable, "-m", "spikerec.bench.online", "--child", json.dumps(spec)],

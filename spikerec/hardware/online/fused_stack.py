@@ -45,9 +45,8 @@ from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
 from .numba_kernels import lif_block_mat_numba, lif_block_workspace, numba_available
 from .spatial import accumulator
+from .kinds import compiled_tag
 from .traces_base import _STACK
-from .traces_lif import ALIFTrace, LIFTrace
-from .traces_lru import LRUTrace
 
 __all__ = ["fused_supported", "FusedStack", "any_nan"]
 
@@ -480,7 +479,7 @@ def any_nan(x: torch.Tensor) -> bool | None:
 
 
 def _is_linear_readout(tr) -> bool:
-    return getattr(tr, "stateless", False) and type(tr.cell).__name__ == "LeakyReadout"
+    return compiled_tag(tr) == "readout"
 
 
 def fused_supported(learner, dtype, device) -> bool:
@@ -501,14 +500,14 @@ def fused_supported(learner, dtype, device) -> bool:
         return False
     if trs[-1].cell.weight.dtype != dtype:
         return False
-    return all(tr.traced and (isinstance(tr, (LRUTrace, LIFTrace)) or _alif_ok(tr)) and tr.fused_ready(dtype, device)
+    return all(tr.traced and (compiled_tag(tr) in ("lru", "lif") or _alif_ok(tr)) and tr.fused_ready(dtype, device)
                for tr in trs[:-1])
 
 
 def _alif_ok(tr) -> bool:
     """An ALIF layer the compiled step runs: a surrogate with an inline formula (fast sigmoid,
     arc-tangent)."""
-    return isinstance(tr, ALIFTrace) and surrogate_code(tr.cell.surrogate)[0] in (1, 2)
+    return compiled_tag(tr) == "alif" and surrogate_code(tr.cell.surrogate)[0] in (1, 2)
 
 
 def _np(t):
@@ -801,8 +800,7 @@ class FusedStack:
         dummy1 = dummy2[0]
         self.layers = []
         for l, tr in enumerate(lr_.tracers[:-1]):
-            bind_layer = (self._bind_lru if isinstance(tr, LRUTrace) else self._bind_alif if isinstance(tr, ALIFTrace)
-                          else self._bind_lif)
+            bind_layer = {"lru": self._bind_lru, "alif": self._bind_alif, "lif": self._bind_lif}[compiled_tag(tr)]
             self.layers.append(bind_layer(l, tr, B, dummy1, dummy2))
         ro = lr_.tracers[-1].cell
         W = ro.weight.detach().to(dt).contiguous()
@@ -818,8 +816,7 @@ class FusedStack:
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
         # the step-buffer slot each layer's backward takes: the LRU's C rows, the ALIF's matrix traces
-        self.slot_kind = [0 if isinstance(tr, LRUTrace) else 1 if isinstance(tr, ALIFTrace) else 2
-                          for tr in lr_.tracers[:-1]]
+        self.slot_kind = [{"lru": 0, "alif": 1, "lif": 2}[compiled_tag(tr)] for tr in lr_.tracers[:-1]]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         if self.gy is None or self.gy.shape != self.ystate[0].shape:

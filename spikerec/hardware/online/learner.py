@@ -56,23 +56,19 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ...layers.alif import ALIF
 from ...layers.base import match_input_dtype
-from ...layers.lif import LIF
-from ...layers.lru import LRU
-from ...layers.readout import LeakyReadout
-from ...neurons.roles import Role, parameters_by_role
 from .block import block_supported, closed_form_block
 from .cuda_graph import drop_graph, graph_ready, graph_step
 from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .subnormal import flush_subnormals, with_flushed_subnormals
-from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
-from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
+from .kinds import online_trace
+from .traces_base import GenericTrace, TraceState, chunk_contract, stack_partials, stream_step
+from .traces_lif import LIFTrace
 from .traces_lru import LRUTrace
 
 __all__ = ["OnlineLearner", "RULES", "MODES", "BACKENDS", "StepResult", "classification_loss", "mse_loss", "mse_step_loss",
-           "cross_entropy_step_loss", "tracer_for", "bptt_loss"]
+           "cross_entropy_step_loss", "bptt_loss"]
 
 RULES = ("full", "spatial", "trunc1", "snap1", "bptt")
 MODES = ("stream", "chunked", "parallel")
@@ -99,53 +95,6 @@ class StepResult(NamedTuple):
 
     output: torch.Tensor
     loss: torch.Tensor | None
-
-
-class GenericTrace(LayerTrace):
-    """A layer without eligibility traces: advanced with live parameters from the detached
-    previous state.
-
-    Its parameters get ``d l_t / d theta`` through the instantaneous graph, which for
-    recurrent parameters is the immediate partial of 1-step truncation (``trunc1``). Exact for stateless layers (a non-leaky readout), an approximation for
-    recurrent ones (a GRU). Under ``spatial`` only the cell's input parameters (role ``INPUT`` in
-    its ``param_specs``: input weights and biases; else its ``stability_groups()["depth"]``) keep
-    their gradient."""
-
-    def __init__(self, cell, rule, stateless: bool):
-        self.cell, self.rule, self.params = cell, rule, dict(cell.named_parameters())
-        self.traced, self.mask, self.stateless = [], {}, stateless
-        self.kind = type(cell).__name__
-        self.frozen: set = set()
-        if rule == "spatial" and not stateless:
-            specs = cell.param_specs() if callable(getattr(cell, "param_specs", None)) else None
-            if specs:  # the input parameters (role INPUT: weights and biases) keep their gradient
-                keep = {id(p) for _, p in parameters_by_role(cell, Role.INPUT)}
-            elif hasattr(cell, "stability_groups"):
-                keep = {id(p) for p in cell.stability_groups().get("depth", [])}
-            else:
-                keep = None
-            if keep is not None:
-                self.frozen = {id(p) for p in cell.parameters() if id(p) not in keep}
-
-
-def tracer_for(cell, rule: str, index: int) -> LayerTrace:
-    """The online form of ``cell`` under ``rule``: eligibility traces for LIF, ALIF, LRU and the
-    leaky readout; 1-step truncation (:class:`GenericTrace`) for any other cell."""
-    if isinstance(cell, LIF):
-        return LIFTrace(cell, rule)
-    if isinstance(cell, ALIF):
-        return ALIFTrace(cell, rule)
-    if isinstance(cell, LeakyReadout):
-        if cell.leaky:
-            return ReadoutTrace(cell, rule)
-        return GenericTrace(cell, rule, stateless=True)
-    if isinstance(cell, LRU):
-        return LRUTrace(cell, rule)
-    for m in ("initial_state", "step", "output"):
-        if not hasattr(cell, m):
-            raise TypeError(f"OnlineLearner: layer {index} ({type(cell).__name__}) does not follow the cell "
-                            f"protocol: it has no '{m}'")
-    return GenericTrace(cell, rule, stateless=False)
 
 
 # --- losses ---------------------------------------------------------------------------------
@@ -259,14 +208,6 @@ def bptt_loss(model, x, target, loss_fn):
 
 # --- the learner ----------------------------------------------------------------------------
 
-_EXACTNESS = {
-    "LRU": "exact RTRL traces (diagonal linear recurrence)",
-    "LIF": "exact e-prop eligibility traces (independent neurons)",
-    "ALIF": "exact e-prop eligibility traces (independent neurons)",
-    "LeakyReadout": "exact eligibility traces (leaky integrator)",
-}
-
-
 class OnlineLearner:
     """Online (eligibility-trace) gradients for a stack of cells.
 
@@ -323,7 +264,7 @@ class OnlineLearner:
         self.chunk = int(chunk) if chunk is not None else None
         self.backend = backend
         self.loss, self.optimizer, self.update_every = loss, optimizer, update_every
-        self.tracers = [] if rule == "bptt" else [tracer_for(c, rule, i) for i, c in enumerate(model.layers)]
+        self.tracers = [] if rule == "bptt" else [online_trace(c, rule, i) for i, c in enumerate(model.layers)]
         self.states = None  # no stream yet
         self.steps = 0  # steps of the current stream
         self.since_update = 0
@@ -396,7 +337,7 @@ class OnlineLearner:
             elif isinstance(tr, GenericTrace) or self.rule == "trunc1":
                 how = "1-step truncation (approximation: no traces)"
             else:
-                how = _EXACTNESS.get(tr.kind, "exact in-layer traces")
+                how = tr.online_kind.exactness
                 if getattr(tr.cell, "recurrent_weight", None) is not None:
                     how = "e-prop traces (approximation: lateral paths between neurons dropped)"
             if stateful[i] and any(stateful[i + 1:]):
