@@ -2,8 +2,8 @@
 
 On a GPU the stream step of a small network is bound by kernel launches, not by arithmetic: the
 fast stream path (:func:`.spatial.fast_stream_step` and the layers' trace steps) issues about 90
-small kernels per step, and the host spends 1.5-2.5 ms issuing them while the GPU works for
-about 0.1 ms (BENCHMARKS.md). A CUDA graph records those launches once and replays them as one.
+small kernels per step, and the host spends far longer issuing them than the GPU works on
+them. A CUDA graph records those launches once and replays them as one.
 
 What is captured is the step itself on *static* tensors: the input and target buffers, and the
 learner's states, traces and gradient accumulators as they are when the graph is made. Where the
@@ -21,8 +21,7 @@ NaN input is still reported before any state changes. A step the graph cannot ho
 read on the host inside the step, a trace created or reshaped by it) is run eagerly; after
 :data:`MAX_FAILURES` such captures the learner stops trying.
 
-On one H200, 2-layer nets of 64 units and batch 8, the step went from 1.7-2.7 ms to 0.17-0.35 ms
-(tests/test_cuda.py compares the graphed stream with the eager one; BENCHMARKS.md has the runs).
+tests/test_cuda.py compares the graphed stream with the eager one; docs/online.md has the figures.
 """
 from __future__ import annotations
 

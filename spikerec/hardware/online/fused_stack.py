@@ -32,7 +32,7 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   (the recursions of :func:`.traces_base.stream_step` on the partials of
   :meth:`.traces_lif.LIFTrace.partials`) runs in its backward call.
 
-It equals the torch reference (``fast=False``) in float64 to rounding
+It equals the torch reference (``backend="reference"``) in float64 to rounding
 (tests/test_online_fused.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
 CPU float32/float64 tensors with numba installed; everything else keeps :mod:`.spatial`.
 """
@@ -539,7 +539,7 @@ class FusedStack:
 
     def __init__(self, learner, dtype):
         self.learner, self.dtype = learner, dtype
-        self.np_dtype = numpy_dtype(dtype)  # the loss value's (a 0-d array: 1 µs less than torch's)
+        self.np_dtype = numpy_dtype(dtype)  # the loss value's (a 0-d array)
         self.gen = None
         self.gy = None  # the loss gradient buffer of the compiled MSE
         self.rows = []  # per LRU layer: (dC_re, dC_im accumulators, rows of gy, Re h, Im h [DEFER, B, .])

@@ -25,7 +25,7 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
+from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba,
                             lif_block_workspace, compiled_cpu, compiled_dtype, numba_available)
 from . import numba_kernels as _nk
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
