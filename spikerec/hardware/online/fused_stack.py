@@ -507,7 +507,7 @@ def fused_supported(learner, dtype, device) -> bool:
 def _alif_ok(tr) -> bool:
     """An ALIF layer the compiled step runs: a surrogate with an inline formula (fast sigmoid,
     arc-tangent)."""
-    return compiled_tag(tr) == "alif" and surrogate_code(tr.cell.surrogate)[0] in (1, 2)
+    return compiled_tag(tr) == "alif" and surrogate_code(tr.cell.surrogate)[0] != 0
 
 
 def _np(t):

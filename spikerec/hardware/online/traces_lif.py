@@ -173,7 +173,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         surrogate with an inline formula (fast sigmoid, arc-tangent), the ``full``/``snap1`` rule,
         numba installed, CPU tensors of the parameters' float dtype."""
         p = self.cell.weight
-        return (self.block_ready and surrogate_code(self.cell.surrogate)[0] in (1, 2) and compiled_dtype(dtype, device)
+        return (self.block_ready and surrogate_code(self.cell.surrogate)[0] != 0 and compiled_dtype(dtype, device)
                 and self.use_J() and p.dtype == dtype and p.device.type == "cpu")
 
     def fused_setup(self, dtype):
@@ -272,7 +272,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         The torch form (:func:`.traces_base.chunk_contract`) runs where the compiled one does not
         (no numba, not the CPU, a rule without ``J``, a surrogate without a compiled form)."""
         if not (self.use_J() and compiled_cpu(x) and self.cell.weight.dtype == x.dtype
-                and surrogate_code(self.cell.surrogate)[0] in (1, 2)):
+                and surrogate_code(self.cell.surrogate)[0] != 0):
             super().block_contract(ts, x, prev, new, G, carry, K, B)
             return
         if G is None and not carry:
