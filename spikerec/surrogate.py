@@ -104,6 +104,13 @@ class Surrogate:
         cfg = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "name"}
         return {"name": self.name, **cfg}
 
+    def compiled_form(self) -> tuple[int, float, float] | None:
+        """``(code, slope, scale)`` of this surrogate's compiled form: the derivative formula the
+        compiled kernels evaluate inline (``code`` selects it in
+        :func:`spikerec.kernels.lif_sequence_numba_kernels.sd_consts`; tested equal to
+        :meth:`derivative`), or ``None``: the compiled paths then take :meth:`derivative` in torch."""
+        return None
+
 
 def _positive(name: str, value: float, what: str) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -130,6 +137,9 @@ class FastSigmoid(Surrogate):
     def primitive(self, x):
         return self.scale * x / (1.0 + self.slope * x.abs())
 
+    def compiled_form(self):
+        return 1, float(self.slope), float(self.scale)
+
 
 @dataclass(frozen=True)
 class ATan(Surrogate):
@@ -150,6 +160,9 @@ class ATan(Surrogate):
 
     def primitive(self, x):
         return self.scale * (0.5 + torch.atan(math.pi / 2.0 * self.slope * x) / math.pi)
+
+    def compiled_form(self):
+        return 2, float(self.slope), float(self.scale)
 
 
 @dataclass(frozen=True)

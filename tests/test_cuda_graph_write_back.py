@@ -18,9 +18,18 @@ def _model():
     return RecurrentStack(cells, LeakyReadout(4, 2)).double()
 
 
+@pytest.fixture(autouse=True)
+def _torch_trace_steps(monkeypatch):
+    """The compiled stream step with the torch trace steps (no numba, no whole-stack step): the
+    path a CUDA device takes, on the CPU."""
+    from spikerec.hardware.online import learner as learner_mod
+
+    monkeypatch.setattr(learner_mod, "matrix_trace_kernel", lambda device: None)
+    monkeypatch.setattr(learner_mod, "fused_supported", lambda *a: False)
+
+
 def _learner(model):
-    # the torch trace steps (no numba, no Triton): the path a CUDA device takes, on the CPU
-    return OnlineLearner(model, loss=mse_step_loss, use_numba=False, use_triton=False, fused=False)
+    return OnlineLearner(model, loss=mse_step_loss)
 
 
 def _tensors(lr):

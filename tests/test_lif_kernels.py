@@ -77,6 +77,20 @@ def test_compiled_surrogate_formulas_match(name):
     assert nb.surrogate_code(get_surrogate("triangle"))[0] == 0
 
 
+def test_a_surrogate_without_a_compiled_form_is_named_once():
+    """The surrogate owns its compiled form: one without (the Gaussian) takes the torch derivative,
+    with a warning naming it the first time only."""
+    import warnings
+
+    assert get_surrogate("gaussian").compiled_form() is None
+    nb._WARNED.discard("gaussian")
+    with pytest.warns(UserWarning, match="surrogate 'gaussian' has no compiled form"):
+        assert nb.surrogate_code(get_surrogate("gaussian")) == (0, 0.0, 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert nb.surrogate_code(get_surrogate("gaussian", width=0.3))[0] == 0
+
+
 @pytest.mark.parametrize("name", ["fast_sigmoid", "atan"])
 def test_compiled_surrogate_in_float32_matches_torch_float32(name):
     """The online kernels evaluate the surrogate in the arrays' dtype (``sd_typed``): in float32 it

@@ -48,9 +48,10 @@ def traces_of(lr):
 
 
 def run_steps(model, x, tgt, closed, resets=(), mode="chunked", chunk=4, **kw):
+    """``closed``: the compiled backend (the chunked mode's no-autograd block), else the reference."""
     model.zero_grad()
-    lr = OnlineLearner(model, loss=mse_step_loss, mode=mode, chunk=chunk if mode == "chunked" else None, **kw)
-    lr.closed_form_block = closed
+    lr = OnlineLearner(model, loss=mse_step_loss, mode=mode, chunk=chunk if mode == "chunked" else None,
+                       backend="auto" if closed else "reference", **kw)
     ys, ls = [], []
     rs = dict(resets)
     for t in range(x.shape[0]):
@@ -85,7 +86,7 @@ def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
     resets = [(6, torch.tensor([True, False, True]))]
     y0, l0, tr0, g0 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule)
     y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule)
-    y2, l2, tr2, g2 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream", fast=False)
+    y2, l2, tr2, g2 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream")
     assert torch.allclose(y0, y1, rtol=0, atol=1e-12) and torch.allclose(y1, y2, rtol=0, atol=1e-12)
     assert torch.allclose(l0, l1, rtol=0, atol=1e-12) and torch.allclose(l1, l2, rtol=0, atol=1e-10)
     close(tr0, tr1)
@@ -199,10 +200,9 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
     real = traces_lif.alif_block_numba
     monkeypatch.setattr(traces_lif, "alif_block_numba", lambda *a: calls.append(1) or real(*a))
     out = []
-    for closed_traces in (False, True):
+    for backend in ("reference", "compiled"):
         model.zero_grad()
-        lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=5)
-        lr.block_closed_traces = closed_traces
+        lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=5, backend=backend)
         rs = dict(resets)
         for t in range(T):
             if t in rs:
@@ -211,7 +211,7 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
         tr = traces_of(lr)
         lr.update()
         out.append((tr, {n: p.grad.clone() for n, p in named(model)}))
-    _, _, _, g_ref = run_steps(model, x, tgt, closed=False, resets=resets, mode="stream", fast=False)
+    _, _, _, g_ref = run_steps(model, x, tgt, closed=False, resets=resets, mode="stream")
     # two layers, five blocks (0-4, 5 cut by the reset at 6, 6-10, 11-15, 16), compiled only when asked
     assert len(calls) == 2 * 5
     close(out[0][0], out[1][0])
@@ -230,11 +230,11 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
 def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, recurrent, surrogate, rule, monkeypatch):
     """Plain LIF layers (learned time constants and thresholds, lateral weights with their
     self-connection) in chunked mode: the no-autograd block with the compiled per-neuron pass
-    (numba_kernels.chunk1_numba) equals the autograd block and the reference stream path, and the
-    fast stream path equals the reference one: outputs, losses, traces and gradients, with a
+    (numba_kernels._lif_block_vec) equals the autograd block and the reference stream path, and the
+    compiled stream path equals the reference one: outputs, losses, traces and gradients, with a
     per-sample reset and steps without a loss; the surrogate's derivative inside the kernel (fast
-    sigmoid, arc-tangent) or from torch (sigmoid)."""
-    from spikerec.hardware.online import numba_kernels, traces_lif
+    sigmoid, arc-tangent), or the torch block for a surrogate without a compiled form (sigmoid)."""
+    from spikerec.hardware.online import numba_kernels
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     kw = dict(tau_mem=5.0, threshold=0.4, reset=reset, detach_reset=detach, recurrent=recurrent,
@@ -248,15 +248,13 @@ def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, r
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     resets = [(6, torch.tensor([True, False, True]))]
     calls = []
-    for mod, name in ((traces_lif, "chunk1_numba"), (numba_kernels, "_lif_block_vec")):
-        real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    real = numba_kernels._lif_block_vec
+    monkeypatch.setattr(numba_kernels, "_lif_block_vec", lambda *a: calls.append(1) or real(*a))
     y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule)
-    assert bool(calls) == (rule == "full"), "the compiled per-neuron pass runs exactly under the J-rule"
-    if calls:  # partials inside the compiled pass where the surrogate has an inline formula
-        assert set(calls) == {"chunk1_numba" if surrogate == "sigmoid" else "_lif_block_vec"}
-    y0, l0, tr0, g0 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, fast=False)
-    y2, l2, tr2, g2 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream", fast=False)
+    # the compiled per-neuron pass runs exactly under the J-rule, with a surrogate that has a compiled form
+    assert bool(calls) == (rule == "full" and surrogate != "sigmoid")
+    y0, l0, tr0, g0 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule)
+    y2, l2, tr2, g2 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream")
     y3, l3, tr3, g3 = run_steps(model, x, tgt, closed=False, resets=resets, rule=rule, mode="stream")
     assert torch.allclose(y0, y1, rtol=0, atol=1e-12) and torch.allclose(y1, y2, rtol=0, atol=1e-12)
     assert torch.allclose(y2, y3, rtol=0, atol=1e-12)
@@ -302,8 +300,7 @@ def test_backward_chunked_closed_form_equals_autograd(kind, loss):
     out = []
     for closed in (False, True):
         model.zero_grad()
-        lr = OnlineLearner(model, mode="chunked", chunk=5)
-        lr.closed_form_block = closed
+        lr = OnlineLearner(model, mode="chunked", chunk=5, backend="auto" if closed else "reference")
         L = lr.backward(x, tgt, fn)
         out.append((L, {n: p.grad.clone() for n, p in named(model)}))
     assert abs(out[0][0] - out[1][0]) < 1e-10 * max(1.0, abs(out[0][0]))
@@ -321,8 +318,8 @@ def test_update_policy_and_checkpoint_mid_block(tmp_path):
     def make(closed):
         model.load_state_dict(init)
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-        lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=4, optimizer=opt, update_every=6)
-        lr.closed_form_block = closed
+        lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=4, optimizer=opt, update_every=6,
+                           backend="auto" if closed else "reference")
         return lr, opt
 
     lr, _ = make(False)

@@ -171,26 +171,28 @@ def test_classification_losses_and_return_value():
         classification_loss("max", T)
 
 
-def test_per_step_update_sees_every_step():
-    """With a flush-and-zero callback the per-step pieces add up to the whole estimate."""
+def test_updates_every_step_or_block_add_up_to_the_whole_estimate():
+    """update() after every step (stream) or block (chunked) with a flush-and-zero of .grad: the
+    pieces add up to the whole estimate."""
     T, B = 11, 2
     model = deep_spiking_model()
     x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
     whole = online_grads(model, x, tgt, mse_loss)
-    for mode, chunk, calls in (("stream", None, T), ("chunked", 4, 3)):
+    for mode, chunk in (("stream", None), ("chunked", 4)):
         acc = {n: torch.zeros_like(p) for n, p in named(model)}
-        seen = []
-
-        def cb():
-            seen.append(1)
-            for n, p in named(model):
-                if p.grad is not None:
-                    acc[n] += p.grad
-            model.zero_grad()
-
         model.zero_grad()
-        OnlineLearner(model, mode=mode, chunk=chunk, per_step_update=cb).backward(x, tgt, mse_loss)
-        assert len(seen) == calls
+        lr = OnlineLearner(model, mode=mode, chunk=chunk, loss=lambda y, t: 0.5 * ((y - t) ** 2).sum())
+        calls = 0
+        for t in range(T):
+            lr.step(x[t], tgt[t])
+            if mode == "stream" or (t + 1) % chunk == 0 or t == T - 1:
+                lr.update()
+                calls += 1
+                for n, p in named(model):
+                    if p.grad is not None:
+                        acc[n] += p.grad
+                model.zero_grad()
+        assert calls == (T if mode == "stream" else 3)
         for n in whole:
             assert rel(acc[n], whole[n]) < 1e-10, n
 
@@ -298,3 +300,34 @@ def test_spatial_and_trunc1_set_zero_gradients_not_none():
             assert p.grad is not None, (rule, n)
         if rule == "spatial":
             assert float(model.cells[0].log_tau_mem.grad.abs().max()) == 0.0
+
+
+def test_a_registered_kind_gives_the_learner_its_trace_and_exactness():
+    """The registry decides a cell's online form: a subclass of LIF that no entry claims as
+    itself is claimed by LIF's entry; registering a kind for it gives the learner that kind's
+    trace and exactness text, and the compiled paths leave it to the reference."""
+    from spikerec.hardware.online import OnlineKind, online_kind, register_online_kind
+    from spikerec.hardware.online import kinds as kinds_mod
+    from spikerec.hardware.online.traces_lif import LIFTrace
+
+    class MyLIF(LIF):
+        pass
+
+    class MyTrace(LIFTrace):
+        pass
+
+    cell = MyLIF(3, 4)
+    assert online_kind(cell).tag == "lif"
+    saved = list(kinds_mod._KINDS)
+    try:
+        kinds_mod._KINDS.insert(0, OnlineKind("my_lif", MyLIF, MyTrace, "my exactness"))
+        assert online_kind(cell).tag == "my_lif" and online_kind(LIF(3, 4)).tag == "lif"
+        register_online_kind(OnlineKind("my_lif", MyLIF, MyTrace, "my own exactness", compiled=lambda c: False))
+        lr = OnlineLearner(RecurrentStack([cell], LeakyReadout(4, 2)), loss=lambda y, t: ((y - t) ** 2).sum())
+        assert type(lr.tracers[0]) is MyTrace
+        assert lr.exactness()[0][2] == "my own exactness"
+        lr.step(torch.rand(2, 3), torch.randn(2, 2))
+        assert lr._fast_kinds is None  # not covered by the compiled paths: the reference
+    finally:
+        kinds_mod._KINDS[:] = saved
+    assert online_kind(cell).tag == "lif"

@@ -37,9 +37,9 @@ def build(kind, leaky, H=5, N=6, K=3, seed=None):
     return RecurrentStack(cells, LeakyReadout(width, K, tau=(4.0 if leaky else None)))
 
 
-def run(model, x, tgt, fast, resets=(), **kw):
+def run(model, x, tgt, backend, resets=(), **kw):
     model.zero_grad()
-    lr = OnlineLearner(model, loss=step_loss, fast=fast, **kw)
+    lr = OnlineLearner(model, loss=step_loss, backend=backend, **kw)
     ys, ls = [], []
     rs = dict(resets)
     for t in range(x.shape[0]):
@@ -64,8 +64,8 @@ def test_fast_stream_equals_autograd_stream(kind, leaky, rule):
     x = torch.randn(T, B, 5) if kind.startswith("lru") else (torch.rand(T, B, 5) < 0.5).double()
     tgt = torch.randn(T, B, 3)
     resets = [(5, torch.tensor([True, False, True]))]
-    y0, l0, tr0, g0, lr0 = run(model, x, tgt, fast=False, resets=resets, rule=rule)
-    y1, l1, tr1, g1, lr1 = run(model, x, tgt, fast=True, resets=resets, rule=rule)
+    y0, l0, tr0, g0, lr0 = run(model, x, tgt, "reference", resets=resets, rule=rule)
+    y1, l1, tr1, g1, lr1 = run(model, x, tgt, "compiled", resets=resets, rule=rule)
     assert lr0._fast_kinds is None and lr1._fast_kinds is not None
     assert torch.allclose(y0, y1, rtol=0, atol=1e-12)
     assert torch.allclose(l0, l1, rtol=0, atol=1e-12)
@@ -87,8 +87,8 @@ def test_fast_path_declines_unsupported_stacks():
     lr = OnlineLearner(cuba, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))
     assert lr._fast_kinds is None  # CUBA LIF: the autograd path
-    with pytest.raises(ValueError, match="fast=True"):
-        OnlineLearner(cuba, loss=step_loss, fast=True).step(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="backend 'compiled'"):
+        OnlineLearner(cuba, loss=step_loss, backend="compiled").step(torch.randn(2, 3))
     drop = RecurrentStack([LRU(3, 4)], LeakyReadout(3, 2), dropout=0.5)
     lr = OnlineLearner(drop, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))
@@ -97,19 +97,24 @@ def test_fast_path_declines_unsupported_stacks():
 
 @pytest.mark.parametrize("kind", ["lru", "alif"])
 @pytest.mark.parametrize("use_numba", [False, True])
-def test_fused_kernels_and_torch_partials_equal_the_reference(kind, use_numba):
-    """The fast path with the compiled per-layer kernels (numba) and with the torch partials,
-    against the autograd reference; float32 within float rounding, float64 to 1e-10."""
+def test_fused_kernels_and_torch_partials_equal_the_reference(kind, use_numba, monkeypatch):
+    """The compiled stream path with the compiled per-layer kernels (numba) and, where numba is
+    missing, with the torch partials, against the reference; float32 within float rounding,
+    float64 to 1e-10."""
+    from spikerec.hardware.online import learner as learner_mod
+
     if use_numba:
         pytest.importorskip("numba")
+    else:  # as without numba: no compiled kernel for the CPU
+        monkeypatch.setattr(learner_mod, "matrix_trace_kernel", lambda device: None)
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
         torch.set_default_dtype(dtype)
         model = build(kind, leaky=True)
         T, B = 11, 4
         x = torch.randn(T, B, 5) if kind == "lru" else (torch.rand(T, B, 5) < 0.5).to(dtype)
         tgt = torch.randn(T, B, 3)
-        _, _, tr0, g0, _ = run(model, x, tgt, fast=False, use_numba=False)
-        _, _, tr1, g1, lr1 = run(model, x, tgt, fast=True, use_numba=use_numba)
+        _, _, tr0, g0, _ = run(model, x, tgt, "reference")
+        _, _, tr1, g1, lr1 = run(model, x, tgt, "auto")
         assert lr1._fused[(dtype, x.device)][:2] == [use_numba, use_numba]
         for n in tr0:
             assert torch.allclose(tr0[n], tr1[n], rtol=tol, atol=tol), n
@@ -172,7 +177,7 @@ def test_alif_block_scan_equals_the_step_loop(recurrent):
 @pytest.mark.parametrize("loss", ["mse", "mean", "per_step"])
 def test_block_form_of_the_losses_equals_the_per_step_sum(loss):
     """Chunked/parallel modes evaluate a loss's ``block`` form (all K steps in one op); gradients
-    and loss equal the per-step loop (``fast=False``) in float64."""
+    and loss equal the per-step loop (``backend="reference"``) in float64."""
     from spikerec.hardware.online import classification_loss, mse_loss
 
     model = build("lru", leaky=False)
@@ -186,9 +191,9 @@ def test_block_form_of_the_losses_equals_the_per_step_sum(loss):
     assert hasattr(fn, "block")
     for mode, chunk in (("chunked", 4), ("parallel", None)):
         out = []
-        for fast in (False, None):
+        for backend in ("reference", "auto"):
             model.zero_grad()
-            L = OnlineLearner(model, mode=mode, chunk=chunk, fast=fast).backward(x, tgt, fn)
+            L = OnlineLearner(model, mode=mode, chunk=chunk, backend=backend).backward(x, tgt, fn)
             out.append((L, {n: p.grad.clone() for n, p in named(model)}))
         (L0, g0), (L1, g1) = out
         assert abs(L0 - L1) <= 1e-12 * max(1.0, abs(L0))

@@ -1,5 +1,5 @@
 """The whole-stack compiled stream step (``fused_stack``: LRU, ALIF and plain LIF layers under a linear readout) against
-the reference path (``fast=False``: per-step autograd backward, torch trace updates), and the
+the reference path (``backend="reference"``: per-step autograd backward, torch trace updates), and the
 closed-form loss gradients against autograd. float64, fresh random networks and inputs."""
 import pytest
 import torch
@@ -85,7 +85,7 @@ def test_fused_spiking_equals_reference_with_resets(kind, variant, loss):
     x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
     tgt = torch.randn(T, B, 3)
     resets = [(5, torch.tensor([True, False, True])), (11, None)]
-    ref = run(model, x, tgt, False, loss, resets=resets, fast=False)
+    ref = run(model, x, tgt, False, loss, resets=resets)
     new = run(model, x, tgt, None, loss, resets=resets)
     check_same(ref, new)
     with torch.no_grad():  # the first layer fires, but not always
@@ -99,7 +99,7 @@ def test_fused_spiking_float32_close_to_float64_reference(kind):
     T, B = 14, 2
     x = (torch.rand(T, B, 5) < 0.4).double() * 1.5
     tgt = torch.randn(T, B, 3)
-    ref = run(model, x, tgt, False, mse_step_loss, fast=False)
+    ref = run(model, x, tgt, False, mse_step_loss)
     m32 = model.float()
     new = run(m32, x.float(), tgt.float(), None, mse_step_loss)
     for n in ref[3]:
@@ -114,9 +114,11 @@ def test_fused_alif_needs_an_inline_surrogate():
 
 
 def run(model, x, tgt, fused, loss, resets=(), opt_lr=None, **kw):
+    """``fused``: ``False`` the reference backend, ``None`` the compiled one taking the whole-stack
+    step, ``"layers"`` the compiled one on a stack the whole-stack step does not cover."""
     model.zero_grad()
     opt = torch.optim.SGD(model.parameters(), lr=opt_lr) if opt_lr else None
-    lr = OnlineLearner(model, loss=loss, fused=fused, optimizer=opt, **kw)
+    lr = OnlineLearner(model, loss=loss, optimizer=opt, backend="reference" if fused is False else "compiled", **kw)
     ys, ls = [], []
     rs = dict(resets)
     for t in range(x.shape[0]):
@@ -125,7 +127,7 @@ def run(model, x, tgt, fused, loss, resets=(), opt_lr=None, **kw):
         y, l = lr.step(x[t], None if t % 4 == 3 else tgt[t])  # some steps without a loss
         ys.append(y)
         ls.append(torch.zeros(()) if l is None else l)
-    assert (lr._fused_stack is not None) == (fused is not False)
+    assert (lr._fused_stack is not None) == (fused is None)
     traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
     lr.update()
     grads = {n: p.grad.clone() for n, p in named(model) if p.grad is not None}  # an optimiser zeroes them
@@ -154,7 +156,7 @@ def test_fused_equals_reference_with_resets(variant, loss):
     T, B = int(torch.randint(10, 16, ())), 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     resets = [(4, torch.tensor([True, False, True])), (8, None)]
-    ref = run(model, x, tgt, False, loss, resets=resets, fast=False)
+    ref = run(model, x, tgt, False, loss, resets=resets)
     new = run(model, x, tgt, None, loss, resets=resets)
     check_same(ref, new)
 
@@ -168,7 +170,7 @@ def test_fused_equals_reference_with_updates_every_k_steps(net):
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     if net == "alif":
         x = (x > 0.3).double() * 1.5
-    ref = run(model, x, tgt, False, mse_step_loss, opt_lr=0.002, update_every=3, fast=False)
+    ref = run(model, x, tgt, False, mse_step_loss, opt_lr=0.002, update_every=3)
     p_ref = {n: p.detach().clone() for n, p in named(model)}
     model.load_state_dict(state)
     new = run(model, x, tgt, None, mse_step_loss, opt_lr=0.002, update_every=3)
@@ -185,7 +187,7 @@ def test_fused_truncate_and_discard():
     out = []
     for fused in (False, None):
         model.zero_grad()
-        lr = OnlineLearner(model, loss=mse_step_loss, fused=fused, fast=None if fused is None else False)
+        lr = OnlineLearner(model, loss=mse_step_loss, backend="auto" if fused is None else "reference")
         for t in range(T):
             if t == 3:
                 lr.truncate(torch.tensor([False, True, False]))
@@ -213,7 +215,7 @@ def test_fused_backward_equals_reference(mode):
     res = []
     for fused in (False, None):
         model.zero_grad()
-        lr = OnlineLearner(model, fused=fused)
+        lr = OnlineLearner(model, backend="auto" if fused is None else "reference")
         loss = lr.backward(x, tgt, fn)
         assert (lr._fused_stack is not None) == (fused is None)
         res.append((loss, {n: p.grad.clone() for n, p in named(model)}))
@@ -226,7 +228,7 @@ def test_fused_float32_close_to_float64_reference():
     model = build("matD")
     T, B = 12, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
-    ref = run(model, x, tgt, False, mse_step_loss, fast=False)
+    ref = run(model, x, tgt, False, mse_step_loss)
     m32 = model.float()
     new = run(m32, x.float(), tgt.float(), None, mse_step_loss)
     for n in ref[3]:
@@ -294,7 +296,7 @@ def test_closed_form_loss_gradients_equal_autograd():
 
 @pytest.mark.parametrize("kind", ["alif", "lru_leaky"])
 def test_per_layer_fast_path_with_closed_form_loss_equals_reference(kind):
-    """Stacks the whole-stack step does not cover (ALIF, a leaky readout) take the per-layer fast
+    """Stacks the whole-stack step does not cover (a leaky readout) take the per-layer compiled
     path; with the package's loss its gradient comes in closed form, and still equals the reference."""
     from spikerec.layers import ALIF
 
@@ -306,15 +308,15 @@ def test_per_layer_fast_path_with_closed_form_loss_equals_reference(kind):
         for c in cells:
             with torch.no_grad():
                 c.weight.mul_(3.0)
-        model = RecurrentStack(cells, LeakyReadout(6, 3))
+        model = RecurrentStack(cells, LeakyReadout(6, 3, tau=4.0))
         x = (torch.rand(13, 3, 5) < 0.5).double()
     else:
         model = RecurrentStack([LRU(5, 6), LRU(5, 6)], LeakyReadout(5, 3, tau=4.0))
         x = torch.randn(13, 3, 5)
     tgt = torch.randn(13, 3, 3)
     resets = [(6, torch.tensor([False, True, True]))]
-    ref = run(model, x, tgt, False, mse_step_loss, resets=resets, fast=False)
-    new = run(model, x, tgt, False, mse_step_loss, resets=resets)
+    ref = run(model, x, tgt, False, mse_step_loss, resets=resets)
+    new = run(model, x, tgt, "layers", mse_step_loss, resets=resets)
     check_same(ref, new)
 
 
@@ -354,7 +356,7 @@ def test_deferred_c_rows_across_flushes_and_checkpoints(tmp_path):
 
     model.load_state_dict(state)
     model.zero_grad()
-    ref_lr = OnlineLearner(model, loss=mse_step_loss, fused=False)
+    ref_lr = OnlineLearner(model, loss=mse_step_loss, backend="reference")
     for t in range(T):
         ref_lr.step(x[t], tgt[t])
     ref = grads(ref_lr)
@@ -376,7 +378,7 @@ def test_deferred_c_rows_across_flushes_and_checkpoints(tmp_path):
     save_stream(tmp_path / "s.safetensors", lr)
     for fused, want, exact in ((None, full, True), (False, ref, False)):
         model.zero_grad()
-        lr = OnlineLearner(model, loss=mse_step_loss, fused=fused)
+        lr = OnlineLearner(model, loss=mse_step_loss, backend="auto" if fused is None else "reference")
         load_stream(tmp_path / "s.safetensors", lr)
         for t in range(cut, T):
             lr.step(x[t], tgt[t])
@@ -402,7 +404,7 @@ def test_dropout_switched_on_mid_stream_leaves_the_fast_paths(cells):
     T, B = 12, 3
     x = torch.randn(T, B, 5) if cells == "lru" else (torch.rand(T, B, 5) < 0.5).double() * 1.5
     tgt = torch.randn(T, B, 3)
-    learners = [OnlineLearner(model, loss=mse_step_loss), OnlineLearner(model, loss=mse_step_loss, fast=False)]
+    learners = [OnlineLearner(model, loss=mse_step_loss), OnlineLearner(model, loss=mse_step_loss, backend="reference")]
     no_drop = []
     for t in range(T):
         if t == 6:
@@ -508,7 +510,7 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
 
     model.load_state_dict(state)
     model.zero_grad()
-    ref_lr = OnlineLearner(model, loss=mse_step_loss, fast=False)
+    ref_lr = OnlineLearner(model, loss=mse_step_loss, backend="reference")
     stream(ref_lr, 0, T)
     ref_tr, ref = grads(ref_lr)
 
@@ -534,7 +536,7 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
     for n in full:
         assert torch.equal(same[n], full[n]), n
     for fused, want, exact in ((None, full, True), (False, ref, False)):
-        lr = OnlineLearner(model, loss=mse_step_loss, fused=fused)
+        lr = OnlineLearner(model, loss=mse_step_loss, backend="auto" if fused is None else "reference")
         load_stream(tmp_path / "s.safetensors", lr)
         stream(lr, cut, T)
         _, got = grads(lr)
@@ -543,53 +545,3 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
                 assert torch.equal(got[n], want[n]), n
             else:
                 assert torch.allclose(got[n], want[n], rtol=1e-10, atol=1e-11), n
-
-
-@pytest.mark.parametrize("net", ["lru", "alif", "lif"])
-def test_one_call_driver_is_bit_identical_to_the_calls_one_by_one(net, monkeypatch):
-    """With the package's MSE the whole-stack step is one compiled call (fused_driver): outputs,
-    losses, traces and gradients are the same bits as the kernels called one by one (float32,
-    several LIF windows and LRU row flushes, a reset, steps without a loss), and a NaN in x_t is
-    still reported before anything changes."""
-    from spikerec.hardware.online import fused_driver
-    from spikerec.hardware.online.fused_stack import LIF_DEFER
-
-    model = (build("matD") if net == "lru" else build_alif("mixed") if net == "alif" else build_lif("mixed")).float()
-    T, B = LIF_DEFER + 21, 3
-    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
-    x = torch.randn(T, B, 5, generator=g).float()
-    if net != "lru":
-        x = (x > 0.3).float() * 1.5
-    tgt = torch.randn(T, B, 3, generator=g).float()
-    monkeypatch.setattr(fused_driver, "AFTER_STEPS", 5)  # the driver from the 5th step on
-    out = []
-    for use in (True, False):
-        if not use:
-            monkeypatch.setattr(fused_driver, "available", lambda: False)
-        model.zero_grad()
-        lr = OnlineLearner(model, loss=mse_step_loss)
-        ys, ls = [], []
-        for t in range(T):
-            if t == 30:
-                lr.reset(torch.tensor([False, True, False]))
-            r = lr.step(x[t], None if t % 7 == 6 else tgt[t])
-            ys.append(r.output)
-            ls.append(torch.zeros(()) if r.loss is None else r.loss)
-        assert (lr._fused_stack.driver is not None) == use
-        bad = x[0].clone()
-        bad[1, 2] = float("nan")
-        before = [f.clone() for s in lr.states for f in s]
-        with pytest.raises(ValueError, match=f"step {T}.*NaN"):
-            lr.step(bad, tgt[0])
-        assert all(torch.equal(a, f) for a, f in zip(before, (f for s in lr.states for f in s)))
-        traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
-        lr.update()
-        out.append((torch.stack(ys), torch.stack(ls), traces,
-                    {n: p.grad.clone() for n, p in named(model) if p.grad is not None}))
-    (y0, l0, tr0, g0), (y1, l1, tr1, g1) = out
-    assert torch.equal(y0, y1) and torch.equal(l0, l1)
-    assert tr0.keys() == tr1.keys() and g0.keys() == g1.keys()
-    for n in tr0:
-        assert torch.equal(tr0[n], tr1[n]), n
-    for n in g0:
-        assert torch.equal(g0[n], g1[n]), n

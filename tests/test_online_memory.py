@@ -45,8 +45,8 @@ def peak_growth(model, T, B, H, seed, loss=None):
 @pytest.mark.parametrize("net", ["lru_alif", "lif", "lif_mse"])
 def test_stream_peak_allocator_memory_is_flat_in_T(net):
     """The LRU/ALIF stack, and a LIF stack whose matrix traces are applied in windows of steps
-    (the windows' buffers are the same size at any T); with the package's MSE the steps after
-    the warm-up run as one compiled call (fused_driver)."""
+    (the windows' buffers are the same size at any T), also with the package's MSE (its readout,
+    loss and gradient in one compiled call)."""
     torch.manual_seed(0)
     loss = mse_step_loss if net == "lif_mse" else None
     if net.startswith("lif"):

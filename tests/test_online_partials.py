@@ -7,7 +7,7 @@ import torch
 
 from spikerec import neurons
 from spikerec.hardware.online.derived import derived_partials
-from spikerec.hardware.online.learner import tracer_for
+from spikerec.hardware.online.kinds import online_trace
 from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.neurons import alif as _alif
 from spikerec.neurons import lif as _lif
@@ -48,7 +48,7 @@ def random_state(cell, B):
 def test_hand_written_partials_equal_derived_ones(kind, kw):
     B = 5
     cell, mod = make(kind, kw)
-    tr = tracer_for(cell, "full", 0)
+    tr = online_trace(cell, "full", 0)
     tr.prepare()
     x = torch.rand(B, 4) * 2
     prev = random_state(cell, B)
@@ -70,7 +70,7 @@ def test_hand_written_partials_equal_derived_ones(kind, kw):
 def test_trace_state_update_equals_the_neuron_step(kind, kw):
     B = 4
     cell, mod = make(kind, kw)
-    tr = tracer_for(cell, "full", 0)
+    tr = online_trace(cell, "full", 0)
     tr.prepare()
     x, prev = torch.rand(B, 4) * 2, random_state(cell, B)
     ref = mod.step(cell.params(), prev, x, cell.options())[1]

@@ -6,19 +6,12 @@ of a per-step MSE loss is computed by
 
 * ``stream``: :meth:`~spikerec.hardware.online.OnlineLearner.step` fed one step at a time from a
   generator (the input is never held whole), with the package's ``mse_step_loss``, then
-  ``update()``; the fastest path that applies (for these stacks the whole-stack compiled step of
-  ``fused_stack``);
-* ``stream_layer``: the same with ``fused=False`` (torch forward and spatial backward, one compiled
-  trace kernel per layer);
-* ``stream_eager``: the same as ``stream`` with ``cuda_graph=False``: on a CUDA device, every step
-  launched op by op instead of replayed from a CUDA graph (:mod:`spikerec.hardware.online.cuda_graph`;
-  on the CPU the same path as ``stream``);
-* ``stream_ref``: the same with ``fast=False`` (a per-step autograd backward and the torch partials:
-  the earlier implementation, kept as the reference), for a before/after comparison in one run;
+  ``update()``, on the compiled backend (``backend="auto"``);
+* ``stream_ref``: the same with ``backend="reference"`` (a per-step autograd backward and the torch
+  partials), for a comparison in one run;
 * ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``,
   each block with no autograd call where the stack and the loss allow it (:mod:`.block`);
-  ``chunked_autograd``: the same with one autograd backward per block (the earlier fast block,
-  ``closed_form_block = False``); ``chunked_ref``: with ``fast=False``, the step-loop block scans;
+  ``chunked_ref``: with ``backend="reference"`` (the autograd block, the step-loop block scans);
 * ``bptt``: autograd through the model's fast sequence path with the loss computed in one
   vectorised op, ``0.5 * ((y - target) ** 2).sum()``, with subnormal floats flushed to zero as
   in the online learner's steps (:mod:`spikerec.hardware.online.subnormal`; BPTT keeps no
@@ -27,8 +20,8 @@ of a per-step MSE loss is computed by
 ``--device cuda`` runs the model, input and learner on the GPU (the online learner's matrix
 traces through its Triton kernel; the clock read after a device synchronisation, peak memory from
 the CUDA allocator); ``--trace-kernel N,B,H`` times the matrix-trace kernel alone against a copy of
-the trace's bytes. The stream methods are warmed up for ``fused_driver.AFTER_STEPS`` steps, so the
-one-call step is compiled before any measured run.
+the trace's bytes. Every method runs once before the measured runs (compilation, first-call
+allocations).
 
 Each method's learner is made once, as the model is, and each run is one sequence through it
 (``reset()`` before a stream, ``backward`` starts a fresh one), as a training loop uses it; the
@@ -65,6 +58,7 @@ from ..hardware.online.memory import _MALLINFO2, alloc_in_use
 
 __all__ = ["main", "run_one", "alloc_in_use"]
 
+_BACKEND = {"stream": "auto", "stream_ref": "reference", "chunked": "auto", "chunked_ref": "reference"}
 SIZES = {"full": dict(T=(256, 1024, 4096), B=8, H=64, N=64), "quick": dict(T=(64, 128, 256), B=4, H=32, N=32)}
 
 
@@ -214,12 +208,9 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
         lr = None if fresh else learners.get(m)
         if lr is None:
             if m.startswith("stream"):
-                lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, fast=False if m == "stream_ref" else None,
-                                   fused=False if m == "stream_layer" else None,
-                                   cuda_graph=False if m == "stream_eager" else None)
+                lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, backend=_BACKEND[m])
             else:
-                lr = OnlineLearner(model, mode="chunked", chunk=chunk, fast=False if m == "chunked_ref" else None)
-                lr.closed_form_block = m == "chunked"
+                lr = OnlineLearner(model, mode="chunked", chunk=chunk, backend=_BACKEND[m])
             if not fresh:
                 learners[m] = lr
         return lr
@@ -243,12 +234,8 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
         else:
             learner(m, fresh=peak is not None).backward(x, tgt, mse_loss)  # (a fresh stream over the sequence)
 
-    from spikerec.hardware.online import fused_driver
-
-    for m in methods:  # warm-up: first-call allocations, kernel compilation (the stream's one-call
-        # step is compiled once its layout has run fused_driver.AFTER_STEPS steps: warm up that long)
-        for _ in range(-(-fused_driver.AFTER_STEPS // T) if m.startswith("stream") else 1):
-            run(m, None)
+    for m in methods:  # warm-up: first-call allocations, kernel compilation
+        run(m, None)
     _sync(device)
     best = {m: float("inf") for m in methods}
     mem = {}
@@ -398,10 +385,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
-        if m not in ("stream", "stream_layer", "stream_eager", "stream_ref", "chunked", "chunked_autograd", "chunked_ref",
-                     "bptt"):
-            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_layer, stream_eager, stream_ref, "
-                  f"chunked, chunked_autograd, chunked_ref or bptt", file=sys.stderr)
+        if m not in _BACKEND and m != "bptt":
+            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_ref, chunked, chunked_ref "
+                  f"or bptt", file=sys.stderr)
             return 2
     if args.trace_kernel:
         try:
@@ -438,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
             # pool of one worker per core competes with the measured thread on a loaded machine
             env = dict(os.environ)
             env.setdefault("NUMBA_NUM_THREADS", os.environ.get("SPIKEREC_BENCH_THREADS", "1"))
+            # and so does the BLAS that numba's matrix products call (SciPy's OpenBLAS): its idle
+            # threads spinning beside a loaded core made some runs of a block ten times slower
+            env.setdefault("OPENBLAS_NUM_THREADS", os.environ.get("SPIKEREC_BENCH_THREADS", "1"))
             runs = []
             for _ in range(args.processes):
                 res = subprocess.run([sys.executable, "-m", "spikerec.bench.online", "--child", json.dumps(spec)],

@@ -11,10 +11,11 @@ Compilation is cached on disk (``cache=True``).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
-from ..surrogate import ATan, FastSigmoid
 from . import numba_available, numpy_dtype
 
 __all__ = ["available", "forward_consts", "forward_kernel", "lif_forward", "lif_backward"]
@@ -91,14 +92,21 @@ def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str, consts=None):
             (t(iT, B, N) if syn else None))
 
 
+_WARNED: set = set()  # surrogates already named in the one-time warning
+
+
 def surrogate_code(sur) -> tuple[int, float, float]:
-    """``(code, slope, scale)`` of a surrogate the compiled backward evaluates inline (fast sigmoid,
-    arc-tangent: the formulas of :mod:`spikerec.surrogate`, tested equal); ``(0, 0, 0)`` for the others,
-    whose derivatives are then computed by torch before the reverse loop."""
-    if type(sur) is FastSigmoid:
-        return 1, float(sur.slope), float(sur.scale)
-    if type(sur) is ATan:
-        return 2, float(sur.slope), float(sur.scale)
+    """``(code, slope, scale)`` of the surrogate's compiled form (:meth:`spikerec.surrogate.Surrogate.compiled_form`:
+    the formula the compiled kernels evaluate inline); ``(0, 0, 0)`` for a surrogate without one, whose
+    derivatives are then computed by torch (a warning names it once per process)."""
+    form = sur.compiled_form() if callable(getattr(sur, "compiled_form", None)) else None
+    if form is not None:
+        return form
+    name = getattr(sur, "name", None) or type(sur).__name__
+    if name not in _WARNED:
+        _WARNED.add(name)
+        warnings.warn(f"surrogate '{name}' has no compiled form: its derivative is computed by torch on the "
+                      f"compiled paths (slower); the fast sigmoid and arc-tangent have one", stacklevel=2)
     return 0, 0.0, 0.0
 
 

@@ -10,9 +10,10 @@ accumulators across calls, chunked / parallel evaluation, compiled CPU (numba) a
     loss = learner.backward(x, target, classification_loss("mean", x.shape[0]))   # batch form
 """
 from .checkpoint import load_stream, save_stream
-from .learner import (MODES, RULES, OnlineLearner, StepResult, bptt_loss, classification_loss, cross_entropy_step_loss,
-                      mse_loss, mse_step_loss, tracer_for)
+from .kinds import OnlineKind, online_kind, online_trace, register_online_kind
+from .learner import (BACKENDS, MODES, RULES, OnlineLearner, StepResult, bptt_loss, classification_loss,
+                      cross_entropy_step_loss, mse_loss, mse_step_loss)
 
-__all__ = ["OnlineLearner", "StepResult", "RULES", "MODES", "classification_loss", "mse_loss", "mse_step_loss",
-           "cross_entropy_step_loss", "bptt_loss",
-           "tracer_for", "save_stream", "load_stream"]
+__all__ = ["OnlineLearner", "StepResult", "RULES", "MODES", "BACKENDS", "classification_loss", "mse_loss",
+           "mse_step_loss", "cross_entropy_step_loss", "bptt_loss", "OnlineKind", "register_online_kind", "online_kind",
+           "online_trace", "save_stream", "load_stream"]

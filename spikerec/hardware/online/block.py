@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from .block_lif import block_loss, lif_stack_block, readout_rows
 from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, supported
-from .traces_base import chunk_contract, stack_partials
 
 __all__ = ["block_supported", "closed_form_block"]
 
@@ -37,17 +35,12 @@ def block_supported(learner) -> bool:
     return supported(learner)
 
 
-def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None, mse_target=None):
+def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None):
     """The gradient work of one block ``x [K, B, C]`` (states start at ``learner.states``, which
     are advanced to the block's end). ``vgs[k](y_k) -> (loss, d loss / d y_k) | None`` per step
     (``None`` entry: no loss at that step), or ``block_vg(Y [K, B, ...]) -> (summed loss,
-    d loss / d Y)`` for the whole block in one call; ``mse_target [K, B, O]`` (with ``block_vg``,
-    a contiguous tensor of the block's dtype) says that the loss is the package's MSE against it,
-    which a stack of plain LIF layers computes in one compiled call with its readout. Returns the
-    block's summed loss (detached) or ``None``."""
-    lif_stack = lif_stack_block(learner, x)
-    if lif_stack is not None:  # a stack of plain LIF layers: the prepared block
-        return lif_stack.run(learner, x, vgs, carry, block_vg, mse_target)
+    d loss / d Y)`` for the whole block in one call. Returns the block's summed loss (detached)
+    or ``None``."""
     K, B = x.shape[0], x.shape[1]
     tracers = learner.tracers
     kinds = fast_kinds(learner)
@@ -82,8 +75,30 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
                 continue
             h_in, prev, new, _ = recs[l]
             G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
-            if kind in ("lru", "alif", "lif") and learner.block_closed_traces:
-                tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
-            else:
-                chunk_contract(learner.traces[l], stack_partials(tr.partials(h_in, prev, new), K, B), G, carry)
+            tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
     return None if total is None else total.detach()
+
+
+def block_loss(learner, y, vgs, block_vg):
+    """The block's summed loss and ``d loss / d y [K, B, ...]`` (``(None, None)`` without a loss
+    in the block): ``block_vg(y)`` in one call, else ``vgs[k](y_k)`` per step."""
+    if block_vg is not None:
+        return block_vg(y)
+    total = gy = None
+    for k in range(y.shape[0]):
+        lg = vgs[k](y[k]) if vgs[k] is not None else None
+        if lg is None:
+            continue
+        loss, g = lg
+        if loss.dim() != 0:
+            raise ValueError(f"loss must return a scalar at step {learner.steps + k}, got shape {tuple(loss.shape)}")
+        total = loss if total is None else total + loss
+        if gy is None:
+            gy = torch.zeros((y.shape[0], *g.shape), dtype=y.dtype, device=y.device)
+        gy[k] = g
+    return total, gy
+
+
+def readout_rows(h, W, b):
+    """A linear readout ``y = h W^T + b`` of a block's ``[K*B, N]`` rows (one ``addmm``)."""
+    return h @ W.t() if b is None else torch.addmm(b.detach(), h, W.t())

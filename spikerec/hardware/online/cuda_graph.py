@@ -2,8 +2,8 @@
 
 On a GPU the stream step of a small network is bound by kernel launches, not by arithmetic: the
 fast stream path (:func:`.spatial.fast_stream_step` and the layers' trace steps) issues about 90
-small kernels per step, and the host spends 1.5-2.5 ms issuing them while the GPU works for
-about 0.1 ms (BENCHMARKS.md). A CUDA graph records those launches once and replays them as one.
+small kernels per step, and the host spends far longer issuing them than the GPU works on
+them. A CUDA graph records those launches once and replays them as one.
 
 What is captured is the step itself on *static* tensors: the input and target buffers, and the
 learner's states, traces and gradient accumulators as they are when the graph is made. Where the
@@ -21,8 +21,7 @@ NaN input is still reported before any state changes. A step the graph cannot ho
 read on the host inside the step, a trace created or reshaped by it) is run eagerly; after
 :data:`MAX_FAILURES` such captures the learner stops trying.
 
-On one H200, 2-layer nets of 64 units and batch 8, the step went from 1.7-2.7 ms to 0.17-0.35 ms
-(tests/test_cuda.py compares the graphed stream with the eager one; BENCHMARKS.md has the runs).
+tests/test_cuda.py compares the graphed stream with the eager one; docs/online.md has the figures.
 """
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ class _NotCapturable(Exception):
 
 def graph_ready(learner, x_t, target_t) -> bool:
     """Whether ``learner``'s stream step on ``x_t``, ``target_t`` may run from a CUDA graph: a CUDA
-    input, graphs not switched off (``cuda_graph``), the fast stream path and a loss with a
-    closed-form ``value_and_grad``."""
-    return (learner.cuda_graph is not False and x_t.is_cuda and target_t is not None
+    input, the compiled stream path and a loss with a closed-form ``value_and_grad``."""
+    return (x_t.is_cuda and target_t is not None
             and isinstance(target_t, torch.Tensor) and target_t.device == x_t.device
             and getattr(learner, "_fast_kinds", None) is not None
             and getattr(learner.loss, "value_and_grad", None) is not None

@@ -32,7 +32,7 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   (the recursions of :func:`.traces_base.stream_step` on the partials of
   :meth:`.traces_lif.LIFTrace.partials`) runs in its backward call.
 
-It equals the torch reference (``fast=False``) in float64 to rounding
+It equals the torch reference (``backend="reference"``) in float64 to rounding
 (tests/test_online_fused.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
 CPU float32/float64 tensors with numba installed; everything else keeps :mod:`.spatial`.
 """
@@ -43,12 +43,10 @@ import torch
 
 from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
-from . import fused_driver
 from .numba_kernels import lif_block_mat_numba, lif_block_workspace, numba_available
 from .spatial import accumulator
+from .kinds import compiled_tag
 from .traces_base import _STACK
-from .traces_lif import ALIFTrace, LIFTrace
-from .traces_lru import LRUTrace
 
 __all__ = ["fused_supported", "FusedStack", "any_nan"]
 
@@ -481,14 +479,14 @@ def any_nan(x: torch.Tensor) -> bool | None:
 
 
 def _is_linear_readout(tr) -> bool:
-    return getattr(tr, "stateless", False) and type(tr.cell).__name__ == "LeakyReadout"
+    return compiled_tag(tr) == "readout"
 
 
 def fused_supported(learner, dtype, device) -> bool:
     """Whether the whole-stack path applies: every layer but the last an LRU, an ALIF layer
     (:func:`_alif_ok`) or a plain LIF layer with its compiled trace step ready, the last a linear
     (non-leaky) readout, no active dropout, ``full``/``snap1``."""
-    if _nb is None or not numba_available() or learner.use_numba is False or learner.mode != "stream":
+    if _nb is None or learner.kernel is None or not numba_available() or learner.mode != "stream":
         return False
     if learner.rule not in ("full", "snap1") or torch.device(device).type != "cpu":
         return False
@@ -502,14 +500,14 @@ def fused_supported(learner, dtype, device) -> bool:
         return False
     if trs[-1].cell.weight.dtype != dtype:
         return False
-    return all(tr.traced and (isinstance(tr, (LRUTrace, LIFTrace)) or _alif_ok(tr)) and tr.fused_ready(dtype, device)
+    return all(tr.traced and (compiled_tag(tr) in ("lru", "lif") or _alif_ok(tr)) and tr.fused_ready(dtype, device)
                for tr in trs[:-1])
 
 
 def _alif_ok(tr) -> bool:
     """An ALIF layer the compiled step runs: a surrogate with an inline formula (fast sigmoid,
     arc-tangent)."""
-    return isinstance(tr, ALIFTrace) and surrogate_code(tr.cell.surrogate)[0] in (1, 2)
+    return compiled_tag(tr) == "alif" and surrogate_code(tr.cell.surrogate)[0] != 0
 
 
 def _np(t):
@@ -541,7 +539,7 @@ class FusedStack:
 
     def __init__(self, learner, dtype):
         self.learner, self.dtype = learner, dtype
-        self.np_dtype = numpy_dtype(dtype)  # the loss value's (a 0-d array: 1 µs less than torch's)
+        self.np_dtype = numpy_dtype(dtype)  # the loss value's (a 0-d array)
         self.gen = None
         self.gy = None  # the loss gradient buffer of the compiled MSE
         self.rows = []  # per LRU layer: (dC_re, dC_im accumulators, rows of gy, Re h, Im h [DEFER, B, .])
@@ -556,8 +554,6 @@ class FusedStack:
         self.lfill = 0  # LIF steps deferred since the last closed-form pass (flush_lif)
         self.lany = False  # whether one of them had a loss
         self.restore_lif = None  # deferred LIF steps from a checkpoint, copied in at the next bind
-        self.bound = self.driver = None  # the one-call step of the package's MSE (fused_driver), per binding
-        self.layout = None  # the binding's layout number (fused_driver)
 
     # --- the deferred output-map gradient of the LRU layers -------------------------------------
     def flush_rows(self) -> None:
@@ -804,8 +800,7 @@ class FusedStack:
         dummy1 = dummy2[0]
         self.layers = []
         for l, tr in enumerate(lr_.tracers[:-1]):
-            bind_layer = (self._bind_lru if isinstance(tr, LRUTrace) else self._bind_alif if isinstance(tr, ALIFTrace)
-                          else self._bind_lif)
+            bind_layer = {"lru": self._bind_lru, "alif": self._bind_alif, "lif": self._bind_lif}[compiled_tag(tr)]
             self.layers.append(bind_layer(l, tr, B, dummy1, dummy2))
         ro = lr_.tracers[-1].cell
         W = ro.weight.detach().to(dt).contiguous()
@@ -821,14 +816,11 @@ class FusedStack:
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
         # the step-buffer slot each layer's backward takes: the LRU's C rows, the ALIF's matrix traces
-        self.slot_kind = [0 if isinstance(tr, LRUTrace) else 1 if isinstance(tr, ALIFTrace) else 2
-                          for tr in lr_.tracers[:-1]]
+        self.slot_kind = [{"lru": 0, "alif": 1, "lif": 2}[compiled_tag(tr)] for tr in lr_.tracers[:-1]]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         if self.gy is None or self.gy.shape != self.ystate[0].shape:
             self.gy = torch.empty_like(self.ystate[0])
-        self.bound = self.driver = self.layout = None
-        self._bind_driver(False)
         self.gen = lr_._gen
         if self.restore is not None:  # rows of a checkpoint (state_tensors), not yet added
             saved, self.restore = self.restore, None
@@ -853,44 +845,7 @@ class FusedStack:
                 self.lfill = got[0].shape[0]
             self.lany = bool(any_g)
 
-    def _bind_driver(self, compile_new: bool) -> None:
-        """The one-call step of the package's MSE for this binding (:mod:`.fused_driver`): taken
-        where the layout's driver is compiled, compiled too with ``compile_new``."""
-        if fused_driver.available():
-            self.bound, self.driver, self.layout = fused_driver.build(
-                [(f, fa, b, ba, gi) for f, fa, b, ba, gi, _ in self.layers],
-                (*self.ro_args, self.yout_np, self.gy.numpy(), *self.ro_bwd[1:], self.gh_np),
-                _any_nan, _readout_mse, self.slot_kind, compile_new)
-
     # --- one step -------------------------------------------------------------------------------
-    def step_mse(self, x_t, target_t):
-        """:meth:`step` with ``mse_target=target_t`` and the NaN check, for the learner's usual step
-        (``x_t``, ``target_t`` contiguous CPU tensors of the stack's dtype and the stream's
-        shapes, checked by the caller) on the one-call compiled step; falls back to :meth:`step`
-        where a rebinding leaves this stack without it."""
-        if self.gen != self.learner._gen:
-            self.bind()
-        if self.driver is None:
-            return self.step(x_t, None, mse_target=target_t, check_nan=True)
-        return self._run_driver(x_t.numpy(), target_t.numpy(), True)
-
-    def _run_driver(self, u, target, check_nan: bool):
-        """One step through the one-call driver (:mod:`.fused_driver`) and its buffer counts;
-        returns ``(y_t, loss_t)``."""
-        lv, found_nan = self.driver(self.bound, u, target, check_nan, self.fill, self.mfill, self.lfill)
-        if found_nan:  # checked before any state changed
-            raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
-        if self.rows:
-            self._row_written()
-        if self.mats:
-            self._mats_written(True)
-        elif self.lmats:  # (_mats_written for a stack without ALIF matrix traces, written out)
-            self.lfill += 1
-            self.lany = True
-            if self.lfill == LIF_DEFER:
-                self.flush_lif()
-        return torch.from_numpy(self.yout_np.copy()), torch.from_numpy(np.array(lv, self.np_dtype))
-
     def step(self, x_t, closure, value_and_grad=None, mse_target=None, check_nan=False):
         """Forward, loss gradient, spatial backward and trace step of every layer; returns
         ``(y_t, loss_t)`` (``loss_t`` ``None`` without a loss). ``mse_target`` (a contiguous
@@ -901,11 +856,6 @@ class FusedStack:
             self.bind()
         x = x_t if x_t.is_contiguous() and x_t.dtype == self.dtype else x_t.contiguous().to(self.dtype)
         u = x.numpy()
-        if (mse_target is not None and self.driver is None and self.layout is not None
-                and fused_driver.count_step(self.layout)):
-            self._bind_driver(True)  # this layout has run often enough with the package's MSE
-        if mse_target is not None and self.driver is not None:  # the whole step in one compiled call
-            return self._run_driver(u, mse_target.numpy(), check_nan)
         if check_nan and _any_nan(u):  # before any state changes
             raise ValueError(f"OnlineLearner.step (step {self.learner.steps}) x_t: contains NaN values")
         ins = []

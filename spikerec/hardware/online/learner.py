@@ -56,26 +56,37 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ...layers.alif import ALIF
 from ...layers.base import match_input_dtype
-from ...layers.lif import LIF
-from ...layers.lru import LRU
-from ...layers.readout import LeakyReadout
-from ...neurons.roles import Role, parameters_by_role
 from .block import block_supported, closed_form_block
 from .cuda_graph import drop_graph, graph_ready, graph_step
 from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .subnormal import flush_subnormals, with_flushed_subnormals
-from .traces_base import LayerTrace, TraceState, chunk_contract, stack_partials, stream_step
-from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
+from .kinds import online_trace
+from .traces_base import GenericTrace, TraceState, chunk_contract, stack_partials, stream_step
+from .traces_lif import LIFTrace
 from .traces_lru import LRUTrace
 
-__all__ = ["OnlineLearner", "RULES", "MODES", "StepResult", "classification_loss", "mse_loss", "mse_step_loss",
-           "cross_entropy_step_loss", "tracer_for", "bptt_loss"]
+__all__ = ["OnlineLearner", "RULES", "MODES", "BACKENDS", "StepResult", "classification_loss", "mse_loss", "mse_step_loss",
+           "cross_entropy_step_loss", "bptt_loss"]
 
 RULES = ("full", "spatial", "trunc1", "snap1", "bptt")
 MODES = ("stream", "chunked", "parallel")
+BACKENDS = ("auto", "reference", "compiled")
+
+
+def matrix_trace_kernel(device: torch.device) -> Callable | None:
+    """The compiled matrix-trace step of ``device`` (:func:`.traces_base.stream_step`'s
+    ``kernel``): Triton on CUDA, numba on the CPU; ``None`` where its compiler is missing."""
+    if device.type == "cuda":
+        from .triton_kernels import mat_trace_step, triton_available
+
+        return mat_trace_step if triton_available(torch.empty(0, device=device)) else None
+    if device.type == "cpu":
+        from .numba_kernels import mat_trace_step_numba, numba_available
+
+        return mat_trace_step_numba if numba_available() else None
+    return None
 
 
 class StepResult(NamedTuple):
@@ -84,53 +95,6 @@ class StepResult(NamedTuple):
 
     output: torch.Tensor
     loss: torch.Tensor | None
-
-
-class GenericTrace(LayerTrace):
-    """A layer without eligibility traces: advanced with live parameters from the detached
-    previous state.
-
-    Its parameters get ``d l_t / d theta`` through the instantaneous graph, which for
-    recurrent parameters is the immediate partial of 1-step truncation (``trunc1``). Exact for stateless layers (a non-leaky readout), an approximation for
-    recurrent ones (a GRU). Under ``spatial`` only the cell's input parameters (role ``INPUT`` in
-    its ``param_specs``: input weights and biases; else its ``stability_groups()["depth"]``) keep
-    their gradient."""
-
-    def __init__(self, cell, rule, stateless: bool):
-        self.cell, self.rule, self.params = cell, rule, dict(cell.named_parameters())
-        self.traced, self.mask, self.stateless = [], {}, stateless
-        self.kind = type(cell).__name__
-        self.frozen: set = set()
-        if rule == "spatial" and not stateless:
-            specs = cell.param_specs() if callable(getattr(cell, "param_specs", None)) else None
-            if specs:  # the input parameters (role INPUT: weights and biases) keep their gradient
-                keep = {id(p) for _, p in parameters_by_role(cell, Role.INPUT)}
-            elif hasattr(cell, "stability_groups"):
-                keep = {id(p) for p in cell.stability_groups().get("depth", [])}
-            else:
-                keep = None
-            if keep is not None:
-                self.frozen = {id(p) for p in cell.parameters() if id(p) not in keep}
-
-
-def tracer_for(cell, rule: str, index: int) -> LayerTrace:
-    """The online form of ``cell`` under ``rule``: eligibility traces for LIF, ALIF, LRU and the
-    leaky readout; 1-step truncation (:class:`GenericTrace`) for any other cell."""
-    if isinstance(cell, LIF):
-        return LIFTrace(cell, rule)
-    if isinstance(cell, ALIF):
-        return ALIFTrace(cell, rule)
-    if isinstance(cell, LeakyReadout):
-        if cell.leaky:
-            return ReadoutTrace(cell, rule)
-        return GenericTrace(cell, rule, stateless=True)
-    if isinstance(cell, LRU):
-        return LRUTrace(cell, rule)
-    for m in ("initial_state", "step", "output"):
-        if not hasattr(cell, m):
-            raise TypeError(f"OnlineLearner: layer {index} ({type(cell).__name__}) does not follow the cell "
-                            f"protocol: it has no '{m}'")
-    return GenericTrace(cell, rule, stateless=False)
 
 
 # --- losses ---------------------------------------------------------------------------------
@@ -244,14 +208,6 @@ def bptt_loss(model, x, target, loss_fn):
 
 # --- the learner ----------------------------------------------------------------------------
 
-_EXACTNESS = {
-    "LRU": "exact RTRL traces (diagonal linear recurrence)",
-    "LIF": "exact e-prop eligibility traces (independent neurons)",
-    "ALIF": "exact e-prop eligibility traces (independent neurons)",
-    "LeakyReadout": "exact eligibility traces (leaky integrator)",
-}
-
-
 class OnlineLearner:
     """Online (eligibility-trace) gradients for a stack of cells.
 
@@ -273,44 +229,30 @@ class OnlineLearner:
         optimizer: stepped (and its gradients zeroed) by :meth:`update`.
         update_every: ``None`` (update only when :meth:`update` is called), an int ``K`` (every
             K steps) or ``"sequence"`` (at every :meth:`reset`).
-        per_step_update: legacy hook of :meth:`backward`: invoked after each step/block with the
-            gradient accumulated so far written into ``.grad``.
-        use_triton: ``None`` = the Triton kernels on CUDA tensors, torch elsewhere; ``True``
-            forces them (CPU works under ``TRITON_INTERPRET=1``); ``False`` = not used.
-        use_numba: ``None`` = the compiled numba kernels (matrix traces; the whole trace step of
-            an LRU layer) on CPU tensors when numba is installed; ``False`` = torch only.
-        fast: ``None`` = in ``stream`` mode, the hand-written spatial backward of
-            :mod:`.spatial` and one compiled trace kernel per layer when every layer supports
-            them (LRU, ALIF, plain LIF, leaky or linear readout; no active dropout); in ``chunked`` /
-            ``parallel`` mode, the cells' closed-form block scans and the losses' ``block``
-            forms. ``False`` = the reference path (a per-step autograd backward, torch partials,
-            step loops). ``True`` = like ``None``, but in ``stream`` mode an error says why the
-            fast path cannot be used. A model switched to training mode with dropout in the
-            middle of a stream continues on the reference path (which applies the dropout).
-        fused: ``None`` = on the fast stream path, the whole-stack compiled step of
-            :mod:`.fused_stack` (one compiled forward and one backward call per layer; LRU and
-            ALIF layers under a linear readout, CPU, numba) where it applies; ``False`` = not used.
-        cuda_graph: ``None`` = on a CUDA device, the fast stream step with a target and a loss
-            with ``value_and_grad`` replayed from a CUDA graph once a few steps have run
-            (:mod:`.cuda_graph`: one launch per step instead of about 90); ``False`` = not used.
+        backend: ``auto`` (the compiled paths where the stack, the loss and the device allow them,
+            else the reference), ``reference`` (the readable torch form: a per-step autograd
+            spatial backward, torch partials, step loops; the specification the tests compare
+            with) or ``compiled`` (the compiled stream step or chunked block; an error says why
+            where it cannot be used). The compiler follows the device: numba on the CPU, Triton on
+            CUDA (with the stream step replayed from a CUDA graph, :mod:`.cuda_graph`).
+            :meth:`supported_backends` lists what runs here. A model switched to training mode
+            with dropout in the middle of a stream continues on the reference path (which applies
+            the dropout).
     """
 
-    def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None,
-                 per_step_update: Callable | None = None, use_triton: bool | None = None, *,
-                 loss: Callable | None = None, optimizer=None, update_every=None,
-                 use_numba: bool | None = None, fast: bool | None = None, fused: bool | None = None,
-                 cuda_graph: bool | None = None):
+    def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None, *,
+                 loss: Callable | None = None, optimizer=None, update_every=None, backend: str = "auto"):
         if rule not in RULES:
             raise ValueError(f"OnlineLearner: rule must be one of {RULES}, got {rule!r}")
         if mode not in MODES:
             raise ValueError(f"OnlineLearner: mode must be one of {MODES}, got {mode!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"OnlineLearner: backend must be one of {BACKENDS}, got {backend!r}")
         if mode == "chunked":
             if chunk is None or int(chunk) < 1:
                 raise ValueError(f"OnlineLearner: mode 'chunked' needs chunk >= 1, got {chunk!r}")
         elif chunk is not None and mode != "chunked":
             raise ValueError(f"OnlineLearner: chunk is only used with mode 'chunked' (got mode {mode!r})")
-        if per_step_update is not None and mode == "parallel":
-            raise ValueError("OnlineLearner: per_step_update needs mode 'stream' or 'chunked'")
         if not (update_every is None or update_every == "sequence"
                 or (isinstance(update_every, int) and not isinstance(update_every, bool) and update_every >= 1)):
             raise ValueError(f"OnlineLearner: update_every must be None, a positive int or 'sequence', "
@@ -320,19 +262,15 @@ class OnlineLearner:
                             f"'layers', 'initial_state' and 'input_size'), got {type(model).__name__}")
         self.model, self.rule, self.mode = model, rule, mode
         self.chunk = int(chunk) if chunk is not None else None
-        self.per_step_update = per_step_update
-        self.use_triton, self.use_numba = use_triton, use_numba
-        self.fast = fast
+        self.backend = backend
         self.loss, self.optimizer, self.update_every = loss, optimizer, update_every
-        self.tracers = [] if rule == "bptt" else [tracer_for(c, rule, i) for i, c in enumerate(model.layers)]
+        self.tracers = [] if rule == "bptt" else [online_trace(c, rule, i) for i, c in enumerate(model.layers)]
         self.states = None  # no stream yet
         self.steps = 0  # steps of the current stream
         self.since_update = 0
         self._pending: list = []  # chunked step(): (x_t, loss closure) of the block being filled
         self._block_start = None  # chunked step(): layer states at the start of that block
         self._target_shape = None
-        self.fused = fused
-        self.cuda_graph = cuda_graph
         self._fused_stack = None  # the whole-stack compiled stream step, when it applies
         self._gen = 0  # bumped whenever states, traces or accumulators are replaced (re-binds the fused views)
         self._all_params = list(model.parameters())
@@ -341,10 +279,23 @@ class OnlineLearner:
         self._x_shape = None  # [B, C] of the stream's steps (set when a stream starts)
         self._versions = None  # the parameters' versions when the constants were derived (_sync_params)
         self._check_params = False  # compare them at the next step (after update() without an optimiser)
-        # chunked / parallel with fast != False: a block with no autograd call (:mod:`.block`) where every
-        # layer and the loss (``value_and_grad``) allow it; False selects the autograd block (for comparison)
-        self.closed_form_block = True
-        self.block_closed_traces = True  # on that path, the LRU's per-neuron traces in closed form (LRUTrace.block_contract)
+        if backend == "compiled":
+            dev = self._all_params[0].device if self._all_params else torch.device("cpu")
+            if "compiled" not in self.supported_backends(dev):
+                raise RuntimeError(f"OnlineLearner: backend 'compiled' on {dev.type} needs "
+                                   f"{'Triton' if dev.type == 'cuda' else 'numba'} (pip install 'spikerec[fast]'); "
+                                   f"use backend='auto' or 'reference'")
+
+    @staticmethod
+    def supported_backends(device="cpu") -> tuple[str, ...]:
+        """The backends that run on ``device`` here: ``reference`` always, ``compiled`` where its
+        compiler is installed (numba for the CPU, Triton for CUDA); ``auto`` picks between them."""
+        return ("reference", "compiled") if matrix_trace_kernel(torch.device(device)) is not None else ("reference",)
+
+    @property
+    def _compiled(self) -> bool:
+        """Whether the compiled paths may be taken (``backend`` not ``reference``)."""
+        return self.backend != "reference"
 
     @property
     def traces(self) -> list:
@@ -386,7 +337,7 @@ class OnlineLearner:
             elif isinstance(tr, GenericTrace) or self.rule == "trunc1":
                 how = "1-step truncation (approximation: no traces)"
             else:
-                how = _EXACTNESS.get(tr.kind, "exact in-layer traces")
+                how = tr.online_kind.exactness
                 if getattr(tr.cell, "recurrent_weight", None) is not None:
                     how = "e-prop traces (approximation: lateral paths between neurons dropped)"
             if stateful[i] and any(stateful[i + 1:]):
@@ -401,18 +352,6 @@ class OnlineLearner:
         ``loss(y_t, target_t)`` adds its gradient estimate to the accumulators. Returns
         ``StepResult(output, loss)``. Runs with subnormal floats flushed to zero, the caller's
         setting restored after (:mod:`.subnormal`), as do :meth:`backward` and trace reads."""
-        fs = self._fused_stack
-        if (fs is not None and fs.driver is not None and type(x_t) is torch.Tensor and type(target_t) is torch.Tensor
-                and x_t.shape == self._x_shape and target_t.shape == self._target_shape
-                and x_t.dtype is fs.dtype and target_t.dtype is fs.dtype and x_t.is_cpu and target_t.is_cpu
-                and not (x_t.requires_grad or target_t.requires_grad) and x_t.is_contiguous()
-                and target_t.is_contiguous()
-                and self.loss is mse_step_loss and self.mode == "stream" and not self._check_params
-                and not self._pending and (self._dropout is None or not self._dropout.training)):
-            # the usual step of a stream on the one-call compiled step: the checks below, in brief
-            # (this shape and dtype were checked in full at the stream's first step)
-            y, l = fs.step_mse(x_t, target_t)
-            return self._stepped(y, l)
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
@@ -552,8 +491,6 @@ class OnlineLearner:
                 raise ValueError(f"{name}: contains NaN values")
             total = bptt_loss(self.model, x, target, loss_fn)
             total.backward()
-            if self.per_step_update is not None:
-                self.per_step_update()
             return float(total.detach())
         T = x.shape[0]
         K = 1 if self.mode == "stream" else (T if self.mode == "parallel" else self.chunk)
@@ -561,12 +498,6 @@ class OnlineLearner:
         total = 0.0
         if self.mode != "stream":  # one reduction over the whole input (a NaN is then found per step)
             self._check_nan_block(x, 0)
-        # the package's MSE against a target of the input's length, batch, dtype and layout: a
-        # stack of plain LIF layers computes it with its readout in one compiled call per block
-        mse_target = (target if loss_fn is mse_loss and self.mode == "chunked" and isinstance(target, torch.Tensor)
-                      and target.dim() == 3 and target.shape[:2] == x.shape[:2] and target.dtype == x.dtype
-                      and target.device == x.device and target.is_contiguous() and not target.requires_grad
-                      and target.shape[2] == getattr(self.model, "output_size", None) else None)
         for t0 in range(0, T, K):
             t1 = min(T, t0 + K)
             if self.mode == "stream":
@@ -582,13 +513,12 @@ class OnlineLearner:
                 else:
                     _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
             else:
-                block = getattr(loss_fn, "block", None) if self.fast is not False else None
+                block = getattr(loss_fn, "block", None) if self._compiled else None
                 vg = getattr(loss_fn, "value_and_grad", None) if self._closed_block_ok() else None
                 bvg = getattr(loss_fn, "block_value_and_grad", None) if vg is not None else None
                 if bvg is not None:  # the whole block's loss in one call: no per-step closures
                     l = self._block_batched(x[t0:t1], None, carry=t1 < T, vgs=(),
-                                            block_vg=lambda Y, t0=t0, t1=t1: bvg(Y, target, t0, t1),
-                                            mse_target=None if mse_target is None else mse_target[t0:t1])
+                                            block_vg=lambda Y, t0=t0, t1=t1: bvg(Y, target, t0, t1))
                 else:
                     l = self._block_batched(x[t0:t1], [lambda y, t=t: loss_fn(y, target, t) for t in range(t0, t1)],
                                             block_loss=None if block is None else
@@ -599,10 +529,6 @@ class OnlineLearner:
             if l is not None:
                 total += float(l)
             self.steps += t1 - t0
-            if self.per_step_update is not None:
-                self._flush()
-                self.per_step_update()
-                self._prepare()  # the parameters may have changed
         self._flush()
         return total
 
@@ -706,7 +632,7 @@ class OnlineLearner:
             self._block_start = [type(s)(*(tensors[f"block_start/{l}/{f}"].clone() for f in type(s)._fields))
                                  for l, s in enumerate(self.states)]
         self._fused_stack = None
-        if self._fast_kinds is not None and self.fused is not False and fused_supported(self, s0.dtype, s0.device):
+        if self._fast_kinds is not None and fused_supported(self, s0.dtype, s0.device):
             self._fused_stack = FusedStack(self, s0.dtype)
         rows = [tuple(tensors[f"fused_rows/{j}/{n}"] for n in ("gy", "h_re", "h_im"))
                 for j in range(int(meta.get("fused_rows", 0)))]
@@ -838,7 +764,7 @@ class OnlineLearner:
         self.steps, self.since_update = 0, 0
         self._pending, self._block_start, self._target_shape = [], None, None
         self._fused_stack = None  # (with its buffered rows: the accumulators start empty above)
-        if self._fast_kinds is not None and self.fused is not False and fused_supported(self, dtype, device):
+        if self._fast_kinds is not None and fused_supported(self, dtype, device):
             self._fused_stack = FusedStack(self, dtype)
         self._gen += 1
 
@@ -854,29 +780,16 @@ class OnlineLearner:
         self._fast_kinds = None
         self._fused = {}
         for tr in self.tracers:
-            tr.fast = self.fast is not False  # chunked: closed-form block scans where a cell has them
-        if self.mode == "stream" and self.fast is not False:
+            tr.fast = self._compiled  # chunked: closed-form block scans where a cell has them
+        if self.mode == "stream" and self._compiled:
             if fast_supported(self):
                 self._fast_kinds = fast_kinds(self)
-            elif self.fast:
-                raise ValueError("OnlineLearner: fast=True needs a stack of LRU, ALIF or plain (non-CUBA) LIF layers "
-                                 "with a leaky or linear readout and no active dropout; use fast=None (automatic) "
-                                 "or False")
-        dev = torch.device(device)
-        if self.use_triton or (self.use_triton is None and dev.type == "cuda"):
-            from .triton_kernels import mat_trace_step, triton_available
-
-            probe = torch.empty(0, device=dev)
-            if self.use_triton or triton_available(probe):
-                self.kernel = mat_trace_step
-        if self.kernel is None and dev.type == "cpu" and self.use_numba is not False:
-            from .numba_kernels import mat_trace_step_numba, numba_available
-
-            if numba_available():
-                self.kernel = mat_trace_step_numba
-            elif self.use_numba:
-                raise RuntimeError("OnlineLearner: use_numba=True but numba is not installed "
-                                   "(pip install 'spikerec[fast]')")
+            elif self.backend == "compiled":
+                raise ValueError("OnlineLearner: backend 'compiled' in stream mode needs a stack of LRU, ALIF or plain "
+                                 "(non-CUBA) LIF layers with a leaky or linear readout and no active dropout; use "
+                                 "backend='auto' or 'reference'")
+        if self._compiled:
+            self.kernel = matrix_trace_kernel(torch.device(device))
 
     def _leave_fast_paths(self):
         """Continue the stream on the reference path (it applies the model's dropout): the
@@ -1042,9 +955,9 @@ class OnlineLearner:
 
     def _closed_block_ok(self) -> bool:
         """Whether a block may take the no-autograd path of :mod:`.block` (the loss aside)."""
-        return self.closed_form_block and self.fast is not False and block_supported(self)
+        return self._compiled and block_supported(self)
 
-    def _block_batched(self, x, losses, carry, block_loss=None, vgs=None, block_vg=None, mse_target=None):
+    def _block_batched(self, x, losses, carry, block_loss=None, vgs=None, block_vg=None):
         """A block of K steps with whole-block tensor ops (chunked / parallel modes). Within the
         block every step starts from the *detached* previous state, so once the states are known
         (one cheap pass without autograd) the steps of a layer are independent rows: each layer is
@@ -1052,10 +965,9 @@ class OnlineLearner:
         backward gives ``g_t`` for every step. Same estimator as the step-by-step form. With
         ``vgs`` (per step ``y -> (loss, d loss / d y) | None``) the block runs with no autograd
         call (:func:`.block.closed_form_block`); ``block_vg`` gives the whole block's loss and
-        gradient in one call instead (and ``mse_target``, where that loss is the package's MSE,
-        its target rows)."""
+        gradient in one call instead."""
         if vgs is not None:
-            return closed_form_block(self, x, vgs, carry, block_vg, mse_target)
+            return closed_form_block(self, x, vgs, carry, block_vg)
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)

@@ -26,7 +26,7 @@ from ...surrogate import heaviside
 
 __all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "mat_trace_step_numba", "lru_trace_step_numba",
            "alif_trace_step_numba", "alif_block_numba", "alif_matrix_carry_numba", "lru_block_scan_numba", "lru_block_traces_numba",
-           "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba", "chunk1_numba",
+           "lru_matrix_carry_numba", "alif_spatial_numba", "lru_reverse_filter_numba",
            "lif_block_mat_numba", "lif_block_workspace", "lif_spatial_numba"]
 
 try:  # numba is optional
@@ -136,7 +136,7 @@ if _HAVE_NUMBA:
         """The input-matrix trace ``s^B <- lam s^B + gamma x`` on (Re, Im) rows ``em [N, B, 2, H]``, then
         ``G_re += Re(conj(g) s)``, ``G_im += Re(conj(g) i s)`` (``Gr``/``Gi [N, H]``): one branch-free loop
         over contiguous rows per (n, b), which LLVM vectorises (the trace and both accumulations in
-        one pass measured 2.3x faster than three passes at N = H = 64, B = 8)."""
+        one pass rather than three)."""
         N, B, _, H = em.shape
         for n in range(N):
             a, c, gm = lr[n], li[n], gam[n]
@@ -206,7 +206,7 @@ if _HAVE_NUMBA:
 def _arr(t):
     """A numpy view of ``t`` (a torch tensor, made contiguous; a numpy array as it is: the
     callers pass per-sequence constants already converted). The common case, a contiguous tensor
-    without autograd, skips the ``detach``/``contiguous`` calls (about 1 µs each time)."""
+    without autograd, skips the ``detach``/``contiguous`` calls."""
     if isinstance(t, np.ndarray):
         return t
     if not t.requires_grad and t.is_contiguous():
@@ -514,7 +514,7 @@ if _HAVE_NUMBA:
 
         All samples at once on planar ``[K, B*N]`` rows, in passes that each write one array
         indexed directly with its own bounds, so the compiler vectorises every pass (one fused
-        loop per sample writing ten partials was scalar: 1.4x slower)."""
+        loop per sample writing ten partials stays scalar)."""
         K, B, N = v0_.shape
         R = B * N
         m = cols.shape[0]
@@ -762,7 +762,7 @@ if _HAVE_NUMBA:
         """The pass of :func:`_alif_matrix_carry` over a carried trace ``e``, advanced in place. The
         loop bounds are ``e``'s own shape and the rows are indexed directly (no row views): with
         both, the compiler can prove that the two rows of a (neuron, sample) pair do not overlap
-        and vectorises the loops (about 3x faster than bounds taken from another array)."""
+        and vectorises the loops (with bounds taken from another array it cannot)."""
         N, B, _, H = e.shape
         for n in range(N):
             for b in range(B):
@@ -945,45 +945,6 @@ if _HAVE_NUMBA:
                                 ev_out[j, b, n] += P0[b, k, n] * V[j, k, b, n]
 
 
-def chunk1_numba(J, V, G, traces, carry: bool):
-    """:func:`_chunk1` on torch tensors: ``J [K, B, N]``, ``V [m, K, B, N]`` or ``None`` (no
-    per-neuron parameter), ``G [K, B, N]`` or ``None`` (no loss in the block), ``traces`` the
-    carried per-neuron traces as one ``[m, B, N]`` tensor, a list (``None`` where absent) or
-    ``None``. Returns ``(gh [K, B, N] or None, Gv [m, N] or None, new traces [m, B, N] or None,
-    P0 [B, K, N] or None, phi [B, N] or None, b0 [B, N] or None)``."""
-    c = _arr
-    Jn = c(J)
-    K, B, N = Jn.shape
-    npdt = Jn.dtype
-    m = 0 if V is None else V.shape[0]
-    Vn = c(V) if m else np.zeros((0, K, B, N), dtype=npdt)
-    use_g = G is not None
-    has_ev = False
-    if isinstance(traces, torch.Tensor):
-        E, has_ev = c(traces), True
-    elif traces is not None and m and any(t is not None for t in traces):
-        E, has_ev = np.zeros((m, B, N), dtype=npdt), True
-        for j, t in enumerate(traces):
-            if t is not None:
-                E[j] = c(t)
-    else:
-        E = np.zeros((max(m, 1), 1, 1), dtype=npdt)
-    gh = np.empty((K, B, N) if use_g else (1, 1, 1), dtype=npdt)
-    Gv = np.empty((max(m, 1), N), dtype=np.float64)
-    ev_out = np.empty((max(m, 1), B, N) if carry else (1, 1, 1), dtype=npdt)
-    P0 = np.empty((B, K, N) if carry else (1, 1, 1), dtype=npdt)
-    phi = np.empty((B, N) if carry else (1, 1), dtype=npdt)
-    b0 = np.empty((B, N) if use_g else (1, 1), dtype=npdt)
-    _chunk1(Jn, Vn, c(G) if use_g else gh, use_g, E, has_ev, bool(carry), gh, Gv, ev_out, P0, phi, b0,
-            np.zeros(max(m, 1), np.bool_))
-    t = torch.from_numpy
-    return (t(gh) if use_g else None, t(Gv[:m].astype(npdt)) if (use_g and m) else None,
-            t(ev_out[:m]) if (carry and m) else None, t(P0) if carry else None, t(phi) if carry else None,
-            t(b0) if use_g else None)
-
-
-# --- the chunked block of a plain LIF layer: partials and per-neuron pass in one call ----------
-
 if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
@@ -1059,12 +1020,10 @@ if _HAVE_NUMBA:
                     Gacc[r, n] += dt(Gv[j, n])
 
     @_nb.njit(cache=True, nogil=True)
-    def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi, events, accT):  # pragma: no cover - compiled
+    def _lif_block_mat(e, has_e, use_g, b0, Gm, carry, q, phi):  # pragma: no cover - compiled
         """The carried matrix trace ``e [N, B, 1, H]`` of a block: ``Gm[n] += sum_b b0[b, n] e[n, b]``
         (``use_g``, with the trace before the block), then ``e[n, b] <- phi[b, n] e[n, b] + q[b, n]``
-        (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``).
-        With ``events`` (the products of :mod:`.event_products`) ``Gm += accT^T`` (``use_g``;
-        ``accT [H, N]``) is added too (and ``q`` is a strided view of their ``[B, H, N]`` array)."""
+        (``carry``; ``q [B, N, H] = sum_k Phi_k pre_k``, ``e`` taken as zero without ``has_e``)."""
         N, B, _, H = e.shape
         if use_g and has_e:
             for n in range(N):
@@ -1072,10 +1031,6 @@ if _HAVE_NUMBA:
                     s = b0[b, n]
                     for h in range(H):
                         Gm[n, h] += s * e[n, b, 0, h]
-        if events and use_g:
-            for n in range(N):
-                for h in range(H):
-                    Gm[n, h] += accT[h, n]
         if carry:
             for n in range(N):
                 for b in range(B):
@@ -1103,13 +1058,13 @@ def lif_block_workspace(K: int, B: int, N: int, m: int, dtype) -> dict:
 
 
 def lif_block_mat_numba(e, has_e: bool, b0, Gm, carry: bool, q, phi, ws: dict) -> None:
-    """:func:`_lif_block_mat` on torch tensors (without event products): ``e`` (contiguous)
+    """:func:`_lif_block_mat` on torch tensors: ``e`` (contiguous)
     updated in place, read as zero without ``has_e``; ``Gm`` added to when ``b0`` is given; ``q``,
     ``phi`` used with ``carry``; ``ws`` a :func:`lif_block_workspace` (its placeholders)."""
     z2 = ws["z2"]
     _lif_block_mat(e.numpy(), has_e, b0 is not None, z2 if b0 is None else b0.numpy(),
                    z2 if b0 is None else Gm.numpy(), carry, q.numpy() if carry else ws["z3"],
-                   phi.numpy() if carry else z2, False, z2)
+                   phi.numpy() if carry else z2)
 
 
 # --- the chunked block of one LRU layer ------------------------------------------------------
@@ -1221,7 +1176,7 @@ if _HAVE_NUMBA:
         term needs ``do_b`` and ``has_e``. ``q [N, 2, B, H]`` is the GEMM ``sum_k lam^(K-1-k)
         x_k``, ``gh0 [B, N, 2]``. Each loop takes its bounds from the array it writes and indexes
         the arrays directly (no row views), so the compiler can tell the rows apart and vectorises
-        it (2x faster)."""
+        it."""
         zero = out.dtype.type(0)
         if do_s or (do_b and has_e):
             N, _, H = bnd.shape

@@ -26,33 +26,17 @@ from __future__ import annotations
 import torch
 
 from ...kernels.lif_sequence_numba import surrogate_code
-from ...layers.readout import LeakyReadout
 from ...surrogate import heaviside
 from .numba_kernels import alif_spatial_numba, compiled_cpu, lif_spatial_numba
+from .kinds import compiled_tag
 from .traces_base import stream_step
-from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
-from .traces_lru import LRUTrace
 
 __all__ = ["supported", "fast_kinds", "fast_stream_step"]
 
 
-def _kind(tr) -> str | None:
-    if isinstance(tr, LRUTrace):
-        return "lru"
-    if isinstance(tr, ALIFTrace):
-        return "alif"
-    if isinstance(tr, LIFTrace) and tr.block_ready:
-        return "lif"
-    if isinstance(tr, ReadoutTrace):
-        return "leaky_readout"
-    if getattr(tr, "stateless", False) and isinstance(tr.cell, LeakyReadout):  # a linear readout
-        return "readout"
-    return None
-
-
 def fast_kinds(learner) -> list[str]:
     """The per-layer kind tags :func:`fast_stream_step` dispatches on."""
-    return [_kind(tr) for tr in learner.tracers]
+    return [compiled_tag(tr) for tr in learner.tracers]
 
 
 def supported(learner) -> bool:
@@ -61,7 +45,7 @@ def supported(learner) -> bool:
     drop = getattr(learner.model, "dropout", None)
     if drop is not None and drop.training:
         return False
-    kinds = [_kind(tr) for tr in learner.tracers]
+    kinds = fast_kinds(learner)
     if any(k is None for k in kinds) or kinds[-1] not in ("readout", "leaky_readout"):
         return False
     if any(k in ("readout", "leaky_readout") for k in kinds[:-1]):
@@ -167,7 +151,7 @@ def _fused_flags(learner, x_t) -> list[bool]:
     cache = learner.__dict__.setdefault("_fused", {})
     flags = cache.get(key)
     if flags is None:
-        flags = cache[key] = [learner.use_numba is not False and hasattr(tr, "fused_stream_step")
+        flags = cache[key] = [learner.kernel is not None and hasattr(tr, "fused_stream_step")
                               and tr.fused_ready(x_t.dtype, x_t.device) for tr in learner.tracers]
     return flags
 

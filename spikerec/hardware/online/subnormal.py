@@ -5,7 +5,7 @@ the membrane's leak ``alpha < 1``, as e-prop's eligibility vectors do; Bellec et
 it falls below the smallest normal float (``1.18e-38`` in float32) and becomes subnormal. On x86
 CPUs an operation on a subnormal operand takes a microcode assist of tens to hundreds of cycles:
 with 1-2 % of the ALIF layers' matrix-trace entries subnormal after a few hundred steps of the
-benchmark's spike input, the whole-stack stream step ran about 1.3x slower (BENCHMARKS.md).
+benchmark's spike input, the whole-stack stream step ran measurably slower (docs/online.md).
 
 The learner therefore runs its steps with the thread's flush-to-zero and denormals-are-zero
 modes on (``torch.set_flush_denormal``, which sets both on x86; the compiled kernels run on the
@@ -50,8 +50,8 @@ class flush_subnormals:
 
 
 def with_flushed_subnormals(fn):
-    """Decorator: ``fn`` runs inside :class:`flush_subnormals` (written out: the learner's step
-    is called once per time step, and the context manager's object and calls cost about 0.4 µs)."""
+    """Decorator: ``fn`` runs inside :class:`flush_subnormals` (written out without a context
+    manager object: the learner's step is called once per time step)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

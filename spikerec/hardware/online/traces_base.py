@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Partials", "TraceState", "LayerTrace", "stream_step", "chunk_contract", "stack_partials", "advance_and_contract"]
+from ...neurons.roles import Role, parameters_by_role
+
+__all__ = ["Partials", "TraceState", "LayerTrace", "GenericTrace", "stream_step", "chunk_contract", "stack_partials", "advance_and_contract"]
 
 
 @dataclass
@@ -142,6 +144,11 @@ class LayerTrace:
         new = self.step(x.reshape(K * B, *x.shape[2:]), prev)
         return (prev, last, new, None) if with_out else (prev, last, new)
 
+    def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
+        """The chunked block's contraction on the block's ``[K*B]`` rows: :func:`chunk_contract`
+        of the torch :meth:`partials` (a kind may override it with a compiled form)."""
+        chunk_contract(ts, stack_partials(self.partials(x, prev, new), K, B), G, carry)
+
     # --- helpers ------------------------------------------------------------------------------
     def use_J(self) -> bool:
         return self.rule in ("full", "snap1")
@@ -162,6 +169,33 @@ class LayerTrace:
 
     def stack_state(self, state) -> torch.Tensor:
         return torch.stack(tuple(state), dim=-1)
+
+
+class GenericTrace(LayerTrace):
+    """A layer without eligibility traces: advanced with live parameters from the detached
+    previous state.
+
+    Its parameters get ``d l_t / d theta`` through the instantaneous graph, which for
+    recurrent parameters is the immediate partial of 1-step truncation (``trunc1``). Exact for stateless layers (a non-leaky readout), an approximation for
+    recurrent ones (a GRU). Under ``spatial`` only the cell's input parameters (role ``INPUT`` in
+    its ``param_specs``: input weights and biases; else its ``stability_groups()["depth"]``) keep
+    their gradient."""
+
+    def __init__(self, cell, rule, stateless: bool):
+        self.cell, self.rule, self.params = cell, rule, dict(cell.named_parameters())
+        self.traced, self.mask, self.stateless = [], {}, stateless
+        self.kind = type(cell).__name__
+        self.frozen: set = set()
+        if rule == "spatial" and not stateless:
+            specs = cell.param_specs() if callable(getattr(cell, "param_specs", None)) else None
+            if specs:  # the input parameters (role INPUT: weights and biases) keep their gradient
+                keep = {id(p) for _, p in parameters_by_role(cell, Role.INPUT)}
+            elif hasattr(cell, "stability_groups"):
+                keep = {id(p) for p in cell.stability_groups().get("depth", [])}
+            else:
+                keep = None
+            if keep is not None:
+                self.frozen = {id(p) for p in cell.parameters() if id(p) not in keep}
 
 
 class TraceState:

@@ -25,10 +25,9 @@ from ...layers.readout import ReadoutState
 from ... import neurons
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba, chunk1_numba,
+from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba,
                             lif_block_workspace, compiled_cpu, compiled_dtype, numba_available)
 from . import numba_kernels as _nk
-from .event_products import event_current, event_grads, event_workspace, spike_events
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -174,7 +173,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         surrogate with an inline formula (fast sigmoid, arc-tangent), the ``full``/``snap1`` rule,
         numba installed, CPU tensors of the parameters' float dtype."""
         p = self.cell.weight
-        return (self.block_ready and surrogate_code(self.cell.surrogate)[0] in (1, 2) and compiled_dtype(dtype, device)
+        return (self.block_ready and surrogate_code(self.cell.surrogate)[0] != 0 and compiled_dtype(dtype, device)
                 and self.use_J() and p.dtype == dtype and p.device.type == "cpu")
 
     def fused_setup(self, dtype):
@@ -226,12 +225,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if self.cell.cuba:  # the step loop (two states)
             return self.scan_loop(x, state, with_new or with_out, with_out)
         k = self.consts(x.dtype)
-        ev = self._block_events(x, K, B) if compiled_cpu(x) else None
-        if ev is not None:  # a sparse spike input: the event-driven product (:mod:`.event_products`)
-            I = torch.empty((K, B, self.cell.hidden_size), dtype=x.dtype)
-            event_current(ev, k["Wt"], k["bias"], I.view(K * B, -1))
-        else:
-            I = _block_current(k, x)
+        I = _block_current(k, x)
         N = I.shape[-1]
         reset, thr, alpha = self.cell.reset, k["thr"], k["alpha"]
         compiled = k.get("compiled")
@@ -266,67 +260,67 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
 
     def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
         """The chunked block's contraction (the sums of :func:`.traces_base.chunk_contract`) for a
-        plain LIF: the partials are :meth:`partials` on the block's ``[K*B]`` rows; the
-        per-neuron part (reverse filter ``gh_k = g_k + J_{k+1} gh_{k+1}``, the products
-        ``Phi_k = J_{K-1} ... J_{k+1}``, the per-neuron sums and carried traces) is one compiled
-        pass (:func:`.numba_kernels.chunk1_numba`). The immediate partial of an input or lateral
-        weight is ``pre`` (``c = 1``), so with ``e`` the carried matrix trace ``[N, B, 1, H]`` and
-        ``b0 = J_0 gh_0``:
+        plain LIF, computed in one compiled per-neuron pass with the partials inside it
+        (:func:`.numba_kernels._lif_block_vec`: reverse filter ``gh_k = g_k + J_{k+1} gh_{k+1}``,
+        ``Phi_k = J_{K-1} ... J_{k+1}``, the per-neuron sums and carried traces). The immediate
+        partial of an input or lateral weight is ``pre`` (``c = 1``), so with ``e`` the carried
+        matrix trace ``[N, B, 1, H]`` and ``b0 = J_0 gh_0``:
 
-            dW += gh^T pre + sum_b b0 e                   (one GEMM and one batched product)
+            dW += gh^T pre + sum_b b0 e                   (one GEMM and one compiled pass)
             e  <- sum_k Phi_k pre_k + Phi_{K-1,-1} e      (one GEMM per sample)
 
         The torch form (:func:`.traces_base.chunk_contract`) runs where the compiled one does not
-        (no numba, not the CPU, a rule without ``J``)."""
-        if (self.use_J() and compiled_cpu(x) and self.cell.weight.dtype == x.dtype
-                and surrogate_code(self.cell.surrogate)[0] in (1, 2)):
-            self._block_contract_compiled(ts, x, prev, G, carry, K, B)
+        (no numba, not the CPU, a rule without ``J``, a surrogate without a compiled form)."""
+        if not (self.use_J() and compiled_cpu(x) and self.cell.weight.dtype == x.dtype
+                and surrogate_code(self.cell.surrogate)[0] != 0):
+            super().block_contract(ts, x, prev, new, G, carry, K, B)
             return
-        P = self.partials(x, prev, new)
-        if not (self.use_J() and compiled_cpu(x)):
-            chunk_contract(ts, stack_partials(P, K, B), G, carry)
-            return
-        names = self.vec_names(P)
-        mats = [n for n in ("weight", "recurrent_weight") if n in P.mat and n in self.traced]
         if G is None and not carry:
             return
         N = prev.v.shape[-1]
-        J = P.J.reshape(-1, N).expand(K * B, N).reshape(K, B, N)
-        V = torch.stack([P.vec[n].reshape(K, B, N) for n in names]) if names else None
-        old = ts.carried(names) if names else None
-        gh, Gv, ev_out, P0, phi, b0 = chunk1_numba(
-            J, V, None if G is None else G.reshape(K, B, N), None if old is None else
-            (old[..., 0] if isinstance(old, torch.Tensor) else [None if e is None else e[..., 0] for e in old]), carry)
-        if G is not None:
-            for j, n in enumerate(names):
-                ts.add(n, Gv[j])
-        for name in mats:
-            pre = P.mat[name][1].reshape(K, B, -1)
+        Vp, G = _arr(prev.v.view(K, B, N)), None if G is None else _arr(G.reshape(K, B, N))
+        dt = x.dtype
+        plan = self._block_plan(dt, K, B)
+        names, m, ws = plan["names"], plan["m"], plan["ws"]
+        use_g = G is not None
+        accs = self._accumulators(ts, names, use_g, dt, N)
+        E, has_ev = ws["none3"], False
+        if m:
+            old = ts.carried(names)
+            if isinstance(old, torch.Tensor):  # [m, B, N, 1]: the rows of the last block's traces
+                E, has_ev = old.numpy().reshape(m, B, N), True
+            elif any(e is not None for e in old):
+                E, has_ev = np.zeros((m, B, N), dtype=Vp.dtype), True
+                for j, e in enumerate(old):
+                    if e is not None:
+                        E[j] = _arr(e[..., 0])
+        ev_new = torch.empty((m, B, N, 1), dtype=dt) if (carry and m) else None  # the new traces, in their kept shape
+        w = ws["np"]
+        P0, phi, b0 = plan["outs"]
+        _nk._lif_block_vec(Vp, G if use_g else w["gh"], use_g, *plan["consts"], E, has_ev, carry, plan["need_zp"],
+                           *plan["work"], ws["z3"] if ev_new is None else ev_new.numpy().reshape(m, B, N), P0, phi,
+                           b0, accs[0].numpy())
+        z2 = ws["z2"]
+        for name in plan["mats"]:
+            pre = x if name == "weight" else ws["zp"]
             e = ts.mat.get(name)  # [N, B, 1, H]
-            if G is not None:
-                ts.add(name, gh.reshape(K * B, N).t() @ pre.reshape(K * B, -1))
-                if e is not None:  # sum_b b0[b, n] e[n, b, :] (elementwise: a batch of 1 x B products is slow)
-                    ts.add(name, (b0.t().unsqueeze(-1) * e[:, :, 0]).sum(1))
-            if carry:
-                q = torch.bmm(P0.transpose(1, 2), pre.transpose(0, 1)).transpose(0, 1)  # [N, B, H]
-                if e is not None:
-                    q = q.addcmul(phi.t().unsqueeze(-1), e[:, :, 0])
-                ts.mat[name] = q.unsqueeze(2).contiguous()
-        if carry and names:
-            ts.set_carried(names, ev_out.unsqueeze(-1))
-
-    def _event_workspace(self, K: int, B: int, dt) -> dict:
-        """The workspace where a block's input is listed as events (:mod:`.event_products`)."""
-        H, N = self.cell.input_size, self.cell.hidden_size
-        return self.scratch(("events", K, B, dt), lambda: event_workspace(K * B, H, N, B, dt))
-
-    def _block_events(self, x, K: int, B: int) -> dict | None:
-        """The block input ``x [K, B, H]`` listed as events in the layer's event workspace when it
-        is sparse enough (:func:`.event_products.spike_events`); ``None`` for the GEMM form."""
-        if not numba_available() or not x.is_contiguous():
-            return None
-        ev = self._event_workspace(K, B, x.dtype)
-        return ev if spike_events(x.view(K * B, -1), ev) else None
+            has_e = e is not None
+            if has_e and not (e.is_contiguous() and e.dtype == dt):
+                e = e.contiguous().to(dt)
+            Gm = accs[1] if name == "weight" else accs[2]  # dW += gh^T pre
+            H = pre.shape[-1]
+            if use_g:
+                Gm.addmm_(ws["gh2"].t(), pre.reshape(K * B, H))
+            q = torch.bmm(ws["P0T"], pre.reshape(K, B, H).transpose(0, 1)).numpy() if carry else ws["z3"]
+            if carry and not has_e:
+                e = torch.empty((N, B, 1, H), dtype=dt)
+            if e is not None:
+                _nk._lif_block_mat(e.numpy(), has_e, use_g, b0 if use_g else z2, Gm.numpy() if use_g else z2, carry,
+                                   q, phi if carry else z2)
+                if carry:
+                    ts.mat[name] = e
+        if ev_new is not None:
+            ts.set_carried(names, ev_new)
 
     def _block_plan(self, dt, K: int, B: int) -> dict:
         """What the compiled block contraction fixes per sequence (and block size): the traced
@@ -354,85 +348,6 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
                 "work": (w["J"], w["V"], w["zp"], w["gh"], ws["Gv"]), "outs": (w["P0"], w["phi"], w["b0"]),
                 "need_zp": "recurrent_weight" in mats, "gh_rows": w["gh"].reshape(K * B, N)}
         return plan
-
-    def _block_contract_compiled(self, ts, x, prev, G, carry: bool, K: int, B: int, events="find") -> None:
-        """:meth:`block_contract` with the partials computed inside the compiled per-neuron pass
-        (:func:`.numba_kernels._lif_block_vec`: a surrogate with an inline formula; its sums added
-        straight into the per-neuron accumulators), the two products of each matrix trace as torch
-        GEMMs (``dW += gh^T pre`` into the accumulator; ``q_b = Phi_b^T pre_b``, one batched
-        product) and the carried trace's ``b0`` term and update in one compiled pass
-        (:func:`.numba_kernels.lif_block_mat_numba`), in place. A sparse input ``x`` takes the
-        event-driven products instead of the two GEMMs (:mod:`.event_products`; ``events``: the
-        workspace where :meth:`_block_events` listed ``x`` for this block, ``None`` for the GEMMs,
-        ``"find"`` to decide here)."""
-        if G is None and not carry:
-            return
-        N = prev.v.shape[-1]
-        self._contract_rows(ts, x, _arr(prev.v.view(K, B, N)), None if G is None else _arr(G.reshape(K, B, N)),
-                            carry, K, B, events)
-
-    def _contract_rows(self, ts, x, Vp, G, carry: bool, K: int, B: int, events="find") -> None:
-        """:meth:`_block_contract_compiled` on the membranes before each step ``Vp`` and the
-        spatial error ``G`` given as numpy ``[K, B, N]`` arrays (``G`` ``None``: no loss in the
-        block), as the prepared LIF-stack block keeps them (:mod:`.block_lif`). The compiled
-        passes (:func:`.numba_kernels._lif_block_vec`, :func:`.numba_kernels._lif_block_mat`; the
-        event products through :func:`.event_products.event_grads`) are called with the block
-        plan's arrays as they are: a wrapper per call had cost about 10 µs of a 150 µs contraction."""
-        if G is None and not carry:
-            return
-        dt = x.dtype
-        plan = self._block_plan(dt, K, B)
-        names, m, ws = plan["names"], plan["m"], plan["ws"]
-        N = Vp.shape[-1]
-        use_g = G is not None
-        accs = self._accumulators(ts, names, use_g, dt, N)
-        E, has_ev = ws["none3"], False
-        if m:
-            old = ts.carried(names)
-            if isinstance(old, torch.Tensor):  # [m, B, N, 1]: the rows of the last block's traces
-                E, has_ev = old.numpy().reshape(m, B, N), True
-            elif any(e is not None for e in old):
-                E, has_ev = np.zeros((m, B, N), dtype=Vp.dtype), True
-                for j, e in enumerate(old):
-                    if e is not None:
-                        E[j] = _arr(e[..., 0])
-        ev_new = torch.empty((m, B, N, 1), dtype=dt) if (carry and m) else None  # the new traces, in their kept shape
-        w = ws["np"]
-        P0, phi, b0 = plan["outs"]
-        _nk._lif_block_vec(Vp, G if use_g else w["gh"], use_g, *plan["consts"], E, has_ev, carry, plan["need_zp"],
-                           *plan["work"], ws["z3"] if ev_new is None else ev_new.numpy().reshape(m, B, N), P0, phi,
-                           b0, accs[0].numpy())
-        z2 = ws["z2"]
-        for name in plan["mats"]:
-            pre = x if name == "weight" else ws["zp"]
-            e = ts.mat.get(name)  # [N, B, 1, H]
-            has_e = e is not None
-            if has_e and not (e.is_contiguous() and e.dtype == dt):
-                e = e.contiguous().to(dt)
-            Gm = accs[1] if name == "weight" else accs[2]  # dW += gh^T pre
-            ev = None
-            if name == "weight":
-                ev = self._block_events(x, K, B) if isinstance(events, str) else events
-            if ev is not None:  # the event-driven products: accT = (gh^T pre)^T, q as [B, H, N]
-                accT, qT = event_grads(ev, plan["gh_rows"] if use_g else None, P0, B, carry)
-                q = qT.transpose(0, 2, 1) if carry else ws["z3"]  # [B, N, H], a strided view
-            else:
-                accT = None
-                H = pre.shape[-1]
-                if use_g:
-                    Gm.addmm_(ws["gh2"].t(), pre.reshape(K * B, H))
-                q = torch.bmm(ws["P0T"], pre.reshape(K, B, H).transpose(0, 1)).numpy() if carry else ws["z3"]
-            if carry and not has_e:
-                e = torch.empty((N, B, 1, x.shape[-1] if name == "weight" else N), dtype=dt)
-            if e is not None:
-                _nk._lif_block_mat(e.numpy(), has_e, use_g, b0 if use_g else z2, Gm.numpy() if use_g else z2, carry,
-                                   q, phi if carry else z2, accT is not None, z2 if accT is None else accT)
-                if carry:
-                    ts.mat[name] = e
-            elif accT is not None and use_g:
-                Gm.add_(torch.from_numpy(accT).t())
-        if ev_new is not None:
-            ts.set_carried(names, ev_new)
 
 
 class ALIFTrace(_FusedAccumulators, LayerTrace):

@@ -1,0 +1,96 @@
+"""The registry of cell kinds with exact online learning.
+
+One entry per kind says how the learner treats a cell of it: the trace class (its state update,
+Jacobian and immediate partials, :class:`.traces_base.LayerTrace`), the tag the compiled paths
+dispatch on (the hand-written spatial backward of :mod:`.spatial`, the chunked block of
+:mod:`.block`, the whole-stack step of :mod:`.fused_stack`), and what :meth:`.learner.OnlineLearner.exactness`
+reports. A cell no entry claims learns with 1-step truncation (:class:`.traces_base.GenericTrace`).
+docs/architecture.md ("Adding a cell kind to online learning") lists the steps for a new kind.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ...layers.alif import ALIF
+from ...layers.lif import LIF
+from ...layers.lru import LRU
+from ...layers.readout import LeakyReadout
+from .traces_base import GenericTrace, LayerTrace
+from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
+from .traces_lru import LRUTrace
+
+__all__ = ["OnlineKind", "register_online_kind", "online_kind", "online_trace", "registered_kinds"]
+
+INDEPENDENT = "exact e-prop eligibility traces (independent neurons)"
+
+
+@dataclass(frozen=True)
+class OnlineKind:
+    """How the online learner treats the cells of one kind.
+
+    ``tag``: the name the compiled paths dispatch on; ``cell``: the layer class; ``make``:
+    ``(cell, rule) -> LayerTrace``; ``exactness``: what :meth:`OnlineLearner.exactness` says of a
+    layer without lateral weights; ``claims(cell)``: whether this entry covers the cell (options of
+    the class another entry covers); ``compiled(cell)``: whether the compiled paths cover it (else
+    the layer, and so the stack, takes the reference path)."""
+
+    tag: str
+    cell: type
+    make: Callable[..., LayerTrace]
+    exactness: str
+    claims: Callable[[object], bool] = lambda cell: True
+    compiled: Callable[[object], bool] = lambda cell: True
+
+
+_KINDS: list[OnlineKind] = []
+
+
+def register_online_kind(kind: OnlineKind) -> OnlineKind:
+    """Add ``kind`` to the registry, ahead of the kinds registered before it (so that a kind for
+    a subclass claims its cells first); a kind with the same tag is replaced."""
+    _KINDS[:] = [kind] + [k for k in _KINDS if k.tag != kind.tag]
+    return kind
+
+
+def registered_kinds() -> tuple[OnlineKind, ...]:
+    return tuple(_KINDS)
+
+
+def online_kind(cell) -> OnlineKind | None:
+    """The registered kind that claims ``cell``, or ``None``."""
+    for k in _KINDS:
+        if isinstance(cell, k.cell) and k.claims(cell):
+            return k
+    return None
+
+
+def online_trace(cell, rule: str, index: int) -> LayerTrace:
+    """The online form of ``cell`` under ``rule``: its registered kind's trace (``tr.online_kind``
+    set), else 1-step truncation (:class:`GenericTrace`) for any cell that follows the cell
+    protocol."""
+    kind = online_kind(cell)
+    if kind is not None:
+        tr = kind.make(cell, rule)
+        tr.online_kind = kind
+        return tr
+    for m in ("initial_state", "step", "output"):
+        if not hasattr(cell, m):
+            raise TypeError(f"OnlineLearner: layer {index} ({type(cell).__name__}) does not follow the cell "
+                            f"protocol: it has no '{m}'")
+    return GenericTrace(cell, rule, stateless=False)
+
+
+def compiled_tag(tr) -> str | None:
+    """The tag of ``tr``'s kind where the compiled paths cover its cell, else ``None``."""
+    kind = getattr(tr, "online_kind", None)
+    return kind.tag if kind is not None and kind.compiled(tr.cell) else None
+
+
+register_online_kind(OnlineKind("lru", LRU, LRUTrace, "exact RTRL traces (diagonal linear recurrence)"))
+register_online_kind(OnlineKind("lif", LIF, LIFTrace, INDEPENDENT, compiled=lambda c: not c.cuba))
+register_online_kind(OnlineKind("alif", ALIF, ALIFTrace, INDEPENDENT))
+register_online_kind(OnlineKind("leaky_readout", LeakyReadout, ReadoutTrace,
+                                "exact eligibility traces (leaky integrator)", claims=lambda c: c.leaky))
+register_online_kind(OnlineKind("readout", LeakyReadout, lambda c, rule: GenericTrace(c, rule, stateless=True),
+                                "stateless (exact)", claims=lambda c: not c.leaky))
