@@ -36,6 +36,7 @@ __all__ = [
     "Exponential",
     "MultiGaussian",
     "SURROGATES",
+    "COMPILED_CODES",
     "get_surrogate",
     "heaviside",
 ]
@@ -105,9 +106,10 @@ class Surrogate:
         return {"name": self.name, **cfg}
 
     def compiled_form(self) -> tuple[int, float, float] | None:
-        """``(code, slope, scale)`` of this surrogate's compiled form: the derivative formula the
-        compiled kernels evaluate inline (``code`` selects it in
-        :func:`spikerec.kernels.lif_sequence_numba_kernels.sd_consts`; tested equal to
+        """``(code, p, scale)`` of this surrogate's compiled form: the derivative formula compiled
+        kernels evaluate inline, ``code`` one of :data:`COMPILED_CODES` and ``p`` its slope or width
+        (the numba kernels have codes 1-2, :func:`spikerec.kernels.lif_sequence_numba_kernels.sd_consts`;
+        the Triton kernels 1-6, :mod:`spikerec.kernels.surrogate_triton`; each tested equal to
         :meth:`derivative`), or ``None``: the compiled paths then take :meth:`derivative` in torch."""
         return None
 
@@ -187,6 +189,9 @@ class Triangle(Surrogate):
         xc = torch.clamp(x, -w, w)
         return self.scale * (0.5 + xc / w - xc * xc.abs() / (2.0 * w * w))
 
+    def compiled_form(self):
+        return 3, float(self.width), float(self.scale)
+
 
 @dataclass(frozen=True)
 class Gaussian(Surrogate):
@@ -208,6 +213,9 @@ class Gaussian(Surrogate):
 
     def primitive(self, x):
         return self.scale * 0.5 * (1.0 + torch.erf(x / (math.sqrt(2.0) * self.width)))
+
+    def compiled_form(self):
+        return 4, float(self.width), float(self.scale)
 
 
 @dataclass(frozen=True)
@@ -231,6 +239,9 @@ class Sigmoid(Surrogate):
     def primitive(self, x):
         return self.scale * torch.sigmoid(self.slope * x)
 
+    def compiled_form(self):
+        return 5, float(self.slope), float(self.scale)
+
 
 @dataclass(frozen=True)
 class Exponential(Surrogate):
@@ -252,6 +263,9 @@ class Exponential(Surrogate):
     def primitive(self, x):
         e = 0.5 * torch.exp(-x.abs() / self.width)
         return self.scale * torch.where(x < 0, e, 1.0 - e)
+
+    def compiled_form(self):
+        return 6, float(self.width), float(self.scale)
 
 
 def _normal_pdf(x, mu, sigma):
@@ -292,6 +306,9 @@ class MultiGaussian(Surrogate):
             (1 + h) * _normal_cdf(x, 0.0, w) - h * _normal_cdf(x, w, k * w) - h * _normal_cdf(x, -w, k * w)
         )
 
+
+#: the codes of :meth:`Surrogate.compiled_form`, by formula
+COMPILED_CODES = {"fast_sigmoid": 1, "atan": 2, "triangle": 3, "gaussian": 4, "sigmoid": 5, "exponential": 6}
 
 SURROGATES: dict[str, type[Surrogate]] = {
     "fast_sigmoid": FastSigmoid,

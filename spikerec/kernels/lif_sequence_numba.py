@@ -100,12 +100,12 @@ def surrogate_code(sur) -> tuple[int, float, float]:
     the formula the compiled kernels evaluate inline); ``(0, 0, 0)`` for a surrogate without one, whose
     derivatives are then computed by torch (a warning names it once per process)."""
     form = sur.compiled_form() if callable(getattr(sur, "compiled_form", None)) else None
-    if form is not None:
+    if form is not None and form[0] in (1, 2):  # the formulas of sd_consts
         return form
     name = getattr(sur, "name", None) or type(sur).__name__
     if name not in _WARNED:
         _WARNED.add(name)
-        warnings.warn(f"surrogate '{name}' has no compiled form: its derivative is computed by torch on the "
+        warnings.warn(f"surrogate '{name}' has no compiled CPU form: its derivative is computed by torch on the "
                       f"compiled paths (slower); the fast sigmoid and arc-tangent have one", stacklevel=2)
     return 0, 0.0, 0.0
 

@@ -1,13 +1,13 @@
 """Triton forms of the surrogate derivatives of :mod:`spikerec.surrogate`.
 
-A surrogate's compiled form is looked up by its class (:func:`triton_form`): the fused spiking
-kernels evaluate ``sigma'(x)`` inside their reverse loop through :func:`surrogate_derivative`,
-one ``constexpr`` branch per formula, with the surrogate's own parameters passed as scalars.
-A surrogate without a Triton form (``multi_gaussian``, or a user's own class) makes the kernels
-step aside: the layer then runs its torch loop, with a one-time warning naming the surrogate.
+A surrogate owns its compiled form: :meth:`spikerec.surrogate.Surrogate.compiled_form` gives the
+formula's code and constants, and the fused spiking kernels evaluate ``sigma'(x)`` inside their
+reverse loop through :func:`surrogate_derivative`, one ``constexpr`` branch per formula. A surrogate
+without a compiled form (``multi_gaussian``, or a user's own class) makes the kernels step aside:
+the layer then runs its torch loop, with a one-time warning naming the surrogate.
 
-The formulas are the ones in the surrogates' docstrings (each class's ``derivative``); a test
-compares every form with ``Surrogate.derivative`` on fresh random inputs in float64.
+The branches are the formulas of the surrogates' ``derivative``; a test compares every form with
+``Surrogate.derivative`` on fresh random inputs in float64.
 """
 from __future__ import annotations
 
@@ -18,30 +18,31 @@ import warnings
 import triton
 import triton.language as tl
 
-from ..surrogate import ATan, Exponential, FastSigmoid, Gaussian, Sigmoid, Surrogate, Triangle
+from ..surrogate import COMPILED_CODES, Surrogate
 
 __all__ = ["triton_form", "surrogate_constants", "surrogate_derivative", "CODES"]
 
-#: the surrogate classes with a Triton form and the code of their branch in :func:`surrogate_derivative`
-CODES = {FastSigmoid: 0, ATan: 1, Triangle: 2, Gaussian: 3, Sigmoid: 4, Exponential: 5}
+#: the codes of :meth:`Surrogate.compiled_form` with a branch in :func:`surrogate_derivative`
+CODES = frozenset(COMPILED_CODES.values())
 _WARNED: set[str] = set()
 
 
 def triton_form(sur: Surrogate, *, warn: bool = True):
     """``(code, constants)`` of ``sur`` for :func:`surrogate_derivative`, or None (with a one-time
-    warning naming the surrogate) when it has no Triton form. ``constants`` are ``(p, scale, q)``:
+    warning naming the surrogate) when it has no compiled form. ``constants`` are ``(p, scale, q)``:
     ``p`` the slope or the width, ``q`` a product the formula needs (``pi/2 slope`` for the
     arc-tangent, ``sqrt(2 pi) width`` for the Gaussian), formed in double precision here."""
-    code = CODES.get(type(sur))
-    if code is None:
-        if warn and sur.name not in _WARNED:
-            _WARNED.add(sur.name)
-            warnings.warn(f"surrogate {sur.name!r} ({type(sur).__name__}) has no Triton form: the spiking layers "
+    form = sur.compiled_form() if callable(getattr(sur, "compiled_form", None)) else None
+    if form is None or form[0] not in CODES:
+        name = getattr(sur, "name", None) or type(sur).__name__
+        if warn and name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"surrogate {name!r} ({type(sur).__name__}) has no compiled form: the spiking layers "
                           "run their torch loop on CUDA", RuntimeWarning, stacklevel=3)
         return None
-    p = float(getattr(sur, "slope", None) or sur.width)
-    q = math.pi / 2.0 * p if code == 1 else (math.sqrt(2.0 * math.pi) * p if code == 3 else 0.0)
-    return code, (p, float(sur.scale), q)
+    code, p, scale = form
+    q = math.pi / 2.0 * p if code == 2 else (math.sqrt(2.0 * math.pi) * p if code == 4 else 0.0)
+    return code, (float(p), float(scale), q)
 
 
 @functools.lru_cache(maxsize=64)
@@ -56,22 +57,22 @@ def surrogate_constants(form, dtype, device):
 
 @triton.jit
 def surrogate_derivative(x, c_ptr, CODE: tl.constexpr):
-    """``sigma'(x)`` of the surrogate with code ``CODE`` (:data:`CODES`) and constants at ``c_ptr``
+    """``sigma'(x)`` of the surrogate with code ``CODE`` (:data:`spikerec.surrogate.COMPILED_CODES`) and constants at ``c_ptr``
     (:func:`surrogate_constants`), in the dtype of ``x``."""
     p = tl.load(c_ptr).to(x.dtype)
     scale = tl.load(c_ptr + 1).to(x.dtype)
-    if CODE == 0:  # fast sigmoid: scale / (1 + slope |x|)^2
+    if CODE == 1:  # fast sigmoid: scale / (1 + slope |x|)^2
         d = 1.0 + p * tl.abs(x)
         out = scale / (d * d)
-    elif CODE == 1:  # arc-tangent: scale (slope / 2) / (1 + (pi/2 slope x)^2)
+    elif CODE == 2:  # arc-tangent: scale (slope / 2) / (1 + (pi/2 slope x)^2)
         u = tl.load(c_ptr + 2).to(x.dtype) * x
         out = scale * (p / 2.0) / (1.0 + u * u)
-    elif CODE == 2:  # triangle: scale max(0, 1 - |x| / width) / width
+    elif CODE == 3:  # triangle: scale max(0, 1 - |x| / width) / width
         out = scale * tl.maximum(1.0 - tl.abs(x) / p, 0.0) / p
-    elif CODE == 3:  # Gaussian: scale exp(-x^2 / (2 width^2)) / (sqrt(2 pi) width)
+    elif CODE == 4:  # Gaussian: scale exp(-x^2 / (2 width^2)) / (sqrt(2 pi) width)
         u = x / p
         out = scale * tl.exp(-0.5 * u * u) / tl.load(c_ptr + 2).to(x.dtype)
-    elif CODE == 4:  # logistic: scale slope s (1 - s), s = sigmoid(slope x)
+    elif CODE == 5:  # logistic: scale slope s (1 - s), s = sigmoid(slope x)
         s = 1.0 / (1.0 + tl.exp(-p * x))
         out = scale * p * s * (1.0 - s)
     else:  # single exponential: scale exp(-|x| / width) / (2 width)
