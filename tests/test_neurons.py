@@ -47,6 +47,10 @@ class LoihiLikeArithmetic:
             return torch.sign(x) * ((x.abs() * ((1 << self.p.decay_bits) - code)) >> self.p.decay_bits)
         return x - (x >> code)
 
+    def integrate(self, v, code, i, bias):
+        v = self.decay(v, code) + i
+        return v if bias is None else v + bias
+
     def current(self, i):
         return self._ov(i, self.p.current_bits, self.p.current_overflow)
 

@@ -61,6 +61,10 @@ class ProfileArithmetic:
     def decay(self, x, code):
         return decay(x, code, self.p)
 
+    def integrate(self, v, code, i, bias):
+        v = self.decay(v, code) + i
+        return v if bias is None else v + bias
+
     def current(self, i):
         return overflow(i, self.p.current_bits, self.p.current_overflow)
 

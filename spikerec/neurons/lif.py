@@ -131,7 +131,7 @@ def step(params: LIFParams, state, x_t: torch.Tensor, options: LIFOptions, arith
         i = arith.current(arith.decay(state.i, alpha_s) + _synaptic(params, x_t, z_prev, options, arith))
     else:
         i = arith.current(_synaptic(params, x_t, z_prev, options, arith))
-    drive = i + params.bias if (params.bias is not None and options.bias_into == "voltage") else i
+    bias_v = params.bias if (params.bias is not None and options.bias_into == "voltage") else None
     z_r = z_prev.detach() if options.detach_reset else z_prev
     v = state.v
     subtract = options.reset == "subtract"
@@ -139,7 +139,7 @@ def step(params: LIFParams, state, x_t: torch.Tensor, options: LIFOptions, arith
         v = (1 - z_r) * v
     elif subtract and arith.reset_timing == "immediate":
         v = v - thr * z_r
-    v = arith.decay(v, alpha) + drive
+    v = arith.integrate(v, alpha, i, bias_v)
     if subtract and arith.reset_timing != "immediate":
         v = v - thr * z_r
     v = arith.state(v)
