@@ -184,8 +184,8 @@ def test_equal_to_tonic_toframe_as_tonic_users_run_it(tmp_path, times_dtype):
     (home / "shd_train.h5.zip").write_bytes(b"")  # tonic looks for its download before reading the .h5
     arr = read_shd(p)
     assert arr.times.dtype == np.dtype(times_dtype) and sum(len(t) for t in t_rows) > 2000
-    if times_dtype == "float16":  # the old rule (a stored value equal to an edge rounded to float16 is that edge)
-        us = arr.times.astype(np.float64) * 1e6                    # would move these spikes into the next bin
+    if times_dtype == "float16":  # spikes stored as the float16 nearest a 1 ms edge but not on it: a rule that took
+        us = arr.times.astype(np.float64) * 1e6                    # them for the edge would bin them apart from tonic
         edges = np.rint(us / 1000) * 1000
         assert int(((edges / 1e6).astype(np.float16) == arr.times).sum() - (us == edges).sum()) > 0
     for r in TONIC_RECIPES:
