@@ -22,7 +22,8 @@ recomputed, so ``d state_t / d state_{t-1}`` includes the spike path through the
 ``detach_reset`` stops the gradient through ``z_{t-1}`` in the reset term (snnTorch's default,
 and the LSC paper's official code). With ``bias_into="voltage"`` the bias is added to ``v``
 instead of ``J`` (Loihi, Xylo). Every operation whose rule depends on the arithmetic (decay,
-overflow, spike, reset timing) goes through ``arith`` (:mod:`spikerec.neurons.arithmetic`).
+``alpha v + i (+ b)`` as ``arith.integrate``, overflow, spike, reset timing) goes through ``arith``
+(:mod:`spikerec.neurons.arithmetic`).
 
 These dynamics are snnTorch's ``Leaky``/``Synaptic`` with ``reset_delay=True``; Norse's
 ``LIFBox`` and current-based ``LIF`` (Euler, reset to 0 at once) map to reset "zero" with
