@@ -48,8 +48,7 @@ class LoihiLikeArithmetic:
         return x - (x >> code)
 
     def integrate(self, v, code, i, bias):
-        v = self.decay(v, code) + i
-        return v if bias is None else v + bias
+        return self.decay(v, code) + (i if bias is None else i + bias)
 
     def current(self, i):
         return self._ov(i, self.p.current_bits, self.p.current_overflow)

@@ -62,8 +62,7 @@ class ProfileArithmetic:
         return decay(x, code, self.p)
 
     def integrate(self, v, code, i, bias):
-        v = self.decay(v, code) + i
-        return v if bias is None else v + bias
+        return self.decay(v, code) + (i if bias is None else i + bias)
 
     def current(self, i):
         return overflow(i, self.p.current_bits, self.p.current_overflow)

@@ -60,8 +60,7 @@ def xylo_decay(x: torch.Tensor, dash: torch.Tensor) -> torch.Tensor:
 
 def integrate_v1(v: torch.Tensor, dash: torch.Tensor, i: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Xylo (v1) membrane before the reset: ``D(v, dash) + i (+ b)``; the caller saturates."""
-    v = xylo_decay(v, dash) + i
-    return v if bias is None else v + bias
+    return xylo_decay(v, dash) + (i if bias is None else i + bias)
 
 
 def integrate_v2(v: torch.Tensor, dash: torch.Tensor, i: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

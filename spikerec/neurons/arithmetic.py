@@ -87,8 +87,7 @@ class FloatArithmetic:
         return factor * x
 
     def integrate(self, v, factor, i, bias):
-        v = self.decay(v, factor) + i
-        return v if bias is None else v + bias
+        return self.decay(v, factor) + (i if bias is None else i + bias)
 
     def current(self, i):
         return i
