@@ -10,7 +10,7 @@ PRESETS = sorted(list_presets())
 
 def test_required_presets_exist():
     for name in ["quickstart", "lru-deep", "copy-online", "shd-alif-lsc", "shd-alif5-lsc", "shd-gru-lsc",
-                 "shd-lru-lsc", "slmnist-alif-lsc", "slmnist-alif5-lsc", "slmnist-gru-lsc", "slmnist-lru-lsc"]:
+                 "shd-lru-lsc", "slmnist-alif-lsc", "slmnist-alif5-lsc", "slmnist-gru-lsc", "slmnist-lru-lsc", "ssc-alif-lsc"]:
         assert name in PRESETS
 
 
@@ -33,6 +33,7 @@ def test_table_s1_parameter_counts():
     assert count("shd-alif-lsc") == 382_996
     assert count("slmnist-gru-lsc") == 151_113
     assert count("shd-gru-lsc") == 372_665
+    assert count("ssc-alif-lsc") == 382_996 + 15 * 257  # the SHD preset with a 35-class readout
 
 
 def test_inherit_and_overrides():

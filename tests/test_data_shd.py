@@ -12,7 +12,7 @@ from spikerec.data import get_dataset, make_loader
 from spikerec.data.binning import BIN_PRESETS, BinRecipe, bin_ragged, bin_reference, get_recipe
 from spikerec.data.home import DataError, DatasetMissingError
 from spikerec.data.shd import arrays_to_dataset, bin_shd_file, speaker_split
-from spikerec.data.shd_file import read_shd
+from spikerec.data.shd_file import SHD, SSC, read_shd
 from spikerec.data.shd_synth import write_shd_like
 from spikerec.data.tonic_interop import ToBinnedFrame, events_to_frame, from_tonic, tonic_frame_transform
 
@@ -162,39 +162,49 @@ def _h5(path, **arrays):
     return path
 
 
-def test_bad_files_give_clear_errors(tmp_path):
-    good = write_shd_like(tmp_path / "good.h5", 8, mean_spikes=50)
+@pytest.mark.parametrize("hs", [SHD, SSC], ids=lambda h: h.name)
+def test_bad_files_give_clear_errors(tmp_path, hs):
+    """The same battery for SHD and SSC files (same layout; 20 or 35 classes)."""
+    read = lambda p: read_shd(p, hs=hs)  # noqa: E731
+    good = write_shd_like(tmp_path / "good.h5", 8, mean_spikes=50, n_classes=hs.n_classes)
+    assert read(good).labels.max() < hs.n_classes
     raw = good.read_bytes()
     (tmp_path / "trunc.h5").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(DataError, match=r"trunc\.h5.*(truncated|corrupt)"):
-        read_shd(tmp_path / "trunc.h5")
+        read(tmp_path / "trunc.h5")
     (tmp_path / "junk.h5").write_bytes(np.random.default_rng(0).bytes(5000))
     with pytest.raises(DataError, match=r"junk\.h5: not a readable HDF5"):
-        read_shd(tmp_path / "junk.h5")
+        read(tmp_path / "junk.h5")
     _h5(tmp_path / "other.h5", data=np.zeros(3))
-    with pytest.raises(DataError, match=r"other\.h5: not in the SHD layout.*found top-level keys \['data'\]"):
-        read_shd(tmp_path / "other.h5")
+    with pytest.raises(DataError, match=rf"other\.h5: not in the {hs.title} layout.*found top-level keys \['data'\]"):
+        read(tmp_path / "other.h5")
     t = [np.array([0.1, 0.2], np.float32)] * 3
     u = [np.array([1, 2], np.uint16)] * 3
-    keys35 = np.array([f"k{i}".encode() for i in range(35)])
-    _h5(tmp_path / "ssc.h5", **{"spikes/times": t, "spikes/units": u, "labels": np.array([0, 30, 34]), "extra/keys": keys35})
-    with pytest.raises(DataError, match="Spiking Speech Commands"):
-        read_shd(tmp_path / "ssc.h5")
-    _h5(tmp_path / "lab.h5", **{"spikes/times": t, "spikes/units": u, "labels": np.array([0, 20, 3])})
-    with pytest.raises(DataError, match=r"lab\.h5: 1 labels outside 0..19, first at sample 1"):
-        read_shd(tmp_path / "lab.h5")
+    other = SSC if hs is SHD else SHD
+    keys = np.array([f"k{i}".encode() for i in range(other.n_classes)])
+    _h5(tmp_path / "other_set.h5", **{"spikes/times": t, "spikes/units": u, "labels": np.array([0, 3, 4]),
+                                      "extra/keys": keys})
+    with pytest.raises(DataError, match=rf"lists {other.n_classes} classes, {hs.title} has {hs.n_classes}.*{other.long_name}"):
+        read(tmp_path / "other_set.h5")
+    _h5(tmp_path / "lab.h5", **{"spikes/times": t, "spikes/units": u, "labels": np.array([0, hs.n_classes, 3])})
+    with pytest.raises(DataError, match=rf"lab\.h5: 1 labels outside 0..{hs.n_classes - 1}, first at sample 1"):
+        read(tmp_path / "lab.h5")
     u_bad = [np.array([1, 2], np.uint16), np.array([700, 2], np.uint16), np.array([3, 4], np.uint16)]
     _h5(tmp_path / "unit.h5", **{"spikes/times": t, "spikes/units": u_bad, "labels": np.array([0, 1, 2])})
     with pytest.raises(DataError, match=r"unit\.h5: unit index 700 in sample 1 is outside 0..699"):
-        read_shd(tmp_path / "unit.h5")
+        read(tmp_path / "unit.h5")
     u_len = [np.array([1, 2], np.uint16), np.array([1], np.uint16), np.array([3, 4], np.uint16)]
     _h5(tmp_path / "len.h5", **{"spikes/times": t, "spikes/units": u_len, "labels": np.array([0, 1, 2])})
     with pytest.raises(DataError, match="sample 1 has 2 spike times but 1 units"):
-        read_shd(tmp_path / "len.h5")
+        read(tmp_path / "len.h5")
     t_nan = [np.array([0.1, np.nan], np.float32)] * 3
     _h5(tmp_path / "nan.h5", **{"spikes/times": t_nan, "spikes/units": u, "labels": np.array([0, 1, 2])})
     with pytest.raises(DataError, match="not a finite"):
-        read_shd(tmp_path / "nan.h5")
+        read(tmp_path / "nan.h5")
+    empty = write_shd_like(tmp_path / "empty.h5", 0, n_classes=hs.n_classes)
+    with pytest.raises(DataError, match=rf"empty\.h5: the file holds no samples.*an {hs.title} file has"):
+        bin_shd_file(empty, get_recipe("zenke100"), cache_dir=tmp_path / "cache", hs=hs)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
 def test_tonic_interop(tmp_path):

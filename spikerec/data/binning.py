@@ -10,21 +10,23 @@ and stores the count, or ``min(count, 1)`` for ``value="binary"``.
 **Exact arithmetic.** ``dt`` and ``t_start`` must be whole microseconds; the division is done in
 integer microseconds, never in floating point (``(1.4 - 0) / 0.014`` is ``99.99...`` in float64,
 which would keep a spike at the window end; ``0.003 / 0.001`` is ``2.99...``, which would put a
-spike on a bin edge one bin early). A stored time ``t`` (float16, float32 or float64) becomes
-integer microseconds by this rule:
+spike on a bin edge one bin early). The stored value is the spike time: a stored ``t`` (float16,
+float32 or float64) becomes integer microseconds by
 
-1. *on an edge*: if ``t`` equals the bin edge ``e_K = t_start + K dt`` rounded to the file's
-   float dtype (``K`` the nearest edge index), the spike is at ``e_K`` exactly and lands in bin
-   ``K``; this is what a converter that writes the exact edge as float16/32/64 produces, so such
-   files bin identically in every dtype (float16 cannot hold most edges exactly: 1.003 s is
-   stored as 1.0029296875);
-2. *otherwise* ``t_us = round(t * 1e6)`` (nearest microsecond, ties to even), then
-   ``k = (t_us - t_start_us) // dt_us`` in integers.
+    t_us = round(t * 10^6)      the stored value exactly, to the nearest microsecond (ties to even)
+    k    = (t_us - t_start_us) // dt_us
 
-tonic reads SHD as ``int(t * 1e6)`` (truncation) and then slices in integer microseconds; on
-files whose times are whole microseconds written as float64 or float32 the two agree except where
-the truncation drops a microsecond (``0.003 * 1e6`` is ``2999.9999999999995``); spikerec keeps the spike
-on the edge. SpyTorch's ``np.digitize`` uses 99 float edges (see below).
+A float32 or float64 that was written from an exact edge (``0.014`` s) lies within half a
+microsecond of it, so the rounding recovers the edge and the spike lands in the bin that starts
+there. float16 cannot hold most edges (its spacing is 488 µs in [0.5 s, 1 s) and 977 µs in
+[1 s, 2 s): ``1.003`` s is stored as ``1.0029296875``), so a float16 time is wherever its stored
+value lies, up to half a spacing from the time it was converted from: a spike converted from just
+below an edge may be stored above it and be binned after it, and the other way round.
+
+This is the field's reading of SHD: tonic converts ``int(t * 1e6)`` (truncation) and slices in
+integer microseconds; SpyTorch bins the stored value with ``np.digitize``. The truncation differs
+from the rounding only for a stored value less than a microsecond below an edge (a float32 or
+float64 edge such as ``0.014`` stored as ``0.0139999995``), where tonic bins one bin early.
 
 Presets
 (``BIN_PRESETS``; the recipes of the papers in the last column; the data set: Cramer et al. 2022,
@@ -56,8 +58,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-__all__ = ["BinRecipe", "BIN_PRESETS", "get_recipe", "bin_ragged", "bin_reference", "bin_indices", "window_report",
-           "densify"]
+__all__ = ["BinRecipe", "BIN_PRESETS", "get_recipe", "bin_ragged", "bin_reference", "bin_indices", "microseconds",
+           "window_report", "densify"]
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ def bin_ragged(times: np.ndarray, units: np.ndarray, lengths: np.ndarray, recipe
     """Vectorised binning of ``N`` concatenated samples.
 
     Args:
-        times: ``[S]`` spike times (seconds, float16/32/64; see :func:`bin_indices`) of all
+        times: ``[S]`` spike times (seconds, float16/32/64; see :func:`microseconds`) of all
             samples, sample after sample (any order within a sample).
         units: ``[S]`` unit indices in ``[0, n_units)`` (checked by the caller).
         lengths: ``[N]`` spikes per sample.
@@ -177,20 +179,29 @@ def bin_ragged(times: np.ndarray, units: np.ndarray, lengths: np.ndarray, recipe
     return offsets, index, values
 
 
-def bin_indices(times, recipe: BinRecipe) -> np.ndarray:
-    """Bin index ``k`` (int64, may lie outside ``[0, bins)``) of every spike time, by the exact
-    rule of the module docstring (integer microseconds; stored bin edges recognised per dtype)."""
+def microseconds(times) -> np.ndarray:
+    """Stored times (seconds) as int64 microseconds, each the stored value rounded to the nearest
+    microsecond (ties to even). float16/float32 values times ``10^6`` are exact in float64; a float64
+    product may be off by an ulp, so values within ``2^-20`` of a half are redone in exact rationals."""
     times = np.asarray(times)
     if not np.issubdtype(times.dtype, np.floating):
         times = times.astype(np.float64)
-    dt, t0 = recipe.dt_us, recipe.t_start_us
-    rel = np.rint(times.astype(np.float64) * 1e6).astype(np.int64) - t0
-    k = rel // dt
-    near = (rel + dt // 2) // dt                                  # nearest edge index
-    edge = ((t0 + near * dt) / 1e6).astype(times.dtype)           # that edge as the file stores it
-    on_edge = edge == times
-    k[on_edge] = near[on_edge]
-    return k
+    prod = times.astype(np.float64) * 1e6
+    us = np.rint(prod).astype(np.int64)
+    if times.dtype.itemsize > 4:
+        near_half = np.flatnonzero(np.abs(np.abs(prod - np.floor(prod)) - 0.5) < 2.0**-20)
+        if near_half.size:
+            from fractions import Fraction
+
+            flat = times.reshape(-1)
+            us.reshape(-1)[near_half] = [round(Fraction(float(flat[j])) * 1_000_000) for j in near_half]
+    return us
+
+
+def bin_indices(times, recipe: BinRecipe) -> np.ndarray:
+    """Bin index ``k`` (int64, may lie outside ``[0, bins)``) of every spike time, by the exact
+    rule of the module docstring (the stored value to the nearest microsecond, then integers)."""
+    return (microseconds(times) - recipe.t_start_us) // recipe.dt_us
 
 
 def window_report(times, recipe: BinRecipe) -> dict:
@@ -210,13 +221,8 @@ def bin_reference(times_list, units_list, recipe: BinRecipe) -> np.ndarray:
     for n, (ts, us) in enumerate(zip(times_list, units_list)):
         ts = np.asarray(ts)
         for t, u in zip(ts, us):
-            exact = Fraction(float(t)) * 1_000_000           # the stored value, exactly, in microseconds
-            t_us = round(exact)                               # nearest microsecond, ties to even
-            near = (t_us - t0 + dt // 2) // dt
-            if np.asarray((t0 + near * dt) / 1e6).astype(ts.dtype) == t:
-                k = near
-            else:
-                k = (t_us - t0) // dt
+            t_us = round(Fraction(float(t)) * 1_000_000)     # the stored value, exactly, to the nearest µs (ties to even)
+            k = (t_us - t0) // dt
             if 0 <= k < recipe.bins:
                 out[n, k, int(u) // int(recipe.pool)] += 1
     if recipe.value == "binary":

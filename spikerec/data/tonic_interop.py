@@ -5,7 +5,7 @@
 * :class:`ToBinnedFrame` is the same as a tonic-style transform (``transform=`` of any tonic dataset);
 * :func:`tonic_frame_transform` gives tonic's own ``ToFrame`` configured to the recipe's bins
   (counts, ``pool = 1``): ``[bins, 1, 700]`` frames equal to :func:`events_to_frame`;
-* :func:`from_tonic` turns a tonic SHD dataset (or any dataset of ``(events, label)``) into
+* :func:`from_tonic` turns a tonic SHD or SSC dataset (or any dataset of ``(events, label)``) into
   spikerec's cached-binning container :class:`~spikerec.data.core.SparseSpikeDataset`.
 
 Bins are computed in integer microseconds, ``k = (t - t_start) // dt`` (``dt`` and ``t_start``
@@ -80,7 +80,8 @@ def tonic_frame_transform(recipe: BinRecipe | str = "zenke100", **overrides):
 
 
 def from_tonic(dataset, recipe: BinRecipe | str = "zenke100", **overrides) -> SparseSpikeDataset:
-    """Bin every ``(events, label)`` of a tonic dataset (e.g. ``tonic.datasets.SHD``)."""
+    """Bin every ``(events, label)`` of a tonic dataset (e.g. ``tonic.datasets.SHD`` or ``SSC``); the number
+    of classes is that of the dataset's ``classes`` when it has them, else the largest label plus one."""
     r = get_recipe(recipe, **overrides)
     ks, us, lens, labels = [], [], [], []
     for i in range(len(dataset)):
@@ -97,6 +98,8 @@ def from_tonic(dataset, recipe: BinRecipe | str = "zenke100", **overrides) -> Sp
     spk = getattr(dataset, "speaker", None)
     if spk is not None and len(np.asarray(spk)) == len(labels):
         extra["speaker"] = torch.as_tensor(np.asarray(spk).astype(np.int64))
-    info = dict(input_size=r.channels, num_classes=20, steps=r.bins, task="classification")
+    classes = getattr(dataset, "classes", None)  # tonic's SHD (20) and SSC (35) keep their keys here
+    n_classes = len(classes) if classes is not None and len(classes) else max(labels, default=-1) + 1
+    info = dict(input_size=r.channels, num_classes=n_classes, steps=r.bins, task="classification")
     return SparseSpikeDataset(torch.from_numpy(offsets), torch.from_numpy(index), torch.from_numpy(values),
                               torch.as_tensor(labels), r.bins, r.channels, info=info, extra=extra)

@@ -61,6 +61,9 @@ class ProfileArithmetic:
     def decay(self, x, code):
         return decay(x, code, self.p)
 
+    def integrate(self, v, code, i, bias):
+        return self.decay(v, code) + (i if bias is None else i + bias)
+
     def current(self, i):
         return overflow(i, self.p.current_bits, self.p.current_overflow)
 

@@ -51,6 +51,15 @@ def _sat16(x: int) -> int:
     return max(-32768, min(32767, x))
 
 
+def _xylo_membrane(v: int, dash: int, i: int, b: int, version: int) -> int:
+    """v1: ``sat(D(v) + i + b)``; v2: ``sat(v + sat(sat(-L + i) + b))`` with the leak ``L = v - D(v)``
+    negated in 16 bits (two's complement)."""
+    if version == 1:
+        return _sat16(_xylo_decay(v, dash) + i + b)
+    neg = ((_xylo_decay(v, dash) - v + 32768) % 65536) - 32768
+    return _sat16(v + _sat16(_sat16(neg + i) + b))
+
+
 def simulate_xylo_reference(spec, x) -> dict:
     """Xylo's core (rules of :mod:`spikerec.hardware.xylo_arith`) neuron by neuron, event by event:
     ``{"spikes", "vmem", "isyn", "out_spikes", "vmem_out", "isyn_out"}`` as ``[T][B][n]`` lists."""
@@ -77,7 +86,7 @@ def simulate_xylo_reference(spec, x) -> dict:
                     for _ in range(n[p]):
                         a = _sat16(a + (W_rec[p][j] << spec.weight_shift_rec))
                 i[j] = _xylo_decay(a, ds[j])
-                u = _sat16(_xylo_decay(v[j], dm[j]) + i[j] + bias[j])
+                u = _xylo_membrane(v[j], dm[j], i[j], bias[j], spec.version)
                 k = min(u // thr[j], 31) if u >= thr[j] else 0
                 v[j] = u - k * thr[j]
                 new_n.append(k)
@@ -88,7 +97,7 @@ def simulate_xylo_reference(spec, x) -> dict:
                     for _ in range(n[p]):
                         a = _sat16(a + (W_out[p][j] << spec.weight_shift_out))
                 io[j] = _xylo_decay(a, dso[j])
-                u = _sat16(_xylo_decay(vo[j], dmo[j]) + io[j] + bias_o[j])
+                u = _xylo_membrane(vo[j], dmo[j], io[j], bias_o[j], spec.version)
                 s = 1 if u >= thro[j] else 0
                 vo[j] = u - s * thro[j]
                 so.append(s)

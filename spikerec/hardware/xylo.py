@@ -24,7 +24,8 @@ from ..atomic import atomic_write_text
 from ..errors import ExportError
 from .. import neurons
 from ..neurons import lif
-from .xylo_arith import INPUT_EVENT_CAP, SPIKE_CAP, STATE_MAX, accumulate, multi_spike, saturate, xylo_decay
+from .xylo_arith import (INPUT_EVENT_CAP, SPIKE_CAP, STATE_MAX, accumulate, integrate_v1, integrate_v2, multi_spike,
+                         saturate, xylo_decay)
 
 __all__ = ["XyloSpec", "XyloResult", "XyloArithmetic", "layer_params", "XYLO_LIMITS", "XyloLimitError", "check_limits", "simulate_spec"]
 
@@ -162,6 +163,10 @@ def check_limits(spec: XyloSpec, names: list[str] | None = None) -> None:
     if has_bias and not lim["bias"]:
         fail("a bias is not supported (Xylo v1 has no bias; use the v2 profile 'xylo2' or train without bias)",
              names[0])
+    for key, layer in (("bias", names[0]), ("bias_out", "readout")):
+        b = getattr(spec, key)
+        if b is not None and b.numel() and (int(b.min()) < -STATE_MAX - 1 or int(b.max()) > STATE_MAX):
+            fail(f"{key} outside the 16-bit range [{-STATE_MAX - 1}, {STATE_MAX}]", layer)
 
 
 @dataclass
@@ -180,12 +185,16 @@ class XyloArithmetic:
     """The Xylo datapath as an arithmetic of the one LIF step (:func:`spikerec.neurons.lif.step` with
     ``synapse="add_then_decay"``, ``bias_into="voltage"``, reset "subtract"): decay codes are dashes,
     input events saturate one by one, states saturate to 16 bits, spikes are counts up to ``spike_cap``
-    (31 for hidden neurons, 1 for output neurons) and the reset is immediate."""
+    (31 for hidden neurons, 1 for output neurons), the reset is immediate, and the membrane integrates
+    by the rule of the chip ``version`` (:func:`~spikerec.hardware.xylo_arith.integrate_v1` or
+    :func:`~spikerec.hardware.xylo_arith.integrate_v2`)."""
 
     reset_timing = "immediate"
 
-    def __init__(self, spike_cap: int = SPIKE_CAP):
+    def __init__(self, spike_cap: int = SPIKE_CAP, version: int = 1):
         self.spike_cap = spike_cap
+        self.version = version
+        self._integrate = {1: integrate_v1, 2: integrate_v2}[version]
 
     def synaptic_input(self, x, weight, into=None):
         """``W x`` alone, or the events of ``x`` added one by one to ``into`` with saturation after each."""
@@ -198,6 +207,9 @@ class XyloArithmetic:
 
     def decay(self, x, code):
         return xylo_decay(x, code)
+
+    def integrate(self, v, code, i, bias):
+        return self._integrate(v, code, i, bias)
 
     def current(self, i):
         return saturate(i)
@@ -212,10 +224,11 @@ class XyloArithmetic:
         raise NotImplementedError("Xylo has no adaptive neurons")
 
     def __repr__(self) -> str:
-        return f"XyloArithmetic(spike_cap={self.spike_cap})"
+        return f"XyloArithmetic(spike_cap={self.spike_cap}, version={self.version})"
 
 
-HIDDEN, OUTPUT = XyloArithmetic(SPIKE_CAP), XyloArithmetic(1)
+#: (hidden, output) arithmetic per chip version
+ARITHMETIC = {v: (XyloArithmetic(SPIKE_CAP, v), XyloArithmetic(1, v)) for v in (1, 2)}
 OPTIONS = lif.LIFOptions(reset="subtract", synapse="add_then_decay", bias_into="voltage")
 
 
@@ -265,6 +278,7 @@ def simulate_spec(spec: XyloSpec, x: torch.Tensor) -> XyloResult:
     x = x.long().clamp(0, INPUT_EVENT_CAP)
     T, B, _ = x.shape
     hidden, out = layer_params(spec)
+    HIDDEN, OUTPUT = ARITHMETIC[spec.version]
     zeros = lambda n: torch.zeros(B, n, dtype=torch.long)  # noqa: E731
     states = [lif.CubaLIFState(zeros(p.threshold.numel()), zeros(p.threshold.numel())) for p in hidden]
     ostate = lif.CubaLIFState(zeros(spec.n_out), zeros(spec.n_out))

@@ -183,7 +183,7 @@ def quantize_xylo(model, version: int = 1, *, adapt_reset: bool = False) -> tupl
         threshold_out=torch.full((K,), STATE_MAX, dtype=torch.long),
         weight_shift_in=sh_in, weight_shift_rec=sh_rec, weight_shift_out=sh_out,
         bias=bias_q if version == 2 and bool((bias_q != 0).any()) else None,
-        bias_out=torch.round(bo * s_o).long() if version == 2 and bool((bo != 0).any()) else None,
+        bias_out=torch.round(bo * s_o).long().clamp(-STATE_MAX - 1, STATE_MAX) if version == 2 and bool((bo != 0).any()) else None,
         version=version, layer_sizes=sizes, out_scale=s_o)
     check_limits(spec, names)
     rows.append({"name": "readout", "scale": s_o, "dash_mem": dm_o.tolist(), "dash_syn": ds_o.tolist()})

@@ -91,13 +91,13 @@ def step(params: ALIFParams, state, x_t: torch.Tensor, options: ALIFOptions, ari
     if params.recurrent_weight is not None:
         J = arith.synaptic_input(z_prev, params.recurrent_weight, J)
     i = arith.current(J)
-    drive = i + params.bias if (params.bias is not None and options.bias_into == "voltage") else i
+    bias_v = params.bias if (params.bias is not None and options.bias_into == "voltage") else None
     reset = theta * z_prev
     if options.detach_reset:
         reset = reset.detach()
     if arith.reset_timing == "immediate":
-        v = arith.decay(state.v - reset, alpha) + drive
+        v = arith.integrate(state.v - reset, alpha, i, bias_v)
     else:
-        v = arith.decay(state.v, alpha) + drive - reset
+        v = arith.integrate(state.v, alpha, i, bias_v) - reset
     v = arith.state(v)
     return arith.spike(v, theta, options.surrogate), ALIFState(v, a)

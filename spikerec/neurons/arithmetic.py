@@ -13,6 +13,9 @@ step's, and the few orderings that targets disagree on are options of the step (
   ``exp(-dt / tau)``; integer rules (Loihi's ``(x (2^12 - d)) >> 12`` toward zero, Xylo's
   ``x - (x >> dash)`` that removes at least one LSB) read the time-constant field of the parameters
   as their decay code, so ``decay_factor`` returns it unchanged;
+* ``integrate(v, factor, i, bias)``: the membrane's leak plus the step's input, ``decay(v, factor) +
+  i (+ bias)``, before the state's overflow (``bias`` is None unless it goes into the voltage). A
+  datapath that saturates the increment before adding it to ``v`` (Xylo Audio 2) says so here;
 * ``current(i)`` and ``state(v)``: overflow of the synaptic current and of a state variable after
   each update (identity in FLOAT; two's-complement wrap or saturation in integers);
 * ``spike(v, threshold, surrogate)``: spike generation from the membrane *before* its reset.
@@ -53,6 +56,9 @@ class Arithmetic(Protocol):
 
     def decay(self, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor: ...
 
+    def integrate(self, v: torch.Tensor, factor: torch.Tensor, i: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor: ...
+
     def current(self, i: torch.Tensor) -> torch.Tensor: ...
 
     def state(self, v: torch.Tensor) -> torch.Tensor: ...
@@ -79,6 +85,9 @@ class FloatArithmetic:
 
     def decay(self, x, factor):
         return factor * x
+
+    def integrate(self, v, factor, i, bias):
+        return self.decay(v, factor) + (i if bias is None else i + bias)
 
     def current(self, i):
         return i

@@ -22,7 +22,8 @@ recomputed, so ``d state_t / d state_{t-1}`` includes the spike path through the
 ``detach_reset`` stops the gradient through ``z_{t-1}`` in the reset term (snnTorch's default,
 and the LSC paper's official code). With ``bias_into="voltage"`` the bias is added to ``v``
 instead of ``J`` (Loihi, Xylo). Every operation whose rule depends on the arithmetic (decay,
-overflow, spike, reset timing) goes through ``arith`` (:mod:`spikerec.neurons.arithmetic`).
+``alpha v + i (+ b)`` as ``arith.integrate``, overflow, spike, reset timing) goes through ``arith``
+(:mod:`spikerec.neurons.arithmetic`).
 
 These dynamics are snnTorch's ``Leaky``/``Synaptic`` with ``reset_delay=True``; Norse's
 ``LIFBox`` and current-based ``LIF`` (Euler, reset to 0 at once) map to reset "zero" with
@@ -131,7 +132,7 @@ def step(params: LIFParams, state, x_t: torch.Tensor, options: LIFOptions, arith
         i = arith.current(arith.decay(state.i, alpha_s) + _synaptic(params, x_t, z_prev, options, arith))
     else:
         i = arith.current(_synaptic(params, x_t, z_prev, options, arith))
-    drive = i + params.bias if (params.bias is not None and options.bias_into == "voltage") else i
+    bias_v = params.bias if (params.bias is not None and options.bias_into == "voltage") else None
     z_r = z_prev.detach() if options.detach_reset else z_prev
     v = state.v
     subtract = options.reset == "subtract"
@@ -139,7 +140,7 @@ def step(params: LIFParams, state, x_t: torch.Tensor, options: LIFOptions, arith
         v = (1 - z_r) * v
     elif subtract and arith.reset_timing == "immediate":
         v = v - thr * z_r
-    v = arith.decay(v, alpha) + drive
+    v = arith.integrate(v, alpha, i, bias_v)
     if subtract and arith.reset_timing != "immediate":
         v = v - thr * z_r
     v = arith.state(v)
