@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm  # text bars everywhere (tqdm.auto warns in a notebook without ipywidgets)
+from tqdm import tqdm  # text bars everywhere (the automatic choice warns in a notebook without ipywidgets)
 
 from .. import optim
 from ..errors import ConfigError
