@@ -1,4 +1,4 @@
-"""Write ``curse_of_memory.ipynb`` and ``wcrnn.ipynb`` (outputs cleared) with nbformat.
+"""Write ``curse_of_memory.ipynb`` and ``wcrnn.ipynb`` (without outputs; ``_execute.py`` runs and stores them) with nbformat.
 
 Run from anywhere: ``python notebooks/_make_analysis_notebooks.py``. Edit the cells here,
 never the JSON.

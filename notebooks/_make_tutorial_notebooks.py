@@ -1,4 +1,4 @@
-"""Write the tutorial notebooks (outputs cleared) with nbformat: ``quickstart.ipynb``,
+"""Write the tutorial notebooks (without outputs; ``_execute.py`` runs and stores them) with nbformat: ``quickstart.ipynb``,
 ``lsc_pretraining.ipynb``, ``online_learning.ipynb`` and ``export_neuromorphic.ipynb``.
 
 Run from anywhere: ``python notebooks/_make_tutorial_notebooks.py``. Edit the cells here,
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import matplotlib.pyplot as plt
 %matplotlib inline
+plt.rcParams["figure.dpi"] = 72   # inline figures small enough to store in the notebook
 
 QUICK = os.environ.get("SPIKEREC_QUICK") == "1"   # the test suite sets this: tiny sizes, seconds
 OUT = Path(os.environ.get("SPIKEREC_OUT", "tutorial_out"))  # figures and run folders go here
