@@ -21,6 +21,15 @@ import nbformat
 HERE = Path(__file__).resolve().parent
 
 
+def scrub(nb) -> None:
+    """Machine-specific paths out of the stored outputs: the repository's folder becomes relative
+    (``notebooks/tutorial_out``), the interpreter's prefix ``<python>``."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                out["text"] = out["text"].replace(f"{HERE.parent}{os.sep}", "").replace(sys.prefix, "<python>")
+
+
 def execute(path: Path, timeout: int = 1800) -> Path:
     nb = nbformat.read(path, as_version=4)
     os.environ.pop("SPIKEREC_QUICK", None)
@@ -29,6 +38,7 @@ def execute(path: Path, timeout: int = 1800) -> Path:
                                      resources={"metadata": {"path": str(HERE)}})
     t0 = time.time()
     client.execute()
+    scrub(nb)
     nbformat.validate(nb)
     fd, tmp = tempfile.mkstemp(suffix=".ipynb", dir=HERE)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -477,7 +477,7 @@ generator, one step at a time, so nothing grows with the length of the run: the 
 (the C allocator's bytes in use, glibc `mallinfo2`) is plotted beside the running loss. From the
 command line, `spikerec train copy-stream` trains on the same kind of stream (`[online] stream =
 true`) and writes the running loss and the memory to its run folder's `stream.png`."""),
-    new_code_cell('''from tqdm.auto import tqdm
+    new_code_cell('''from tqdm import tqdm
 
 from spikerec.hardware.online.memory import alloc_in_use
 from spikerec.models import build_model
