@@ -1,4 +1,4 @@
-"""Write ``curse_of_memory.ipynb`` and ``wcrnn.ipynb`` (outputs cleared) with nbformat.
+"""Write ``curse_of_memory.ipynb`` and ``wcrnn.ipynb`` (without outputs; ``_execute.py`` runs and stores them) with nbformat.
 
 Run from anywhere: ``python notebooks/_make_analysis_notebooks.py``. Edit the cells here,
 never the JSON.
@@ -22,7 +22,19 @@ QUICK = os.environ.get("SPIKEREC_QUICK") == "1"   # the test suite sets this: ti
 OUT = Path(os.environ.get("SPIKEREC_OUT", "figures"))  # where the PNGs go
 OUT.mkdir(parents=True, exist_ok=True)
 torch.set_num_threads(min(4, torch.get_num_threads()))  # small matrices: few threads are faster
-print("quick mode" if QUICK else "full mode", "| figures in", OUT.resolve())'''
+print("quick mode" if QUICK else "full mode", "| figures in", OUT.resolve())
+
+
+def show_png(path, width=720):
+    """Show a PNG written to OUT, scaled to `width` pixels and 64 colours (small enough to store here)."""
+    import io
+    from PIL import Image as PILImage
+    im = PILImage.open(path).convert("RGB")
+    if im.width > width:
+        im = im.resize((width, round(im.height * width / im.width)), PILImage.LANCZOS)
+    buf = io.BytesIO()
+    im.quantize(colors=64).save(buf, format="png", optimize=True)
+    display(Image(data=buf.getvalue()))'''
 
 
 CURSE = [
@@ -58,7 +70,7 @@ mc = [cm.monte_carlo_moments(l, 0.9, n_chains=chains, seed=i) for i, l in enumer
 points = {"Monte Carlo, rho=0.9": (1 - np.array(mc_lams), [m["dh2"] for m in mc])}
 path = plots.plot_sensitivity_scaling(one_minus_lam, sens, OUT / "curse_fig1a.png",
                                       h2_reference=cm.second_moment_h(lam, 1.0), mc_points=points)
-display(Image(filename=str(path)))
+show_png(path)
 for l, m in zip(mc_lams, mc):
     print(f"lambda={l}: MC {m['dh2']:.4g} +- {m['dh2_se']:.2g} | corrected {cm.second_moment_dh_dlam(l, 0.9):.4g}"
           f" | paper eq. 59 {cm.paper_eq59(l, 0.9):.4g}")'''),
@@ -77,7 +89,7 @@ lam2 = lam[lam < 1 - 1e-4]
 h2 = {f"rho={r}": cm.normalized_h2(lam2, r, "detached") for r in rhos2}
 dw2 = {f"rho={r}": cm.param_sensitivity(lam2, r, param="exp", gamma="detached") for r in rhos2}
 path = plots.plot_normalized_sensitivity(1 - lam2, h2, dw2, OUT / "curse_fig2.png")
-display(Image(filename=str(path)))
+show_png(path)
 
 n, T, l0 = (1000, 120, 0.8) if QUICK else (20000, 450, 0.95)
 mod = cm.ScalarRecurrence(torch.full((n,), l0), param="exp", gamma="detached")
@@ -109,7 +121,7 @@ for nu0 in nu0s:
         final[name].append(float(np.mean(losses[-max(1, len(losses) // 10):])))
     print(f"nu0={nu0}: " + ", ".join(f"{k} {v[-1]:.3g}" for k, v in final.items()))
 path = plots.plot_teacher_student(nu0s, final, OUT / "curse_teacher_student.png")
-display(Image(filename=str(path)))'''),
+show_png(path)'''),
     new_markdown_cell("""**Reading.** Memory makes the state explode only mildly (`(1-λ)^-1`), but its sensitivity to the
 recurrent parameter explodes much faster (`(1-λ)^-3`). Normalising the input and reparametrising λ as
 the LRU does removes the explosion for white inputs. The same theory applies to spiking layers:
@@ -173,10 +185,10 @@ for name, kw in configs.items():
 sel = ["r=0.95", "r=0.995", "r=1.0025", "heterogeneous r0=0.96"]
 path = plots.plot_lyapunov_spectrum({k: spectra[k] for k in sel}, OUT / "wcrnn_spectra.png",
                                     predicted={k: predicted[k] for k in sel})
-display(Image(filename=str(path)))
+show_png(path)
 path = plots.plot_running_exponents(runs["heterogeneous r0=0.96"], OUT / "wcrnn_running.png",
                                     predicted=predicted["heterogeneous r0=0.96"])
-display(Image(filename=str(path)))
+show_png(path)
 print("memory timescale of the mean exponent, r=0.995:", float(memory_timescales(spectra["r=0.995"].mean())),
       "steps (prediction -1/log 0.995 = 199.5)")'''),
     new_markdown_cell("""## Any cell: an LRU and a spiking layer
@@ -231,7 +243,7 @@ for name, kw in residuals.items():
     curves[name] = (hist["epoch"], hist["test_accuracy"])
     print(f"{name:>24}: test accuracy {hist['test_accuracy'][-1]:.3f}")
 path = plots.plot_training_curves(curves, OUT / "wcrnn_smnist_lite.png", ylabel="test accuracy (sMNIST-lite)")
-display(Image(filename=str(path)))'''),
+show_png(path)'''),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Write the tutorial notebooks (outputs cleared) with nbformat: ``quickstart.ipynb``,
+"""Write the tutorial notebooks (without outputs; ``_execute.py`` runs and stores them) with nbformat: ``quickstart.ipynb``,
 ``lsc_pretraining.ipynb``, ``online_learning.ipynb`` and ``export_neuromorphic.ipynb``.
 
 Run from anywhere: ``python notebooks/_make_tutorial_notebooks.py``. Edit the cells here,
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import matplotlib.pyplot as plt
 %matplotlib inline
+plt.rcParams["figure.dpi"] = 72   # inline figures small enough to store in the notebook
 
 QUICK = os.environ.get("SPIKEREC_QUICK") == "1"   # the test suite sets this: tiny sizes, seconds
 OUT = Path(os.environ.get("SPIKEREC_OUT", "tutorial_out"))  # figures and run folders go here
@@ -476,7 +477,7 @@ generator, one step at a time, so nothing grows with the length of the run: the 
 (the C allocator's bytes in use, glibc `mallinfo2`) is plotted beside the running loss. From the
 command line, `spikerec train copy-stream` trains on the same kind of stream (`[online] stream =
 true`) and writes the running loss and the memory to its run folder's `stream.png`."""),
-    new_code_cell('''from tqdm.auto import tqdm
+    new_code_cell('''from tqdm import tqdm
 
 from spikerec.hardware.online.memory import alloc_in_use
 from spikerec.models import build_model

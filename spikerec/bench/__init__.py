@@ -5,12 +5,16 @@ import importlib
 import sys
 
 BENCHES = {
-    "lif": "Linear + LIF forward/backward vs snnTorch and Norse (T=500, B=16, N=512)",
+    "lif": "Linear + LIF forward/backward vs snnTorch and Norse (T=500, B=16, N=512; about 5 minutes on 2 CPU cores)",
     "scan": "sequential loop vs parallel scan (vs Triton on CUDA)",
     "data": "SHD-sized binning cold and from cache",
     "lsc": "one LSC step and a full pre-training of a 2x256 ALIF stack",
     "online": "online eligibility-trace learning vs BPTT: memory and time",
 }
+
+# what a run with the default options takes, said before it starts
+EXPECTED = {"lif": "about 5 minutes on 2 CPU cores with the default sizes (--T 50 --reps 1: under a minute); "
+                   "each part is announced as it starts"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,4 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     if name not in BENCHES:
         print(f"spikerec bench: unknown benchmark '{name}'; expected one of {', '.join(BENCHES)}", file=sys.stderr)
         return 2
+    if name in EXPECTED and not {"-h", "--help"} & set(argv):
+        print(f"spikerec bench {name}: {EXPECTED[name]}", flush=True)
     return int(importlib.import_module(f"spikerec.bench.{name}").main(argv) or 0)

@@ -345,7 +345,13 @@ def main(argv=None) -> int:
     print(f"T={a.T} B={a.B} N={a.N} float32, {a.threads} threads, {platform.processor() or platform.machine()}, "
           f"torch {torch.__version__}; minimum of {a.reps} interleaved rounds after a warm-up")
     result = {"T": a.T, "B": a.B, "N": a.N, "threads": a.threads}
+    todo = [p for p in ("neuron", "layer", "alif") if p in parts]
+
+    def progress(part: str) -> None:
+        print(f"[{todo.index(part) + 1}/{len(todo)}] timing the {part} part ...", flush=True)
+
     if "neuron" in parts:
+        progress("neuron")
         best, rates, saved = _bench_neurons(a, libs)
         peers = [k for k in best if k not in ("spikerec", "spikerec-torch", "copy")]
         fastest = min(peers, key=best.get)
@@ -354,10 +360,12 @@ def main(argv=None) -> int:
               f"{best['spikerec'] / best['copy']:.2f}x the copy of the same bytes")
         result["neuron"] = {"ms": {k: 1e3 * v for k, v in best.items()}, "rate": rates, "saved_bytes": saved}
     if "layer" in parts:
+        progress("layer")
         best, rates, saved = _bench_layers(a, libs)
         _print("Linear + LIF layer from input spikes, forward + backward:", best, rates, saved, "Linear alone", "Linear")
         result["layer"] = {"ms": {k: 1e3 * v for k, v in best.items()}, "rate": rates, "saved_bytes": saved}
     if "alif" in parts:
+        progress("alif")
         best, rates, saved = _bench_alif(a)
         _print(f"ALIF, {a.alif_n} recurrent units, forward + backward:", best, rates, saved, "spikerec fused",
                "fused")

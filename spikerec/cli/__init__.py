@@ -6,6 +6,9 @@ disk, a non-finite loss, the operating system refusing a write (read-only folder
 full) and Ctrl-C/SIGTERM are printed as one line ``spikerec COMMAND: message`` on stderr and
 returned as the documented exit code (``docs/errors.md``). ``--debug`` (anywhere on the
 command line, or ``SPIKEREC_DEBUG=1``) lets the traceback through instead.
+
+Nothing here imports torch: ``--help``, ``--version`` and the commands that need no tensors
+(``train --list``, ``datasets``) answer without it.
 """
 from __future__ import annotations
 
@@ -16,9 +19,7 @@ import signal
 import sys
 
 from .. import __version__
-from ..data import DatasetMissingError
 from ..errors import EXIT_CODES, SpikerecError
-from ..train.trainer import NonFiniteLoss
 from .common import Interrupted
 
 __all__ = ["main", "COMMANDS", "EXIT_CODES", "run_command"]
@@ -68,6 +69,13 @@ def _os_message(e: OSError) -> str:
     return f"{e.strerror or e} ({where})"
 
 
+def _raised_by(e: BaseException, module: str, name: str) -> bool:
+    """``e`` is an instance of ``module.name``; a module that was never imported cannot have raised it
+    (so that handling an error never imports torch)."""
+    mod = sys.modules.get(module)
+    return mod is not None and isinstance(e, getattr(mod, name))
+
+
 def _handle(cmd: str, e: BaseException) -> tuple[int, str]:
     """``(exit code, one-line message)`` for an error that reached the top, or ``(-1, "")`` if unknown."""
     if isinstance(e, (KeyboardInterrupt, Interrupted)):
@@ -75,9 +83,9 @@ def _handle(cmd: str, e: BaseException) -> tuple[int, str]:
         return EXIT_INTERRUPTED, "interrupted" + (f"; {hint}" if hint else "")
     if isinstance(e, SpikerecError):
         return e.exit_code, str(e)
-    if isinstance(e, DatasetMissingError):
+    if _raised_by(e, "spikerec.data.home", "DatasetMissingError"):
         return 3, " ".join(str(e).split("\n"))
-    if isinstance(e, NonFiniteLoss):
+    if _raised_by(e, "spikerec.train.trainer", "NonFiniteLoss"):
         return 4, str(e)
     if isinstance(e, FileNotFoundError):
         return 2, f"'{e.filename}' does not exist" if e.filename else str(e)

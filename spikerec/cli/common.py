@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 
-import torch
-
 from ..errors import ConfigError
 
 __all__ = ["ArgumentParser", "Interrupted", "check_device", "whole_number", "real_number"]
@@ -67,6 +65,8 @@ def check_device(name: str, option: str) -> None:
         return
     if not (name == "cuda" or name.startswith("cuda:")):
         raise ConfigError(f"{option} = '{name}': expected cpu, cuda, cuda:N or auto")
+    import torch  # here, not at the top: commands that never touch a device start without torch
+
     if not torch.cuda.is_available():
         raise ConfigError(f"{option} = '{name}' but CUDA is not available on this machine; use cpu or auto")
     if name.startswith("cuda:"):

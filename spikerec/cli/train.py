@@ -9,13 +9,8 @@ import sys
 from pathlib import Path
 
 
-from ..data import DatasetMissingError, dataset_info
 from ..errors import ConfigError, DataError
-from ..train.config import list_presets, load_config, resolve_sizes, validate_config
-from ..train.distributed import launch
-from ..train.runs import (RunFolderError, RunLock, clear_unstarted, describe_run, new_run_dir, prepare_out, read_config,
-                          remove_debris, resume_status, same_config_status, stop_message)
-from ..train.trainer import Trainer, TrainingStopped
+from ..train.presets import list_presets
 from . import run_command
 from .common import ArgumentParser, Interrupted, check_device, real_number, whole_number
 
@@ -121,6 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         for name, desc in list_presets().items():
             print(f"  {name:<22} {desc}")
         return 0
+    # the rest needs torch; imported here so that --help and --list answer at once
+    from ..data import DatasetMissingError, dataset_info
+    from ..train.config import load_config, resolve_sizes, validate_config
+    from ..train.distributed import launch
+    from ..train.runs import (RunFolderError, RunLock, clear_unstarted, describe_run, new_run_dir, prepare_out,
+                              read_config, remove_debris, resume_status, same_config_status, stop_message)
+    from ..train.trainer import Trainer, TrainingStopped
+    if args.nproc_per_node < 1:
+        raise ConfigError(f"--nproc-per-node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > 1 and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         rest = _strip_launch_args(argv)
         if not args.resume:  # every process must write to the same folder

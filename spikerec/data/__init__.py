@@ -8,14 +8,29 @@ your own data; ``EncodedDataset(images, labels, encoder=...)`` (lazy encoding);
 ``collate_time_first``; ``make_loader(dataset, batch_size, shuffle, seed, drop_last=False)``.
 See ``docs/data.md``.
 """
-from .core import ArrayDataset, LatencyDataset, SparseSpikeDataset, collate_time_first, make_loader
-from .encoders import ENCODERS, EncodedDataset, register_encoder
-from .home import DataError, DatasetMissingError, data_home
-from .registry import (DATASETS, dataset_info, dataset_options, get_dataset, infer_info, register_dataset,
-                       unregister_dataset)
+import importlib
+
+# public name -> the submodule that defines it, imported on first access (``spikerec datasets`` and
+# ``spikerec train --list`` run without importing torch)
+_LAZY = {
+    **dict.fromkeys(["ArrayDataset", "LatencyDataset", "SparseSpikeDataset", "collate_time_first", "make_loader"],
+                    "core"),
+    **dict.fromkeys(["ENCODERS", "EncodedDataset", "register_encoder"], "encoders"),
+    **dict.fromkeys(["DataError", "DatasetMissingError", "data_home"], "home"),
+    **dict.fromkeys(["DATASETS", "dataset_info", "dataset_options", "get_dataset", "infer_info", "register_dataset",
+                     "unregister_dataset"], "registry"),
+}
 
 __all__ = [
     "get_dataset", "dataset_info", "dataset_options", "collate_time_first", "make_loader", "DATASETS",
     "register_dataset", "unregister_dataset", "infer_info", "EncodedDataset", "ENCODERS", "register_encoder",
     "data_home", "DataError", "DatasetMissingError", "ArrayDataset", "LatencyDataset", "SparseSpikeDataset",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

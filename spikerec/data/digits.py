@@ -25,58 +25,17 @@ identical on every machine (numpy PCG64).
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 
 from .core import ArrayDataset, LatencyDataset
-from .home import DataError
 from .latency import LatencyCode, latency_steps
+from .sources import DIGITS_SHA256, load_digits_arrays  # noqa: F401  (re-exported)
 from .splits import stratified_split
 
 __all__ = ["digits_dataset", "digits_info", "DIGITS_DEFAULTS", "DIGITS_SHA256", "load_digits_arrays"]
 
-# sha256 of the decoded set: images as uint8 (1797*64 bytes, values 0..16) then labels as uint8.
-DIGITS_SHA256 = "87ff0c9e40dc7e2c0e34e7257799c2e3f3aec1a016363bb11cad869ec428a826"
 DIGITS_DEFAULTS = dict(tau_eff=5.0, theta=0.05, dt=1.0, steps=12, population=1, time_repeat=1, split_seed=0, pool=1, classes=10)
-
-
-def load_digits_arrays():
-    """``(images[1797, 64] float64 in [0, 1], labels[1797] int64)`` from scikit-learn (offline)."""
-    images, labels = _load_digits_cached()
-    return images.copy(), labels.copy()
-
-
-@functools.lru_cache(maxsize=1)
-def _load_digits_cached():
-    import hashlib
-
-    data, target = _read_digits_file()
-    checksum = hashlib.sha256(data.astype(np.uint8).tobytes() + target.astype(np.uint8).tobytes()).hexdigest()
-    if checksum != DIGITS_SHA256 or data.shape != (1797, 64):
-        raise DataError(f"scikit-learn's digits data differ from the expected set (sha256 {checksum}, expected "
-                        f"{DIGITS_SHA256}, shape {data.shape}); the 'digits' splits would not be reproducible")
-    return data.astype(np.float64) / 16.0, target.astype(np.int64)
-
-
-def _read_digits_file():
-    """The digits table scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``), read without
-    importing scikit-learn (a second or more at start-up); ``load_digits`` when the file is not there.
-    The sha256 check of the caller holds either way."""
-    import importlib.util
-    import os
-
-    spec = importlib.util.find_spec("sklearn")
-    for root in (spec.submodule_search_locations or []) if spec is not None else []:
-        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
-        if os.path.exists(path):
-            table = np.loadtxt(path, delimiter=",")
-            return table[:, :-1], table[:, -1]
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return d.data, d.target
 
 
 def _options(options: dict) -> dict:

@@ -16,8 +16,6 @@ Splits: ``train`` = the first ``60000 - valid_size`` training images, ``valid`` 
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -25,58 +23,15 @@ from .core import ArrayDataset, LatencyDataset
 from .fileio import read_idx
 from .home import DataError, DatasetMissingError, dataset_dir
 from .latency import LATENCY_PRESETS, LatencyCode, latency_steps
+from .sources import MNIST_FILES, MNIST_MD5, MNIST_URL, find_mnist, missing_message  # noqa: F401
 
 __all__ = ["MNIST_FILES", "find_mnist", "load_mnist_arrays", "slmnist_dataset", "smnist_dataset",
            "mnist_info", "MNIST_URL"]
-
-MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"
-MNIST_FILES = {
-    "train_images": "train-images-idx3-ubyte",
-    "train_labels": "train-labels-idx1-ubyte",
-    "test_images": "t10k-images-idx3-ubyte",
-    "test_labels": "t10k-labels-idx1-ubyte",
-}
-# md5 of the .gz files, as published with torchvision's MNIST class.
-MNIST_MD5 = {
-    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
-    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
-    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
-    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
-}
 
 _COMMON = dict(root=None, download=False, valid_size=5000, limit=None)
 SLMNIST_OPTIONS = dict(_COMMON, preset="stork", tau_eff=None, theta=None, dt=None, steps=None, first_step=None,
                        rounding=None, time_repeat=None)
 SMNIST_OPTIONS = dict(_COMMON, perm_seed=0)
-
-
-def _search_dirs(root) -> list[Path]:
-    base = dataset_dir("mnist", root)
-    return [base, base / "MNIST" / "raw"]
-
-
-def find_mnist(root=None) -> dict[str, Path] | None:
-    """Paths of the four IDX files, or ``None`` if any is missing."""
-    found = {}
-    for key, name in MNIST_FILES.items():
-        for d in _search_dirs(root):
-            hit = next((d / n for n in (name, name + ".gz") if (d / n).is_file()), None)
-            if hit is not None:
-                found[key] = hit
-                break
-        else:
-            return None
-    return found
-
-
-def missing_message(root=None) -> str:
-    base = dataset_dir("mnist", root)
-    names = ", ".join(n + ".gz" for n in MNIST_FILES.values())
-    return (f"MNIST IDX files not found in {base} or {base / 'MNIST' / 'raw'}.\n"
-            f"  Either pass download=True (needs internet; uses torchvision), e.g. "
-            f"spikerec.data.get_dataset('slmnist', 'train', download=True),\n"
-            f"  or download {names} from {MNIST_URL} into {base}/ (raw or .gz), "
-            f"or set SPIKEREC_DATA to a folder holding mnist/.")
 
 
 def _download(root) -> None:

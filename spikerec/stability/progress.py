@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars everywhere (the automatic choice warns in a notebook without ipywidgets)
 
 __all__ = ["LSCProgressBar", "lsc_warning"]
 

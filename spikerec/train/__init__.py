@@ -4,8 +4,19 @@ See ``docs/training.md``.
 
 ``Trainer(cfg_or_preset, run_dir).fit()`` trains from Python; data sets of your own go in with
 :func:`spikerec.data.register_dataset`."""
-from .config import ConfigError, list_presets, load_config, resolve_sizes  # noqa: F401
-from .runs import load_model  # noqa: F401
-from .trainer import Trainer  # noqa: F401
+import importlib
 
-__all__ = ["load_config", "list_presets", "ConfigError", "load_model", "resolve_sizes", "Trainer"]
+# public name -> the submodule that defines it, imported on first access (``spikerec train --list``
+# reads the presets without importing torch)
+_LAZY = {"load_config": "config", "list_presets": "presets", "ConfigError": "config", "load_model": "runs",
+         "resolve_sizes": "config", "Trainer": "trainer"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value

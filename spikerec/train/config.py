@@ -21,7 +21,6 @@ gives the typed view of a config dict; the trainer and the run folder keep the p
 from __future__ import annotations
 
 import copy
-import difflib
 import inspect
 import os
 import typing
@@ -42,12 +41,13 @@ from ..lru_model import LRUModel
 from ..models import CELL_KINDS, cell_class
 from ..schema import Range
 from ..stability.lsc import LSCConfig
+from .presets import PRESET_DIR, list_presets, preset_path
+from .presets import read_toml as _read_toml
 
 __all__ = ["DEFAULTS", "DataSection", "TrainSection", "LSCSection", "OnlineSection", "RunConfig", "typed",
            "SECTION_TYPES", "ConfigError", "load_config", "list_presets", "preset_path", "apply_override",
            "validate_config", "resolve_sizes", "PRESET_DIR"]
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 _POS_INT = Annotated[int, Range(gt=0)]
@@ -154,43 +154,6 @@ def typed(cfg: dict) -> RunConfig:
     return RunConfig(model=cfg.get("model", {}),
                      **{s: schema.from_dict(t, cfg.get(s, {}), s) for s, t in SECTION_TYPES.items()},
                      description=cfg.get("description", ""), preset=cfg.get("preset", ""))
-
-
-def list_presets() -> dict[str, str]:
-    """``{name: description}`` of the shipped presets."""
-    out = {}
-    for p in sorted(PRESET_DIR.glob("*.toml")):
-        try:
-            out[p.stem] = _read_toml(p).get("description", "")
-        except ConfigError as e:
-            out[p.stem] = f"(broken: {e})"
-    return out
-
-
-def preset_path(name_or_path: str | os.PathLike) -> Path:
-    """A preset name (``quickstart``) or a path to a ``.toml`` file -> its path."""
-    s = os.fspath(name_or_path)
-    p = Path(s)
-    if s.endswith(".toml") or os.sep in s:
-        if not p.is_file():
-            raise ConfigError(f"config file '{s}' does not exist")
-        return p
-    cand = PRESET_DIR / f"{s}.toml"
-    if cand.is_file():
-        return cand
-    names = sorted(list_presets())
-    close = difflib.get_close_matches(s, names, n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ConfigError(f"unknown preset '{s}'.{hint} Available presets: {', '.join(names)} "
-                      f"(or give a path to a .toml file)")
-
-
-def _read_toml(path: Path) -> dict:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file '{path}': not valid TOML: {e}") from None
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["DistInfo", "launch", "init_distributed", "shard", "all_reduce_sum", "all_reduce_grads", "barrier",
-           "cleanup"]
+           "cleanup", "has_unused_parameters"]
 
 
 @dataclass
@@ -91,6 +91,21 @@ def broadcast_parameters(module: torch.nn.Module, info: DistInfo) -> None:
         return
     for t in list(module.parameters()) + list(module.buffers()):
         dist.broadcast(t.data, src=0)
+
+
+def has_unused_parameters(model: torch.nn.Module, input_size: int, device: torch.device) -> bool:
+    """Whether some trainable parameter of ``model`` gets no gradient from a forward and backward pass
+    on a short input ``[2, 1, input_size]``: DDP's ``find_unused_parameters`` (a search of the autograd
+    graph every step, and a warning per process when it finds nothing) is needed only then. The random
+    number generators are left as they were."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return False
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        out = model(torch.ones(2, 1, int(input_size), device=device))
+        y = out[0] if isinstance(out, tuple) else out
+        grads = torch.autograd.grad(y.float().sum(), params, allow_unused=True)
+    return any(g is None for g in grads)
 
 
 def barrier(info: DistInfo) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars everywhere (the automatic choice warns in a notebook without ipywidgets)
 
 from .. import optim
 from ..errors import ConfigError
@@ -262,7 +262,8 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.fwd = DDP(self.model, device_ids=ids, find_unused_parameters=True)
+            unused = ddp.has_unused_parameters(self.model, self.cfg["model"]["input_size"], self.device)
+            self.fwd = DDP(self.model, device_ids=ids, find_unused_parameters=unused)
         elif self.dist.enabled:
             ddp.broadcast_parameters(self.model, self.dist)
         self.learner = None
@@ -677,7 +678,8 @@ class Trainer:
         try:
             plot_curves(self.metrics.records, self.run_dir / "curves.png")
             if self.stream:
-                plot_stream(self.metrics.records, self.run_dir / "stream.png")
+                plot_stream(self.metrics.records, self.run_dir / "stream.png",
+                            log_every=int(self.cfg["train"]["log_every"] or 0) or None)
             if self.cells:
                 x0, y0 = self.test_set[0]
                 plot_raster(self.model, x0.to(self.device), self.run_dir / "raster.png", label=y0 if isinstance(y0, int) else None)

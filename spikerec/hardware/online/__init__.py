@@ -1,7 +1,7 @@
 """Online eligibility-trace learning (Zucchet et al. 2023; Bellec et al. 2020): exact in-layer
 RTRL for independent recurrent modules (LRU, LIF/ALIF without lateral weights, leaky readouts),
 spatial errors across layers, a streaming interface that carries states, traces and gradient
-accumulators across calls, chunked / parallel evaluation, compiled CPU (numba) and Triton kernels.
+accumulators across calls, chunked / parallel evaluation, compiled CPU (numba) and Triton kernels::
 
     learner = OnlineLearner(model, loss=step_loss, optimizer=opt, update_every=64)
     for x_t, target_t in stream:
