@@ -105,15 +105,16 @@ def _interleaved(contenders: dict, reps: int) -> dict:
     return best
 
 
-def _neuron_contenders(T, B, N, beta, libs):
-    """``{name: (make_forward(I) -> spikes, input scale)}``."""
+def _neuron_contenders(T, B, N, beta, libs, device="cpu", gpu=False):
+    """``{name: (make_forward(I) -> spikes, input scale)}`` on ``device``; ``gpu``: each peer in its
+    fastest GPU form (Norse's cell under ``torch.compile`` instead of its two eager forms)."""
     from ..kernels.lif_sequence import LIFSequence
     from ..surrogate import get_surrogate
 
     sur = get_surrogate("fast_sigmoid", slope=25.0)
-    alpha = torch.full((N,), beta)
-    thr = torch.ones(N)
-    v0 = torch.zeros(B, N)
+    alpha = torch.full((N,), beta, device=device)
+    thr = torch.ones(N, device=device)
+    v0 = torch.zeros(B, N, device=device)
     out = {}
 
     def spikerec_impl(impl):
@@ -126,8 +127,8 @@ def _neuron_contenders(T, B, N, beta, libs):
     out["spikerec-torch"] = (spikerec_impl("torch"), 1.0)
 
     def plain(I):
-        mem = torch.zeros(B, N)
-        spk = torch.zeros(B, N)
+        mem = torch.zeros(B, N, device=device)
+        spk = torch.zeros(B, N, device=device)
         spikes = []
         for it in I.unbind(0):
             mem = beta * mem + it - spk.detach()
@@ -139,7 +140,7 @@ def _neuron_contenders(T, B, N, beta, libs):
     if "snntorch" in libs:
         import snntorch as snn
 
-        lif = snn.Leaky(beta=beta, threshold=1.0, reset_mechanism="subtract")
+        lif = snn.Leaky(beta=beta, threshold=1.0, reset_mechanism="subtract").to(device)
 
         def snn_fwd(I):
             mem = lif.init_leaky()
@@ -156,25 +157,30 @@ def _neuron_contenders(T, B, N, beta, libs):
 
         dt = 1e-3
         inv = (1 - beta) / dt
-        cell = nt.LIFBoxCell(nt.LIFBoxParameters(tau_mem_inv=torch.tensor(inv), v_th=torch.tensor(1.0)), dt=dt)
+        p = nt.LIFBoxParameters(tau_mem_inv=torch.tensor(inv, device=device), v_th=torch.tensor(1.0, device=device))
+        cell = nt.LIFBoxCell(p, dt=dt).to(device)
+        if gpu:  # one compiled graph per shape and per first/later step: room for every size of a bench
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        step = torch.compile(cell) if gpu else cell
 
         def norse_fwd(I):
             s = None
             spikes = []
             for it in I.unbind(0):
-                z, s = cell(it, s)
+                z, s = step(it, s)
                 spikes.append(z)
             return torch.stack(spikes)
 
         norse_fwd.held = held_tensors(cell, list(cell.p))
-        out["norse"] = (norse_fwd, 1.0 / (dt * inv))
-        seq = nt.LIF(nt.LIFParameters(tau_mem_inv=torch.tensor(inv), tau_syn_inv=torch.tensor(1.0 / dt)), dt=dt)
+        out["norse compiled" if gpu else "norse"] = (norse_fwd, 1.0 / (dt * inv))
+        if not gpu:
+            seq = nt.LIF(nt.LIFParameters(tau_mem_inv=torch.tensor(inv), tau_syn_inv=torch.tensor(1.0 / dt)), dt=dt)
 
-        def norse_seq_fwd(I):
-            return seq(I)[0]
+            def norse_seq_fwd(I):
+                return seq(I)[0]
 
-        norse_seq_fwd.held = held_tensors(seq, [t for t in seq.p if isinstance(t, torch.Tensor)])
-        out["norse LIF"] = (norse_seq_fwd, 1.0 / (dt * inv))
+            norse_seq_fwd.held = held_tensors(seq, [t for t in seq.p if isinstance(t, torch.Tensor)])
+            out["norse LIF"] = (norse_seq_fwd, 1.0 / (dt * inv))
     if "spikingjelly" in libs:
         try:
             from spikingjelly.activation_based import functional as sjf
@@ -184,7 +190,7 @@ def _neuron_contenders(T, B, N, beta, libs):
             print("spikingjelly not installed (pip install 'spikerec[bench]'); skipped", file=sys.stderr)
         else:
             node = sjn.LIFNode(tau=1.0 / (1.0 - beta), decay_input=False, v_reset=None, detach_reset=True,
-                               surrogate_function=sjs.Sigmoid(), step_mode="m")
+                               surrogate_function=sjs.Sigmoid(), step_mode="m").to(device)
 
             def sj_fwd(I):
                 sjf.reset_net(node)

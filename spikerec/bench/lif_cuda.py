@@ -6,8 +6,8 @@ neurons, batch 16, T = 500, float32, forward + backward, peak memory by
 process, interleaved (round-robin over contenders, ``--reps`` rounds after a warm-up round), the
 minimum per contender, each timed between two device synchronisations:
 
-* ``spikerec``: :class:`spikerec.layers.LIF` (its Triton kernel on CUDA); ``spikerec torch loop``:
-  the same layer with ``impl="torch"``; ``plain loop``: the LIF equations over ``I.unbind(0)`` with a
+* ``spikerec``: the LIF kernel (``LIFSequence``, its Triton form on CUDA); ``spikerec-torch``: the
+  same with ``impl="torch"``; ``plain loop``: the LIF equations over ``I.unbind(0)`` with a
   surrogate spike, autograd through every step;
 * ``snntorch``: ``snn.Leaky`` over ``unbind``; ``norse compiled``: ``LIFBoxCell`` under
   ``torch.compile`` (the step compiled, the loop over ``unbind``); ``spikingjelly``: its multi-step
@@ -27,10 +27,9 @@ an epoch of SHD's training set (8,156 samples, 82 steps) at that step time.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 
+from .lif import _neuron_contenders
 
 __all__ = ["run"]
 
@@ -67,92 +66,6 @@ def _peak(fn) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def _neurons(B, N, beta, libs, dev):
-    """``{name: (neuron(I) -> spikes, input scale)}`` on ``dev``."""
-    from ..layers import LIF
-    from ..surrogate import get_surrogate
-
-    sur = get_surrogate("fast_sigmoid", slope=25.0)
-    tau = -1.0 / torch.log(torch.tensor(beta)).item()
-    out = {}
-    for name, impl in (("spikerec", "auto"), ("spikerec torch loop", "torch")):
-        cell = LIF(1, N, tau_mem=tau, reset="subtract", learn_tau=False, surrogate=sur, impl=impl).to(dev)
-        alpha, _ = cell.decays()
-        thr = cell.threshold.detach()
-        from ..kernels.lif_sequence import LIFSequence
-
-        v0 = torch.zeros(B, N, device=dev)  # the initial state, held as the CPU bench holds it
-
-        def fwd(I, alpha=alpha.detach(), thr=thr, impl=impl, v0=v0):
-            return LIFSequence.apply(I, v0, None, alpha, None, thr, None, sur, "subtract", True, impl)[0]
-        out[name] = (fwd, 1.0)
-
-    def plain(I):
-        mem = torch.zeros(I.shape[1:], device=I.device)
-        spk = torch.zeros_like(mem)
-        spikes = []
-        for it in I.unbind(0):
-            mem = beta * mem + it - spk.detach()
-            spk = sur(mem - 1.0)
-            spikes.append(spk)
-        return torch.stack(spikes)
-
-    out["plain loop"] = (plain, 1.0)
-    if "snntorch" in libs:
-        try:
-            import snntorch as snn
-        except ImportError:
-            print("snntorch not installed; skipped", file=sys.stderr)
-        else:
-            lif = snn.Leaky(beta=beta, threshold=1.0, reset_mechanism="subtract").to(dev)
-
-            def snn_fwd(I):
-                mem = lif.init_leaky()
-                spikes = []
-                for it in I.unbind(0):
-                    spk, mem = lif(it, mem)
-                    spikes.append(spk)
-                return torch.stack(spikes)
-            out["snntorch"] = (snn_fwd, 1.0)
-    if "norse" in libs:
-        try:
-            import norse.torch as nt
-        except ImportError:
-            print("norse not installed; skipped", file=sys.stderr)
-        else:
-            dt = 1e-3
-            inv = (1 - beta) / dt
-            p = nt.LIFBoxParameters(tau_mem_inv=torch.tensor(inv, device=dev), v_th=torch.tensor(1.0, device=dev))
-            # one compiled graph per shape and per first/later step: room for every size of the bench
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            step = torch.compile(nt.LIFBoxCell(p, dt=dt).to(dev))
-
-            def norse_fwd(I):
-                s = None
-                spikes = []
-                for it in I.unbind(0):
-                    z, s = step(it, s)
-                    spikes.append(z)
-                return torch.stack(spikes)
-            out["norse compiled"] = (norse_fwd, 1.0 / (dt * inv))
-    if "spikingjelly" in libs:
-        try:
-            from spikingjelly.activation_based import functional as sjf
-            from spikingjelly.activation_based import neuron as sjn
-            from spikingjelly.activation_based import surrogate as sjs
-        except ImportError:
-            print("spikingjelly not installed (pip install 'spikerec[bench]'); skipped", file=sys.stderr)
-        else:
-            node = sjn.LIFNode(tau=1.0 / (1.0 - beta), decay_input=False, v_reset=None, detach_reset=True,
-                               surrogate_function=sjs.Sigmoid(), step_mode="m").to(dev)
-
-            def sj_fwd(I):
-                sjf.reset_net(node)
-                return node(I)
-            out["spikingjelly"] = (sj_fwd, 1.0)
-    return out
-
-
 def _layer_part(T, B, N, libs, reps, dev, whole_layer: bool):
     torch.manual_seed(0)
     beta = 0.95
@@ -161,7 +74,7 @@ def _layer_part(T, B, N, libs, reps, dev, whole_layer: bool):
     x = (torch.rand(T, B, N, device=dev) < 0.1).float()
     I0 = (torch.randn(T, B, N, device=dev) * 0.5 + 0.3)
     runs, rates, peaks = {}, {}, {}
-    for name, (neuron, scale) in _neurons(B, N, beta, libs, dev).items():
+    for name, (neuron, scale) in _neuron_contenders(T, B, N, beta, libs, device=dev, gpu=True).items():
         if whole_layer:
             lin = torch.nn.Linear(N, N, device=dev)
             with torch.no_grad():
@@ -200,7 +113,7 @@ def _alif_part(reps, dev, libs):
     y = torch.randint(0, K, (B,), device=dev)
     ce = torch.nn.CrossEntropyLoss()
     runs, rates = {}, {}
-    for name, impl, path in (("spikerec", "auto", "forward"), ("spikerec torch loop", "torch", "forward"),
+    for name, impl, path in (("spikerec", "auto", "forward"), ("spikerec-torch", "torch", "forward"),
                              ("step loop (one definition)", "torch", "step_loop")):
         torch.manual_seed(1)
         # the preset's parameters (spikerec/configs/shd-alif-lsc.toml)
@@ -260,7 +173,7 @@ def run(a, libs) -> dict:
             title = (f"N={N}: Linear + LIF layer from input spikes, forward + backward" if whole else
                      f"N={N}: LIF neuron part (currents given), forward + backward")
             _print(title, best, rates, peaks, "floor (copy)")
-            peers = [k for k in best if k not in ("spikerec", "spikerec torch loop", "floor (copy)", "Linear alone")]
+            peers = [k for k in best if k not in ("spikerec", "spikerec-torch", "floor (copy)", "Linear alone")]
             if peers:
                 fastest = min(peers, key=best.get)
                 print(f"  fastest other: {fastest}; spikerec is {best[fastest] / best['spikerec']:.2f}x faster; "
@@ -275,7 +188,7 @@ def run(a, libs) -> dict:
         steps = -(-SHD_TRAIN // 100)
         print(f"  epoch of SHD's training set ({SHD_TRAIN} samples, {steps} steps): "
               + ", ".join(f"{k} {steps * v:.2f} s" for k, v in best.items()))
-        print(f"  spikerec is {best['spikerec torch loop'] / best['spikerec']:.2f}x its torch loop and "
+        print(f"  spikerec is {best['spikerec-torch'] / best['spikerec']:.2f}x its torch loop and "
               f"{best['step loop (one definition)'] / best['spikerec']:.2f}x the step loop")
         result["alif_shd"] = {"ms": {k: 1e3 * v for k, v in best.items()}, "rate": rates}
     return result

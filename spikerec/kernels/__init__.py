@@ -1,8 +1,10 @@
 """Fused kernels, one file per kernel, named for what it runs.
 
 * ``lif_sequence``, ``alif_sequence``: the LIF/CUBA and ALIF time loops with hand-written
-  backwards (torch; the CUDA path); ``lif_sequence_numba``: the compiled CPU kernel of the
-  feed-forward LIF loop; ``alif_sequence_numba``: the compiled CPU steps of the ALIF loop;
+  backwards (autograd Functions choosing among their implementations; the torch loops);
+  ``lif_sequence_numba``: the compiled CPU kernel of the feed-forward LIF loop;
+  ``alif_sequence_numba``: the compiled CPU steps of the ALIF loop; ``lif_triton``, ``alif_triton``:
+  the Triton kernels of both loops on CUDA, with ``surrogate_triton``, the surrogates' Triton forms;
 * ``scan_triton`` (CUDA; on the CPU under ``TRITON_INTERPRET=1`` for tests) and ``scan_numba``
   (compiled CPU) for :func:`spikerec.scan.linear_scan`.
 

@@ -46,6 +46,18 @@ def _prev(cur_ptr, init_ptr, idx, m2, t, M):
 
 
 @triton.jit
+def _params(alpha_ptr, rho_ptr, b_ptr, beta_ptr, cols, cmask, state_ptr):
+    """The per-neuron ``alpha, rho, b, beta`` of a column tile, as ``[1, BN]`` rows in the state dtype
+    (the element type of ``state_ptr``)."""
+    sd = state_ptr.dtype.element_ty
+    alpha = tl.load(alpha_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
+    rho = tl.load(rho_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
+    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
+    beta = tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
+    return alpha, rho, b, beta
+
+
+@triton.jit
 def _rec_product(z_ptr, W_ptr, rows, rmask, cols, cmask, N, BB: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, USE_DOT: tl.constexpr, TRANS: tl.constexpr):
     """``sum_k z[rows, k] W[cols, k]`` (``TRANS``: ``sum_k z[rows, k] W[k, cols]``) as ``[BB, BN]``."""
@@ -87,10 +99,7 @@ def _alif_fwd(I_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rho_ptr, b_ptr, beta_ptr
             cmask = cols < N
             m2 = rmask[:, None] & cmask[None, :]
             idx = rows[:, None] * N + cols[None, :]
-            alpha = tl.load(alpha_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-            rho = tl.load(rho_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-            b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-            beta = tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
+            alpha, rho, b, beta = _params(alpha_ptr, rho_ptr, b_ptr, beta_ptr, cols, cmask, V_ptr)
             v = _prev(Vc, v0_ptr, idx, m2, t, M).to(sd)
             a = _prev(Ac, a0_ptr, idx, m2, t, M).to(sd)
             zp = _prev(Zc, z0_ptr, idx, m2, t, M).to(sd)
@@ -142,10 +151,7 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
             cmask = cols < N
             m2 = rmask[:, None] & cmask[None, :]
             idx = rows[:, None] * N + cols[None, :]
-            alpha = tl.load(alpha_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-            rho = tl.load(rho_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-            b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-            beta = tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
+            alpha, rho, b, beta = _params(alpha_ptr, rho_ptr, b_ptr, beta_ptr, cols, cmask, V_ptr)
             v = tl.load(Vc + idx, mask=m2, other=0.0)
             a = tl.load(Ac + idx, mask=m2, other=0.0)
             vp = _prev(Vc, v0_ptr, idx, m2, t, M).to(sd)
@@ -212,10 +218,7 @@ def _alif_bwd(gZ_ptr, Z_ptr, V_ptr, A_ptr, v0_ptr, a0_ptr, z0_ptr, alpha_ptr, rh
         cmask = cols < N
         m2 = rmask[:, None] & cmask[None, :]
         idx = rows[:, None] * N + cols[None, :]
-        alpha = tl.load(alpha_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-        rho = tl.load(rho_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
-        beta = tl.load(beta_ptr + cols, mask=cmask, other=0.0).to(sd)[None, :]
+        alpha, rho, b, beta = _params(alpha_ptr, rho_ptr, b_ptr, beta_ptr, cols, cmask, V_ptr)
         v0 = tl.load(v0_ptr + idx, mask=m2, other=0.0).to(sd)
         a0 = tl.load(a0_ptr + idx, mask=m2, other=0.0).to(sd)
         gu0 = tl.load(C_ptr + idx, mask=m2, other=0.0) * surrogate_derivative(v0 - (b + beta * a0), sur_ptr, SUR)
