@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from .lif import _neuron_contenders
 
 __all__ = ["run"]
@@ -155,7 +156,7 @@ def _print(title, best, rates, peaks, ref):
 def run(a, libs) -> dict:
     """Run the parts named in ``a.parts`` (neuron, layer, alif) at ``a.sizes``; print and return the figures."""
     if not torch.cuda.is_available():
-        raise SystemExit("spikerec bench lif --device cuda: no CUDA device is visible to torch")
+        raise ConfigError("--device = 'cuda' but CUDA is not available on this machine; use cpu")
     dev = torch.device("cuda")
     parts = set(a.parts.split(","))
     sizes = [int(s) for s in str(a.sizes).split(",") if s]
