@@ -219,3 +219,13 @@ def test_triton_kernels_float32_and_bfloat16_on_cuda_against_torch_loop():
             assert agree > 0.999, (dt, agree)
             if agree == 1.0:
                 torch.testing.assert_close(out["triton"][2], out["torch"][2].to(dt).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_bench_lif_on_cuda_without_cuda_is_a_one_line_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    from spikerec.cli import main
+
+    assert main(["bench", "lif", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CUDA is not available" in err[0]
