@@ -78,6 +78,11 @@ SCRIPT = textwrap.dedent(
         tol = 1e-5 if dt == torch.float32 else 8e-3  # the input gradient is rounded to bfloat16 (8 bits)
         for k, (a, b) in enumerate(zip(res["torch"], res["triton"])):
             torch.testing.assert_close(a, b, rtol=tol, atol=tol, msg=f"{dt} output {k}")
+    # an empty sequence returns the initial state (impl="triton" asked, the torch loop answers)
+    for cell in (LIF(3, 4, impl="triton"), ALIF(3, 4, impl="triton")):
+        s0 = cell.initial_state(2)
+        z, sT = cell(torch.zeros(0, 2, 3), s0)
+        assert z.shape == (0, 2, 4) and all(torch.equal(a, b) for a, b in zip(sT, s0))
     print("TRITON-SPIKING-OK")
     """
 )

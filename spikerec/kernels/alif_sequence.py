@@ -69,6 +69,8 @@ def _triton_form(impl: str, I: torch.Tensor, surrogate, params):
                              f"importing triton); got {I.device}")
     elif not (impl == "auto" and I.is_cuda and triton_available()):
         return None
+    if I.shape[0] == 0:  # an empty sequence: the torch loop returns the initial state
+        return None
     ok = (I.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
           and all(p.numel() in (1, I.shape[-1]) for p in params))
     if not ok:

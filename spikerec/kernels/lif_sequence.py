@@ -81,6 +81,8 @@ def _triton_form(impl: str, I: torch.Tensor, w_rec, surrogate, params):
                              f"importing triton); got {I.device}")
     elif not (impl == "auto" and I.is_cuda and w_rec is None and triton_available()):
         return None
+    if I.shape[0] == 0:  # an empty sequence: the torch loop returns the initial state
+        return None
     if I.dtype not in _TRITON_DTYPES or any(p is not None and p.numel() not in (1, I.shape[-1]) for p in params):
         if impl == "triton":
             raise ValueError("LIF kernel impl='triton': needs float16/bfloat16/float32/float64 inputs and "
