@@ -148,9 +148,9 @@ in our run), and the float model compared below is the clipped one: compare its 
 evaluation above."""),
     new_code_cell('''import warnings
 from spikerec.data import collate_time_first
-from spikerec.hardware.crosscheck import cross_check
-from spikerec.hardware.nir_io import NIRExportError, write_nir
-from spikerec.hardware.quantize import quantize
+from spikerec.hardware.export.crosscheck import cross_check
+from spikerec.hardware.export.nir_io import NIRExportError, write_nir
+from spikerec.hardware.export.quantize import quantize
 
 with torch.no_grad():
     for cell in model.cells:
@@ -612,8 +612,8 @@ a calibration batch) each layer's firing rate in float and in the integer simula
 
 This model does not fit Xylo (64 inputs, a LIF without synaptic current): `quantize(model, "xylo")`
 refuses it and names the limit; the last section trains one that fits."""),
-    new_code_cell('''from spikerec.hardware.intsim import evaluate
-from spikerec.hardware.quantize import finetune, quantize
+    new_code_cell('''from spikerec.hardware.export.intsim import evaluate
+from spikerec.hardware.export.quantize import finetune, quantize
 
 calib = train_batches[0][0]
 exported = {}
@@ -629,7 +629,7 @@ except ValueError as e:
     new_markdown_cell("""## Integer simulator against float
 
 `intsim.evaluate` runs the profile's integer arithmetic (int64 tensors, the target's overflow and
-rounding rules) on the test set. `intsim_reference` is a plain-Python version of the same rules, and
+rounding rules) on the test set. `tests/intsim_reference.py` is a plain-Python version of the same rules, and
 the test suite checks the two bit for bit."""),
     new_code_cell('''accs = {"float": acc_float}
 for target, (m, qnet, rep) in exported.items():
@@ -652,8 +652,8 @@ layer in turn, and compares their spike trains with spikerec's (fraction of spik
 at the same neuron and step), and the integer simulator's. A model with reset "subtract" (spikerec's
 default) or ALIF is refused by `write_nir`: NIR neurons reset to a value, so every reader would run a
 reset to zero; train with reset "zero", or write spikerec's extension metadata with `extensions=True`."""),
-    new_code_cell('''from spikerec.hardware.crosscheck import cross_check
-from spikerec.hardware.nir_io import from_nir, read_nir, write_nir
+    new_code_cell('''from spikerec.hardware.export.crosscheck import cross_check
+from spikerec.hardware.export.nir_io import from_nir, read_nir, write_nir
 
 path = write_nir(model, str(OUT / "lif_digits.nir"))
 graph = read_nir(path)
@@ -675,7 +675,7 @@ for sim, entry in report.items():
         print(f"{sim:>8}: accuracy {entry['accuracy']:.3f}, spike agreement {100 * entry['matched']:.2f}% "
               f"({l['spikes_b']} spikes vs {l['spikes_a']} in float)" + (f" [{entry['peer_bug']}]" if "peer_bug" in entry else ""))
 
-from spikerec.hardware.nir_io import NIRExportError
+from spikerec.hardware.export.nir_io import NIRExportError
 try:
     write_nir(build_model({"input_size": 4, "layers": [{"kind": "lif", "size": 3}], "readout": {"size": 2}}),
               str(OUT / "refused.nir"))
@@ -683,9 +683,9 @@ except NIRExportError as e:
     print("default reset 'subtract':", str(e)[:200], "...")'''),
     new_markdown_cell("""snnTorch and Norse reproduce the float spikes exactly: they integrate the NIR graph with the same
 `dt`, so the continuous time constants turn back into spikerec's decays. For Loihi 2,
-`spikerec.hardware.netx.write_netx` writes the lava-dl netx HDF5 file; on the command line all of this is
+`spikerec.hardware.export.loihi2_netx.write_netx` writes the lava-dl netx HDF5 file; on the command line all of this is
 `spikerec export RUN --target loihi2`."""),
-    new_code_cell('''from spikerec.hardware.netx import write_netx
+    new_code_cell('''from spikerec.hardware.export.loihi2_netx import write_netx
 
 info = write_netx(exported["loihi2"][1], str(OUT / "lif_digits_netx.h5"))
 print("netx file:", OUT / "lif_digits_netx.h5", "|", {k: v for k, v in info.items() if not isinstance(v, (list, dict))})'''),
@@ -699,8 +699,8 @@ subtractive reset and no bias fit it; this is the `xylo-digits` preset
 (`spikerec train xylo-digits`, then `spikerec export RUN --target xylo --finetune-epochs 3`).
 `quantize(m, "xylo")` gives the chip's specification; `finetune` trains through the chip's rounding
 (straight-through estimator). SynSense's bit-accurate simulator `xylosim` runs the same integers."""),
-    new_code_cell('''from spikerec.hardware.intsim import logits
-from spikerec.hardware.xylosim_bridge import run_xylosim, xylosim_available
+    new_code_cell('''from spikerec.hardware.export.intsim import logits
+from spikerec.hardware.export.xylo.xylosim_bridge import run_xylosim, xylosim_available
 
 opts = dict(pool=2, classes=8)
 xtr, xte = get_dataset("digits", "train", **opts), get_dataset("digits", "test", **opts)

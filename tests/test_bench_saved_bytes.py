@@ -1,7 +1,7 @@
 """The saved-activation count of ``spikerec bench lif`` (bytes autograd keeps for the backward)."""
 import torch
 
-from spikerec.bench.lif import _neuron_contenders, held_tensors, saved_bytes
+from spikerec.bench.lif_peers import held_tensors, neuron_contenders, saved_bytes
 
 
 def test_held_parameters_are_not_counted_and_activations_are():
@@ -15,7 +15,7 @@ def test_held_parameters_are_not_counted_and_activations_are():
 
 def test_spikerec_neuron_saves_no_more_than_a_plain_loop():
     T, B, N = 20, 3, 16
-    cont = _neuron_contenders(T, B, N, 0.95, [])
+    cont = neuron_contenders(T, B, N, 0.95, [])
     I = torch.randn(T, B, N) * 0.5 + 0.3
     got = {k: saved_bytes(lambda f=f: f(I.clone().requires_grad_()), getattr(f, "held", ()))
            for k, (f, _) in cont.items()}

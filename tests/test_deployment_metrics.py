@@ -8,7 +8,7 @@ pytest.importorskip("neurobench", reason="neurobench is not installed (pip insta
 
 from spikerec.analysis.deployment_metrics import deployment_metrics, profile_footprint  # noqa: E402
 from spikerec.data import ArrayDataset, make_loader  # noqa: E402
-from spikerec.hardware.profiles import PROFILES  # noqa: E402
+from spikerec.hardware.export.profiles import PROFILES  # noqa: E402
 from spikerec.models import build_model  # noqa: E402
 from hand_count import hand_count  # noqa: E402
 

@@ -12,10 +12,10 @@ from safetensors.torch import save_file
 
 from spikerec.cli import export as export_command
 from spikerec.cli import main as spikerec_main
-from spikerec.hardware.intsim import evaluate
-from spikerec.hardware.netx import NetxExportError, write_netx
-from spikerec.hardware.quantize import finetune, quantize
-from spikerec.hardware.xylosim_bridge import xylosim_available
+from spikerec.hardware.export.intsim import evaluate
+from spikerec.hardware.export.loihi2_netx import NetxExportError, write_netx
+from spikerec.hardware.export.quantize import finetune, quantize
+from spikerec.hardware.export.xylo.xylosim_bridge import xylosim_available
 from spikerec.models import build_model
 
 CFG = {"input_size": 10, "layers": [{"kind": "lif", "size": 16, "recurrent": True, "reset": "zero", "tau_syn": 4.0,

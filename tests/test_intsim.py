@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from spikerec.hardware.intsim import decay, overflow, simulate
-from spikerec.hardware.intsim_reference import simulate_reference
-from spikerec.hardware.profiles import get_profile
-from spikerec.hardware.quantize import quantize
+from spikerec.hardware.export.intsim import decay, overflow, simulate
+from intsim_reference import simulate_reference
+from spikerec.hardware.export.profiles import get_profile
+from spikerec.hardware.export.quantize import quantize
 from spikerec.models import build_model
 
 

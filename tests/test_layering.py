@@ -1,5 +1,6 @@
 """The import direction of the package (the ``layers`` contract in pyproject.toml) holds,
-and the contract really fails on an upward import."""
+and the contract really fails on an upward import; no import cycle exists between modules, and
+the check really finds one."""
 import os
 import shutil
 import subprocess
@@ -57,3 +58,41 @@ def test_every_subpackage_is_placed_in_a_layer(tmp_path):
     r = _lint(repo)
     assert r.returncode != 0
     assert "newthing" in r.stdout + r.stderr
+
+
+CYCLES = ("import grimp\n"
+          "g = grimp.build_graph('spikerec', cache_dir=None)\n"
+          "seen = set()\n"
+          "for m in sorted(g.modules):\n"
+          "    for n in sorted(g.find_modules_directly_imported_by(m)):\n"
+          "        chain = g.find_shortest_chain(importer=n, imported=m)\n"
+          "        if chain and frozenset(chain) not in seen:\n"
+          "            seen.add(frozenset(chain))\n"
+          "            print(' -> '.join((m,) + chain))\n")
+
+
+def _module_cycles(root: Path) -> list[str]:
+    """The import cycles between modules of the package under ``root``, one per line (module-level and
+    function-level imports alike), found by grimp in a fresh process that imports ``root``'s copy."""
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", CYCLES], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_no_import_cycle_between_modules():
+    assert _module_cycles(ROOT) == []
+
+
+@pytest.mark.parametrize("module, line, words", [
+    ("kernels/scan_numba_kernels.py", "from .scan_numba import available as _cycle",
+     "spikerec.kernels.scan_numba -> spikerec.kernels.scan_numba_kernels -> spikerec.kernels.scan_numba"),
+    ("kernels/__init__.py", "from . import scan_numba as _cycle",
+     "spikerec.kernels -> spikerec.kernels.scan_numba -> spikerec.kernels"),
+])
+def test_cycle_check_finds_a_cycle(tmp_path, module, line, words):
+    """Between two modules of a package, and between a package and one of its modules."""
+    repo = _copy(tmp_path)
+    path = repo / "spikerec" / module
+    path.write_text(path.read_text() + f"\n{line}  # deliberately wrong\n")
+    assert words in _module_cycles(repo)

@@ -10,10 +10,10 @@ spikerec's weight shift includes Lava's ``<< 6``; ``d_u`` is Lava's ``du + 1`` (
 import pytest
 import torch
 
-from spikerec.hardware.intsim import decay, overflow, simulate
-from spikerec.hardware.intsim_reference import simulate_reference
-from spikerec.hardware.profiles import get_profile
-from spikerec.hardware.qnetwork import QLayer, QuantizedNetwork
+from spikerec.hardware.export.intsim import decay, overflow, simulate
+from intsim_reference import simulate_reference
+from spikerec.hardware.export.profiles import get_profile
+from spikerec.hardware.export.quantized_network import QLayer, QuantizedNetwork
 
 P = get_profile("loihi2")
 

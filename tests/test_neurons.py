@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from spikerec import neurons
-from spikerec.hardware.intsim_reference import simulate_reference
-from spikerec.hardware.quantize import quantize
+from intsim_reference import simulate_reference
+from spikerec.hardware.export.quantize import quantize
 from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.models import build_model
 from spikerec.neurons import Role, Transform, alif, lif, parameters_by_role, readout
@@ -17,8 +17,8 @@ F64 = torch.float64
 
 # --- an integer arithmetic written here from the profile rules, run through the float model's step ----------
 class LoihiLikeArithmetic:
-    """Integer rules of :class:`~spikerec.hardware.profiles.TargetProfile` (mulshift or bitshift decay,
-    wrap or saturate, strict ``v > thr``), written independently of ``spikerec.hardware.intsim``."""
+    """Integer rules of :class:`~spikerec.hardware.export.profiles.TargetProfile` (mulshift or bitshift decay,
+    wrap or saturate, strict ``v > thr``), written independently of ``spikerec.hardware.export.intsim``."""
 
     def __init__(self, profile):
         self.p = profile
@@ -361,7 +361,7 @@ class XyloLikeArithmetic(LoihiLikeArithmetic):
 def test_xylo_like_rules_through_the_step_equal_a_plain_loop():
     """Multi-spike counts, add-then-decay synapse, at-least-one-LSB decay, per-event saturation and immediate reset,
     all through the one LIF step, against a plain-Python loop in Xylo's documented order (post-reset state)."""
-    from spikerec.hardware.profiles import get_profile
+    from spikerec.hardware.export.profiles import get_profile
 
     p = get_profile("xylo", current_bits=8, state_bits=10, current_overflow="saturate", state_overflow="saturate")
     ar = XyloLikeArithmetic(p)

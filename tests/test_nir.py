@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from spikerec.hardware.crosscheck import UnsupportedBySimulator, cross_check, run_norse, run_snntorch, spiking_subgraph
-from spikerec.hardware.nir_io import NIRExportError, NIRImportError, from_nir, read_nir, to_nir, write_nir
+from spikerec.hardware.export.crosscheck import UnsupportedBySimulator, cross_check, run_norse, run_snntorch, spiking_subgraph
+from spikerec.hardware.export.nir_io import NIRExportError, NIRImportError, from_nir, read_nir, to_nir, write_nir
 from spikerec.models import build_model
 
 
@@ -236,7 +236,7 @@ def test_rockpool_is_a_further_reader_when_installed():
     assert "rockpool" in rep and ("skipped" in rep["rockpool"]) != ("matched" in rep["rockpool"])
 
 
-# --- the mapping table (spikerec.hardware.nir_map): one entry per kind, both directions ---------------
+# --- the mapping table (spikerec.hardware.export.nir_map): one entry per kind, both directions ---------------
 F32 = dict(rtol=4 * float(np.finfo(np.float32).eps), atol=1e-12)  # NIR stores float32: a few roundings
 
 
@@ -286,7 +286,7 @@ def _fields(p):
 def test_mapping_round_trip_per_kind(kind, seed, float64_default):
     """model -> NIR -> from_nir through the kind's entry of MAPPINGS: the same parameters (to float32
     rounding, the format's precision; decays compared as alpha = exp(-dt/tau)) and identical spikes."""
-    from spikerec.hardware.nir_map import MAPPINGS, mapping_for_cell, mapping_for_node
+    from spikerec.hardware.export.nir_map import MAPPINGS, mapping_for_cell, mapping_for_node
 
     m = _random_model(kind, seed)
     cell, ro = (m.readout, m.readout) if kind == "readout" else (m.cells[0], m.readout)
@@ -370,11 +370,11 @@ def test_hand_written_graph_reads_and_writes_back_unchanged(seed, float64_defaul
 def test_each_mapping_is_a_registered_backend_of_its_kind():
     """Every entry of MAPPINGS is a backend of its neuron kind, naming a test of this file that exists."""
     from spikerec import neurons
-    from spikerec.hardware.nir_map import MAPPINGS
+    from spikerec.hardware.export.nir_map import MAPPINGS
 
     for key, mapping in MAPPINGS.items():
         found = [b for b in neurons.backends_of(mapping.neuron_kind).values() if b.fn is mapping.to_node]
-        assert found and all(b.name.startswith("hardware.nir_map") for b in found), key  # lif and cuba share one writer
+        assert found and all(b.name.startswith("hardware.export.nir_map") for b in found), key  # lif and cuba share one writer
         for b in found:
             path, name = b.test.split("::")
             assert path == "tests/test_nir.py" and callable(globals().get(name)), b.test

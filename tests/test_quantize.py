@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from spikerec.hardware.intsim import simulate
-from spikerec.hardware.profiles import PROFILES, get_profile
-from spikerec.hardware.quantize import (
+from spikerec.hardware.export.intsim import simulate
+from spikerec.hardware.export.profiles import PROFILES, get_profile
+from spikerec.hardware.export.quantize import (
     QuantizationError, QuantizedNetwork, SilentLayerWarning, code_alpha, decay_code, fake_quant_params, quantize,
 )
 from spikerec.models import build_model
@@ -128,7 +128,7 @@ def test_fake_quant_ste_forward_and_gradient():
 
 
 def test_non_positive_alif_threshold_is_named():
-    from spikerec.hardware.quantize import QuantizationError, quantize as _quantize
+    from spikerec.hardware.export.quantize import QuantizationError, quantize as _quantize
     from spikerec.models import build_model as _build
 
     m = _build({"input_size": 6, "layers": [{"kind": "alif", "size": 5, "tau_mem": 3.0, "b": 0.3}],

@@ -12,11 +12,11 @@ import zlib
 import pytest
 import torch
 
-from spikerec.hardware.quantize import QuantizationError
-from spikerec.hardware.xylo import XyloLimitError, XyloSpec, check_limits, simulate_spec
-from spikerec.hardware.xylo_arith import accumulate, integrate_v1, integrate_v2, multi_spike, xylo_decay
-from spikerec.hardware.xylo_quantize import quantize_xylo
-from spikerec.hardware.xylosim_bridge import run_xylosim, xylosim_available
+from spikerec.hardware.export.quantize import QuantizationError
+from spikerec.hardware.export.xylo.spec import XyloLimitError, XyloSpec, check_limits, simulate_spec
+from spikerec.hardware.export.xylo.arithmetic import accumulate, integrate_v1, integrate_v2, multi_spike, xylo_decay
+from spikerec.hardware.export.xylo.quantize import quantize_xylo
+from spikerec.hardware.export.xylo.xylosim_bridge import run_xylosim, xylosim_available
 from spikerec.models import build_model
 
 needs_xylosim = pytest.mark.skipif(not xylosim_available(),
@@ -117,8 +117,8 @@ def test_every_regime_bit_exact_with_xylosim(version):
     """Many small random cores in one process; the regimes are checked to have been reached: saturated
     currents and membranes, the 15-event input cap, the 31-spike cap, dashes 0, three layers, and on v2
     networks where the v1 membrane rule would differ and the 16-bit wrap of the leak at -2^15."""
-    from spikerec.hardware import xylo as X
-    from spikerec.hardware.xylo_arith import integrate_v1
+    from spikerec.hardware.export.xylo import spec as X
+    from spikerec.hardware.export.xylo.arithmetic import integrate_v1
 
     g = torch.Generator().manual_seed(100 + version)
     seen = dict(isyn_sat=0, vmem_sat=0, cap=0, spike_cap=0, three_layers=0, v1_rule_differs=0, leak_wrap=0)
@@ -326,7 +326,7 @@ def test_spec_round_trips_through_json(tmp_path):
 
 def test_step_backend_equals_plain_python_reference():
     """The core through neurons.lif.step equals the event-by-event plain-Python reference (no xylosim needed)."""
-    from spikerec.hardware.intsim_reference import simulate_xylo_reference
+    from intsim_reference import simulate_xylo_reference
 
     g = torch.Generator().manual_seed(3)
     for case in (dict(version=1, sizes=(5, 4)), dict(version=2, recurrent=True, bias=True), dict(version=1, big=True)):

@@ -3,7 +3,7 @@
     python hardware/scripts/run_lava_netx.py RUN/export/loihi2/netx.h5 --steps 100
 
 Not run by spikerec's tests (Lava is not installed there). Feeds random input spikes and prints the output layer's voltages; compare them with
-`spikerec.hardware.intsim.simulate` on the same input (the quantised network is in
+`spikerec.hardware.export.intsim.simulate` on the same input (the quantised network is in
 `quantized.{safetensors,json}` next to the netx file).
 """
 import argparse

@@ -204,7 +204,7 @@ def deployment_metrics(model, loader, *, profiles: Mapping | None = None, max_ba
     activation_sparsity, activation_sparsity_by_layer={layer0: ...}, connection_sparsity,
     parameters, footprint_bytes={"float": ..., <profile>: ...}, samples, neurobench=<version>)``.
     ``profiles``: ``{name: profile}`` with ``weight_bits``, ``bias_bits``, ``decay_bits`` and
-    ``threshold_bits`` (e.g. :data:`spikerec.hardware.profiles.PROFILES`).
+    ``threshold_bits`` (e.g. :data:`spikerec.hardware.export.profiles.PROFILES`).
     """
     _require_neurobench()
     from neurobench.benchmarks import Benchmark

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from .lif import _neuron_contenders
+from .lif_peers import neuron_contenders
 
 __all__ = ["run"]
 
@@ -75,7 +75,7 @@ def _layer_part(T, B, N, libs, reps, dev, whole_layer: bool):
     x = (torch.rand(T, B, N, device=dev) < 0.1).float()
     I0 = (torch.randn(T, B, N, device=dev) * 0.5 + 0.3)
     runs, rates, peaks = {}, {}, {}
-    for name, (neuron, scale) in _neuron_contenders(T, B, N, beta, libs, device=dev, gpu=True).items():
+    for name, (neuron, scale) in neuron_contenders(T, B, N, beta, libs, device=dev, gpu=True).items():
         if whole_layer:
             lin = torch.nn.Linear(N, N, device=dev)
             with torch.no_grad():

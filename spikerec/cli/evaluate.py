@@ -10,7 +10,7 @@ import torch
 from ..analysis.deployment_metrics import deployment_metrics, format_metrics
 from ..data import get_dataset, make_loader
 from ..errors import CheckpointError
-from ..hardware.profiles import PROFILES
+from ..hardware.export.profiles import PROFILES
 from ..train.checkpoint import atomic_write_json
 from ..train.runs import load_model, read_config, weights_source
 from ..train.trainer import evaluate

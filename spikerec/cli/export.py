@@ -1,6 +1,6 @@
 """``spikerec export RUN --target T``: quantise a finished run for a target, write its files (NIR
 graph, quantised network or Xylo specification, netx HDF5 for loihi2, report) and cross-check the
-simulators. The work is :func:`spikerec.hardware.export.export_model`; this module reads the run
+simulators. The work is :func:`spikerec.hardware.export.pipeline.export_model`; this module reads the run
 and the arguments.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from contextlib import nullcontext
 import torch
 
 from ..analysis.deployment_metrics import deployment_metrics, format_metrics
-from ..hardware.export import export_model, load_test_batches, summary
-from ..hardware.profiles import PROFILES
+from ..hardware.export.pipeline import export_model, load_test_batches, summary
+from ..hardware.export.profiles import PROFILES
 from ..train.runs import RunLock, load_model, read_config
 from .common import ArgumentParser, real_number, whole_number
 

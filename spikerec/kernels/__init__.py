@@ -23,6 +23,7 @@ import functools
 __all__ = ["triton_available", "numba_available", "numba_usable_here", "numba_for_kernels", "numpy_dtype"]
 
 _POOL_PID: int | None = None  # the process that started numba's thread pool
+LIF_BLOCK = 512  # neurons per parallel work item of the compiled LIF loops (contiguous in memory)
 
 
 def numpy_dtype(dtype):

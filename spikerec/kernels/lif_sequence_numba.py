@@ -16,12 +16,11 @@ import warnings
 import numpy as np
 import torch
 
-from . import numba_available, numpy_dtype
+from . import LIF_BLOCK as BLOCK, numba_available, numpy_dtype
 
-__all__ = ["available", "forward_consts", "forward_kernel", "lif_forward", "lif_backward"]
+__all__ = ["BLOCK", "RESET_CODES", "available", "forward_consts", "forward_kernel", "lif_forward", "lif_backward"]
 
 RESET_CODES = {"subtract": 0, "zero": 1, "none": 2}
-BLOCK = 512  # neurons per parallel work item of the kernels (contiguous in memory)
 
 
 def _kernels():

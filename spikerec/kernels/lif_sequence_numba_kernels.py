@@ -8,7 +8,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .lif_sequence_numba import BLOCK  # neurons per parallel work item (contiguous in memory)
+from . import LIF_BLOCK as BLOCK  # neurons per parallel work item (contiguous in memory)
 
 
 @njit(cache=True, nogil=True)

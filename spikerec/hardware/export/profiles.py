@@ -1,7 +1,7 @@
 """Target profiles: the fixed-point arithmetic of a neuromorphic target, as data.
 
 A :class:`TargetProfile` says how a quantised layer is stored and stepped by
-:mod:`spikerec.hardware.intsim`. Every quantity lives in integer *state units*;
+:mod:`spikerec.hardware.export.intsim`. Every quantity lives in integer *state units*;
 one layer step is (Lava's ``PyLifModelBitAcc`` for the order of operations)::
 
     a     = (W_q x + W_rec_q z_{t-1}) << shift           weight mantissas, per-layer left shift
@@ -17,7 +17,7 @@ zero; ``d`` is the *effective* decay, Lava's ``du + 1`` / ``dv``) and ``"bitshif
 Overflow: ``"wrap"`` (two's complement) or ``"saturate"`` (to ``±(2^(N-1) - 1)``).
 
 ``loihi2`` follows Lava's ``PyLifModelBitAcc`` (see ``hardware/loihi2/README.md`` for the release);
-``xylo``/``xylo2`` are the Xylo core itself, simulated by :mod:`spikerec.hardware.xylo` and tested
+``xylo``/``xylo2`` are the Xylo core itself, simulated by :mod:`spikerec.hardware.export.xylo.spec` and tested
 bit for bit against SynSense's ``xylosim``.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ class TargetProfile:
         supports: layer kinds the target runs (see :data:`LAYER_KINDS`).
         description: one line for reports.
         chip: ``"xylo"`` when the profile is a chip whose whole core spikerec simulates bit for bit
-            (:mod:`spikerec.hardware.xylo`); ``""`` for the per-layer rules above.
+            (:mod:`spikerec.hardware.export.xylo.spec`); ``""`` for the per-layer rules above.
         chip_version: the chip's version (Xylo: 1 = syns61300, 2 = syns61201).
     """
 
@@ -171,7 +171,7 @@ PROFILES: dict[str, TargetProfile] = {
         description="Loihi-2-like CUBA: int8 weights << (6 + exp), 24-bit u (wrap) and v (saturate), "
                     "12-bit multiply-and-shift decays, zero reset, v > vth",
     ),
-    # Xylo SNN core (SynSense), bit-exact with the vendor's simulator xylosim: see spikerec.hardware.xylo_arith
+    # Xylo SNN core (SynSense), bit-exact with the vendor's simulator xylosim: see spikerec.hardware.export.xylo.arithmetic
     # and hardware/xylo/README.md. Version 1 (syns61300) has no bias; version 2 (syns61201, "xylo2") has one.
     "xylo": TargetProfile(
         name="xylo",

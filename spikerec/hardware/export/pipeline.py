@@ -1,6 +1,6 @@
 """The export of a trained model to a target: quantise, (fine-tune), write the files (NIR graph,
 quantised network or the Xylo specification, netx HDF5 for loihi2, report) and cross-check the
-simulators (:mod:`spikerec.hardware.crosscheck`). The command ``spikerec export RUN --target T``
+simulators (:mod:`spikerec.hardware.export.crosscheck`). The command ``spikerec export RUN --target T``
 (:mod:`spikerec.cli.export`) loads the run and calls :func:`export_model`.
 
 The cross-check runs the float model, the NIR graph in snnTorch and in Norse (unpatched, as a
@@ -15,10 +15,10 @@ import warnings
 
 import torch
 
-from .. import data as sdata
-from ..atomic import atomic_write_text
+from ... import data as sdata
+from ...atomic import atomic_write_text
 from .crosscheck import cross_check
-from .netx import write_netx
+from .loihi2_netx import write_netx
 from .nir_io import NIRExportError, write_nir
 from .quantize import adapt_model, finetune, quantize
 

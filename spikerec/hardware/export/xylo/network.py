@@ -1,6 +1,6 @@
 """A model quantised for Xylo: the chip specification plus what spikerec needs to read it out.
 
-Returned by :func:`spikerec.hardware.quantize.quantize` for the ``xylo``/``xylo2`` profiles. The
+Returned by :func:`spikerec.hardware.export.quantize.quantize` for the ``xylo``/``xylo2`` profiles. The
 readout is the output neurons' membrane ``Vmem_out`` divided by ``spec.out_scale`` (state units
 per float unit) and aggregated over time like the float model (``readout_mode``). ``save`` writes
 ``xylo_spec.json``: the arguments of Rockpool's ``XyloSim.from_specification`` plus ``version``,
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .profiles import TargetProfile
-from .xylo import XyloSpec, simulate_spec
+from ..profiles import TargetProfile
+from .spec import XyloSpec, simulate_spec
 
 __all__ = ["XyloNetwork"]
 

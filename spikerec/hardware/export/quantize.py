@@ -25,9 +25,9 @@ import torch
 
 from .intsim import simulate
 from .profiles import TargetProfile, get_profile
-from .qnetwork import HEADROOM, QLayer, QuantizationError, QuantizedNetwork, QuantReport, SilentLayerWarning
-from .xylo_network import XyloNetwork
-from .xylo_quantize import fake_quant_params_xylo, quantize_xylo
+from .quantized_network import HEADROOM, QLayer, QuantizationError, QuantizedNetwork, QuantReport, SilentLayerWarning
+from .xylo.network import XyloNetwork
+from .xylo.quantize import fake_quant_params_xylo, quantize_xylo
 
 __all__ = [
     "QLayer", "QuantizedNetwork", "QuantReport", "QuantizationError", "SilentLayerWarning",
@@ -58,9 +58,9 @@ def _full_decay(profile: TargetProfile, n: int) -> torch.Tensor:
 
 
 def _layer_kind(cell) -> str:
-    from ..layers.alif import ALIF
-    from ..layers.lif import LIF
-    from ..layers.readout import LeakyReadout
+    from ...layers.alif import ALIF
+    from ...layers.lif import LIF
+    from ...layers.readout import LeakyReadout
 
     if isinstance(cell, LIF):
         return "lif"
@@ -277,7 +277,7 @@ def quantize(model, profile="generic", *, calibration: torch.Tensor | None = Non
 
 
 def _quantize_xylo(model, profile: TargetProfile, calibration, adapt_reset: bool):
-    """The Xylo path of :func:`quantize` (:func:`~spikerec.hardware.xylo_quantize.quantize_xylo`)."""
+    """The Xylo path of :func:`quantize` (:func:`~spikerec.hardware.export.xylo.quantize.quantize_xylo`)."""
     spec, rep = quantize_xylo(model, profile.chip_version, adapt_reset=adapt_reset)
     if adapt_reset:
         model = adapt_model(model, profile)
@@ -318,7 +318,7 @@ def _ste(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def fake_quant_params(model, profile: TargetProfile) -> dict[str, torch.Tensor]:
     """Parameters of ``model`` replaced by their dequantised values with an STE (for
     :func:`torch.func.functional_call`): weights, biases, thresholds and time constants. For a chip
-    profile (Xylo) these are the values the chip runs (:func:`~spikerec.hardware.xylo_quantize.fake_quant_params_xylo`)."""
+    profile (Xylo) these are the values the chip runs (:func:`~spikerec.hardware.export.xylo.quantize.fake_quant_params_xylo`)."""
     if profile.chip == "xylo":
         return fake_quant_params_xylo(model, profile.chip_version)
     params = dict(model.named_parameters())

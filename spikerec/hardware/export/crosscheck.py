@@ -34,8 +34,8 @@ import torch
 
 from .intsim import check_integer_input, logits, simulate
 from .nir_io import DEFAULT_DT, NIRExportError, fold_lif_r, nir_extensions_needed, to_nir
-from .xylo_network import XyloNetwork
-from .xylosim_bridge import run_xylosim, xylosim_available
+from .xylo.network import XyloNetwork
+from .xylo.xylosim_bridge import run_xylosim, xylosim_available
 
 __all__ = ["spiking_subgraph", "run_snntorch", "run_norse", "run_rockpool", "spike_agreement", "cross_check", "UnsupportedBySimulator"]
 
@@ -234,7 +234,7 @@ def cross_check(model, x: torch.Tensor, labels=None, *, qnet=None, dt: float = D
     ``snntorch``, ``norse``). Further entries are labelled: ``snntorch (flat graph)`` (snnTorch's own
     node mapping, a workaround for its recurrent import bug, which is named in the ``snntorch`` entry)
     and, for graphs written with ``extensions=True``, ``<peer> (patched from spikerec metadata)``.
-    A model NIR cannot express without extensions (:func:`~spikerec.hardware.nir_io.to_nir`) makes the
+    A model NIR cannot express without extensions (:func:`~spikerec.hardware.export.nir_io.to_nir`) makes the
     peers report why they were skipped."""
     dtype = next(model.parameters()).dtype
     y_ref, _, hidden = model(x.to(dtype), record=True)

@@ -1,7 +1,7 @@
 """The quantised network as data: :class:`QLayer`, :class:`QuantizedNetwork` (save/load as
 safetensors + JSON), the per-layer :class:`QuantReport` and the quantisation errors.
 
-Kept apart from :mod:`spikerec.hardware.quantize` (which builds these) so that the integer
+Kept apart from :mod:`spikerec.hardware.export.quantize` (which builds these) so that the integer
 simulator can read them without importing the quantiser.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..atomic import atomic_path
-from ..errors import ExportError
+from ...atomic import atomic_path
+from ...errors import ExportError
 from .profiles import TargetProfile
 
 __all__ = ["HEADROOM", "QLayer", "QuantizedNetwork", "QuantReport", "QuantizationError", "SilentLayerWarning"]

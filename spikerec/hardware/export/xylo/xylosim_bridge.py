@@ -1,4 +1,4 @@
-"""Run a :class:`~spikerec.hardware.xylo.XyloSpec` in SynSense's bit-accurate simulator ``xylosim``.
+"""Run a :class:`~spikerec.hardware.export.xylo.spec.XyloSpec` in SynSense's bit-accurate simulator ``xylosim``.
 
 ``pip install "spikerec[xylo]"`` installs it. The network is loaded the way Rockpool's
 ``XyloSim.from_config`` loads a Xylo configuration: one ``XyloSynapse(target_neuron, synapse=0,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .xylo import XyloResult, XyloSpec
+from .spec import XyloResult, XyloSpec
 
 __all__ = ["xylosim_available", "build_xylosim", "run_xylosim"]
 
@@ -66,7 +66,7 @@ def build_xylosim(spec: XyloSpec):
 
 def run_xylosim(spec: XyloSpec, x: torch.Tensor) -> XyloResult:
     """Run ``x[T, B, n_in]`` (event counts) sample by sample from the reset state; returns the
-    recorded state in the layout of :func:`~spikerec.hardware.xylo.simulate_spec`."""
+    recorded state in the layout of :func:`~spikerec.hardware.export.xylo.spec.simulate_spec`."""
     holder = _Layer(spec)
     L = holder.layer
     x = torch.as_tensor(x).long()

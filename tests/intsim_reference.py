@@ -1,7 +1,7 @@
 """Plain-Python reference of the integer simulator: Python ``int`` per neuron, per sample, per step.
 
-Written from the rules in :mod:`spikerec.hardware.profiles` without tensors, so that
-:func:`spikerec.hardware.intsim.simulate` can be checked bit for bit against it. Slow; use small
+Written from the rules in :mod:`spikerec.hardware.export.profiles` without tensors, so that
+:func:`spikerec.hardware.export.intsim.simulate` can be checked bit for bit against it. Slow; use small
 networks.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _xylo_membrane(v: int, dash: int, i: int, b: int, version: int) -> int:
 
 
 def simulate_xylo_reference(spec, x) -> dict:
-    """Xylo's core (rules of :mod:`spikerec.hardware.xylo_arith`) neuron by neuron, event by event:
+    """Xylo's core (rules of :mod:`spikerec.hardware.export.xylo.arithmetic`) neuron by neuron, event by event:
     ``{"spikes", "vmem", "isyn", "out_spikes", "vmem_out", "isyn_out"}`` as ``[T][B][n]`` lists."""
     W_in, W_rec, W_out = spec.weights_in.tolist(), spec.weights_rec.tolist(), spec.weights_out.tolist()
     dm, ds, thr = spec.dash_mem.tolist(), spec.dash_syn.tolist(), spec.threshold.tolist()

@@ -1,7 +1,7 @@
 """The NIR mapping of each neuron kind, both directions: one table entry per kind.
 
 :data:`MAPPINGS` holds one :class:`NIRMapping` per kind (``lif``, ``cuba``, ``alif``, ``readout``);
-:func:`~spikerec.hardware.nir_io.to_nir` and :func:`~spikerec.hardware.nir_io.from_nir` walk the graph
+:func:`~spikerec.hardware.export.nir_io.to_nir` and :func:`~spikerec.hardware.export.nir_io.from_nir` walk the graph
 and ask the table for each neuron, so a new kind is a new entry. Each entry is registered as a
 backend of its kind in :mod:`spikerec.neurons` with the round-trip test that shows it equal.
 
@@ -36,13 +36,13 @@ import nir
 import numpy as np
 import torch
 
-from .. import neurons
-from ..layers.alif import ALIF
-from ..layers.lif import LIF
-from ..layers.readout import LeakyReadout
-from ..neurons import alif as _alif
-from ..neurons import lif as _lif
-from ..neurons import readout as _readout
+from ... import neurons
+from ...layers.alif import ALIF
+from ...layers.lif import LIF
+from ...layers.readout import LeakyReadout
+from ...neurons import alif as _alif
+from ...neurons import lif as _lif
+from ...neurons import readout as _readout
 
 __all__ = ["NIRMapping", "NeuronNode", "NeuronRead", "MAPPINGS", "mapping_for_cell", "mapping_for_node",
            "assign_params", "NIRImportError"]
@@ -310,9 +310,9 @@ def mapping_for_node(node) -> Optional[NIRMapping]:
 
 
 _TEST = "tests/test_nir.py::test_mapping_round_trip_per_kind"
-neurons.register_backend("lif", "hardware.nir_map (NIR LIF, both directions)", MAPPINGS["lif"].to_node, test=_TEST)
-neurons.register_backend("lif", "hardware.nir_map (NIR CubaLIF, both directions)", MAPPINGS["cuba"].to_node, test=_TEST)
-neurons.register_backend("alif", "hardware.nir_map (NIR LIF + spikerec.alif extension, both directions)",
+neurons.register_backend("lif", "hardware.export.nir_map (NIR LIF, both directions)", MAPPINGS["lif"].to_node, test=_TEST)
+neurons.register_backend("lif", "hardware.export.nir_map (NIR CubaLIF, both directions)", MAPPINGS["cuba"].to_node, test=_TEST)
+neurons.register_backend("alif", "hardware.export.nir_map (NIR LIF + spikerec.alif extension, both directions)",
                          MAPPINGS["alif"].to_node, test=_TEST)
-neurons.register_backend("readout", "hardware.nir_map (NIR LI, both directions)", MAPPINGS["readout"].to_node,
+neurons.register_backend("readout", "hardware.export.nir_map (NIR LI, both directions)", MAPPINGS["readout"].to_node,
                          test=_TEST)

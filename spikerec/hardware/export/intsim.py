@@ -1,11 +1,11 @@
-"""Integer simulator of a :class:`~spikerec.hardware.qnetwork.QuantizedNetwork` (or of a Xylo
-:class:`~spikerec.hardware.xylo_network.XyloNetwork`).
+"""Integer simulator of a :class:`~spikerec.hardware.export.quantized_network.QuantizedNetwork` (or of a Xylo
+:class:`~spikerec.hardware.export.xylo.network.XyloNetwork`).
 
 Integer arithmetic only (int64 tensors holding values of the profile's widths), vectorised over the
 batch. There is no second copy of the neuron equations here: each layer runs the one step of its
 kind (:func:`spikerec.neurons.lif.step`, :func:`spikerec.neurons.alif.step`,
 :func:`spikerec.neurons.readout.step`) with the profile's integer arithmetic
-(:class:`~spikerec.hardware.int_arith.ProfileArithmetic`: decay rule, overflow, ``>``/``>=``, reset
+(:class:`~spikerec.hardware.export.profile_arithmetic.ProfileArithmetic`: decay rule, overflow, ``>``/``>=``, reset
 timing), so for a LIF layer with state ``(i, v)`` and input spikes/counts ``x``::
 
     i    = OV_I(decay(i, d_i) + (W x + W_rec z_{t-1}) << shift [+ bias if bias_into == "current"])
@@ -13,9 +13,9 @@ timing), so for a LIF layer with state ``(i, v)`` and input spikes/counts ``x``:
                 [+ bias if bias_into == "voltage"] [- R z_{t-1} (subtract, next_step)])
     z    = [v > R]  (or >=)
 
-:mod:`spikerec.hardware.intsim_reference` implements the rules again with Python integers, neuron by
+``tests/intsim_reference.py`` implements the rules again with Python integers, neuron by
 neuron; the tests compare them bit for bit. A Xylo network runs its whole core
-(:func:`spikerec.hardware.xylo.simulate_spec`).
+(:func:`spikerec.hardware.export.xylo.spec.simulate_spec`).
 """
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import neurons
-from ..neurons import alif, lif, readout
-from .int_arith import ProfileArithmetic, decay, overflow
+from ... import neurons
+from ...neurons import alif, lif, readout
+from .profile_arithmetic import ProfileArithmetic, decay, overflow
 from .profiles import TargetProfile
-from .qnetwork import QLayer, QuantizedNetwork
-from .xylo_network import XyloNetwork
+from .quantized_network import QLayer, QuantizedNetwork
+from .xylo.network import XyloNetwork
 
 __all__ = ["simulate", "evaluate", "IntSimResult", "check_integer_input", "decay", "overflow"]
 
@@ -86,8 +86,8 @@ def _initial_state(q: QLayer, B: int):
 @torch.no_grad()
 def simulate(qnet: QuantizedNetwork, x: torch.Tensor) -> IntSimResult:
     """Run the integer network on ``x[T, B, C]`` (integer-valued). A Xylo network
-    (:class:`~spikerec.hardware.xylo_network.XyloNetwork`) runs its whole core
-    (:func:`~spikerec.hardware.xylo.simulate_spec`); ``y`` is then ``Vmem_out``."""
+    (:class:`~spikerec.hardware.export.xylo.network.XyloNetwork`) runs its whole core
+    (:func:`~spikerec.hardware.export.xylo.spec.simulate_spec`); ``y`` is then ``Vmem_out``."""
     if isinstance(qnet, XyloNetwork):
         x = check_integer_input(x, qnet.input_size)
         r = qnet.run(x)
@@ -109,7 +109,7 @@ def simulate(qnet: QuantizedNetwork, x: torch.Tensor) -> IntSimResult:
 
 def logits(qnet: QuantizedNetwork, y: torch.Tensor) -> torch.Tensor:
     """Aggregate the integer readout like the float model (in float, divided by the readout scale)."""
-    from ..layers.readout import aggregate
+    from ...layers.readout import aggregate
 
     scale = qnet.spec.out_scale if isinstance(qnet, XyloNetwork) else qnet.layers[-1].scale
     return aggregate(y.double() / scale, qnet.readout_mode)
@@ -133,5 +133,5 @@ def evaluate(qnet: QuantizedNetwork, batches) -> dict:
 
 
 for _kind in ("lif", "alif", "readout"):
-    neurons.register_backend(_kind, "hardware.intsim.simulate (integer profiles, ProfileArithmetic)", simulate,
+    neurons.register_backend(_kind, "hardware.export.intsim.simulate (integer profiles, ProfileArithmetic)", simulate,
                              test="tests/test_intsim.py::test_bit_exact_with_reference")

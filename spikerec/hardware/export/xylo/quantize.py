@@ -1,4 +1,4 @@
-"""Quantise a spikerec CUBA-LIF stack to a :class:`~spikerec.hardware.xylo.XyloSpec`.
+"""Quantise a spikerec CUBA-LIF stack to a :class:`~spikerec.hardware.export.xylo.spec.XyloSpec`.
 
 spikerec's CUBA LIF (see :mod:`spikerec.layers.lif`) adds the input after the synaptic decay,
 ``i_t = a_s i_{t-1} + W x_t``; Xylo adds it before, ``i_t = a_s (i_{t-1} + W' x_t)``. With
@@ -23,8 +23,8 @@ import math
 
 import torch
 
-from .qnetwork import HEADROOM, QuantizationError
-from .xylo import XYLO_LIMITS, XyloLimitError, XyloSpec, check_limits
+from ..quantized_network import HEADROOM, QuantizationError
+from .spec import XYLO_LIMITS, XyloLimitError, XyloSpec, check_limits
 
 __all__ = ["quantize_xylo", "fake_quant_params_xylo", "dash_of", "alpha_of_dash"]
 
@@ -51,8 +51,8 @@ def _shift_for(s: float, wmax: float, name: str, what: str) -> int:
 
 
 def _check_cells(model, profile_name: str, adapt_reset: bool):
-    from ..layers.lif import LIF
-    from ..layers.readout import LeakyReadout
+    from ....layers.lif import LIF
+    from ....layers.readout import LeakyReadout
 
     for k, c in enumerate(model.cells):
         name = f"cells.{k}"
@@ -73,8 +73,8 @@ def _check_cells(model, profile_name: str, adapt_reset: bool):
 def quantize_xylo(model, version: int = 1, *, adapt_reset: bool = False) -> tuple[XyloSpec, dict]:
     """The :class:`XyloSpec` of ``model`` and a report ``{"layers": [...], "shifts": {...}}``.
 
-    Raises :class:`~spikerec.hardware.xylo.XyloLimitError` (a ``ValueError``) naming the chip limit
-    and the layer, and :class:`~spikerec.hardware.quantize.QuantizationError` for layers the chip
+    Raises :class:`~spikerec.hardware.export.xylo.spec.XyloLimitError` (a ``ValueError``) naming the chip limit
+    and the layer, and :class:`~spikerec.hardware.export.quantize.QuantizationError` for layers the chip
     cannot run.
     """
     pname = "xylo" if version == 1 else "xylo2"

@@ -12,7 +12,7 @@ mantissas, the time-constant fields hold decay codes, and the profile supplies
 * ``product``: ``(beta a) >> adapt_frac_bits`` (ALIF's fixed-point threshold gain);
 * ``reset_timing``: the profile's (``immediate`` on chips, ``next_step`` as spikerec's float model).
 
-(The Xylo core has its own arithmetic, :class:`spikerec.hardware.xylo.XyloArithmetic`.)
+(The Xylo core has its own arithmetic, :class:`spikerec.hardware.export.xylo.spec.XyloArithmetic`.)
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def decay(x: torch.Tensor, code: torch.Tensor, profile: TargetProfile) -> torch.
 
 
 class ProfileArithmetic:
-    """The integer rules of a :class:`~spikerec.hardware.profiles.TargetProfile` for the neuron steps."""
+    """The integer rules of a :class:`~spikerec.hardware.export.profiles.TargetProfile` for the neuron steps."""
 
     def __init__(self, profile: TargetProfile):
         self.p = profile

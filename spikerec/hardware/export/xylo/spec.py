@@ -10,8 +10,8 @@ are each layer's recurrent weights and whose blocks above the diagonal carry lay
 step) and one more to the output neurons, and one weight shift per matrix.
 
 :func:`simulate_spec` runs the one LIF step (:func:`spikerec.neurons.lif.step`) with the rules of
-:mod:`spikerec.hardware.xylo_arith` as its arithmetic (:class:`XyloArithmetic`), vectorised over the batch;
-``xylosim`` (:mod:`spikerec.hardware.xylosim_bridge`) is the reference it is tested against.
+:mod:`spikerec.hardware.export.xylo.arithmetic` as its arithmetic (:class:`XyloArithmetic`), vectorised over the batch;
+``xylosim`` (:mod:`spikerec.hardware.export.xylo.xylosim_bridge`) is the reference it is tested against.
 """
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..atomic import atomic_write_text
-from ..errors import ExportError
-from .. import neurons
-from ..neurons import lif
-from .xylo_arith import (INPUT_EVENT_CAP, SPIKE_CAP, STATE_MAX, accumulate, integrate_v1, integrate_v2, multi_spike,
+from ....atomic import atomic_write_text
+from ....errors import ExportError
+from .... import neurons
+from ....neurons import lif
+from .arithmetic import (INPUT_EVENT_CAP, SPIKE_CAP, STATE_MAX, accumulate, integrate_v1, integrate_v2, multi_spike,
                          saturate, xylo_decay)
 
 __all__ = ["XyloSpec", "XyloResult", "XyloArithmetic", "layer_params", "XYLO_LIMITS", "XyloLimitError", "check_limits", "simulate_spec"]
@@ -186,8 +186,8 @@ class XyloArithmetic:
     ``synapse="add_then_decay"``, ``bias_into="voltage"``, reset "subtract"): decay codes are dashes,
     input events saturate one by one, states saturate to 16 bits, spikes are counts up to ``spike_cap``
     (31 for hidden neurons, 1 for output neurons), the reset is immediate, and the membrane integrates
-    by the rule of the chip ``version`` (:func:`~spikerec.hardware.xylo_arith.integrate_v1` or
-    :func:`~spikerec.hardware.xylo_arith.integrate_v2`)."""
+    by the rule of the chip ``version`` (:func:`~spikerec.hardware.export.xylo.arithmetic.integrate_v1` or
+    :func:`~spikerec.hardware.export.xylo.arithmetic.integrate_v2`)."""
 
     reset_timing = "immediate"
 
@@ -301,5 +301,5 @@ def simulate_spec(spec: XyloSpec, x: torch.Tensor) -> XyloResult:
     return XyloResult(**{k: torch.stack(vals) if vals else empty for k, vals in rec.items()})
 
 
-neurons.register_backend("lif", "hardware.xylo.simulate_spec (Xylo integer core, XyloArithmetic)", simulate_spec,
+neurons.register_backend("lif", "hardware.export.xylo.spec.simulate_spec (Xylo integer core, XyloArithmetic)", simulate_spec,
                          test="tests/test_xylo.py::test_random_networks_bit_exact_with_xylosim")

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..atomic import atomic_path
-from ..errors import ExportError
-from .qnetwork import QuantizedNetwork
+from ...atomic import atomic_path
+from ...errors import ExportError
+from .quantized_network import QuantizedNetwork
 
 __all__ = ["write_netx", "NetxExportError"]
 

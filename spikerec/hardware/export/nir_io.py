@@ -15,14 +15,14 @@ with ``dt = 1e-4`` by default: snnTorch's importer hard-codes ``dt = 1e-4``; Nor
 :func:`fold_lif_r`). The bias is the ``Affine`` bias (inside ``J``, filtered by the synapse for
 CubaLIF, exactly as spikerec). Graph metadata holds ``dt``; every neuron node's metadata holds
 ``reset``, ``reset_timing`` and ``spikerec_kind``. Each neuron kind's mapping, both directions, is one
-entry of :data:`spikerec.hardware.nir_map.MAPPINGS`; this module walks the graph.
+entry of :data:`spikerec.hardware.export.nir_map.MAPPINGS`; this module walks the graph.
 
 **What NIR cannot express is refused.** NIR neurons reset to ``v_reset``: spikerec's reset
 ``zero`` is exactly that; ``subtract`` and ``none`` and the ALIF are not NIR, and every reader
 would run them as a zero reset. :func:`to_nir` therefore raises :class:`NIRExportError` for them
 unless ``extensions=True`` (CLI ``--nir-extensions``), which writes them as spikerec extensions in the
 node metadata (only spikerec's :func:`from_nir` reads them). The conversion path: train or fine-tune
-with reset ``"zero"`` (``adapt_reset`` in :func:`~spikerec.hardware.quantize.finetune` for a target
+with reset ``"zero"`` (``adapt_reset`` in :func:`~spikerec.hardware.export.quantize.finetune` for a target
 with the zero reset, such as ``loihi2``).
 
 **Reset timing.** spikerec's state ``v`` is the membrane before the reset; the reset is applied at
@@ -36,7 +36,7 @@ NIR's immediate reset to ``v_reset = 0``. For ``subtract`` it is snnTorch's ``re
 **ALIF** is a spikerec extension: a ``LIF`` node (``tau`` = membrane, ``v_threshold = b``) whose
 metadata has ``spikerec_kind = "alif"``, ``tau_adapt`` (same dt mapping: ``dt / (1 - rho)``) and
 ``beta``. :func:`from_nir` restores it exactly; readers that ignore metadata would run a plain
-LIF, so :mod:`spikerec.hardware.crosscheck` refuses to run such graphs in snnTorch/Norse.
+LIF, so :mod:`spikerec.hardware.export.crosscheck` refuses to run such graphs in snnTorch/Norse.
 """
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ import nir
 import numpy as np
 import torch
 
-from ..atomic import atomic_path
-from ..errors import ExportError
-from ..layers.readout import LeakyReadout
-from ..models import RecurrentStack
+from ...atomic import atomic_path
+from ...errors import ExportError
+from ...layers.readout import LeakyReadout
+from ...models import RecurrentStack
 from .nir_map import MAPPINGS, SPIKING_NODE_TYPES, NIRImportError, _np, assign_params, mapping_for_cell, mapping_for_node
 
 __all__ = ["to_nir", "write_nir", "read_nir", "from_nir", "fold_lif_r", "NIRImportError", "NIRExportError", "DEFAULT_DT",
@@ -90,7 +90,7 @@ def _affine(weight, bias):
 def to_nir(model, *, dt: float = DEFAULT_DT, extensions: bool = False):
     """The :class:`nir.NIRGraph` of a :class:`~spikerec.models.RecurrentStack` of LIF/ALIF cells and a
     ``LeakyReadout`` (see the module docstring for the mapping; each neuron is written by its entry of
-    :data:`spikerec.hardware.nir_map.MAPPINGS`). Raises :class:`NIRExportError` for layers NIR cannot
+    :data:`spikerec.hardware.export.nir_map.MAPPINGS`). Raises :class:`NIRExportError` for layers NIR cannot
     express (reset ``subtract``/``none``, ALIF) unless ``extensions=True``."""
     if not (dt > 0):
         raise ValueError(f"to_nir: dt must be > 0, got {dt!r}")
