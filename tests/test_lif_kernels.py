@@ -68,7 +68,7 @@ def test_compiled_surrogate_formulas_match(name):
     assert code in (1, 2) and (p1, p2) == (3.0, 0.7)
     if not nb.available():
         pytest.skip("numba not installed")
-    from spikerec.kernels.lif_sequence_numba_kernels import sd_fn
+    from spikerec.kernels.surrogate_numba import sd_fn
 
     x = torch.randn(1000, dtype=F64) * 2
     ref = get_surrogate(name, slope=3.0, scale=0.7).derivative(x)
@@ -100,7 +100,7 @@ def test_compiled_surrogate_in_float32_matches_torch_float32(name):
         pytest.skip("numba not installed")
     import numpy as np
 
-    from spikerec.kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
+    from spikerec.kernels.surrogate_numba import sd_consts, sd_typed
 
     sur = get_surrogate(name, slope=3.0, scale=0.7)
     code, p1, p2 = nb.surrogate_code(sur)

@@ -9,7 +9,7 @@ layer, and runs a feed-forward layer in one call. Compiled on first call, cached
 import numpy as np
 from numba import njit
 
-from .lif_sequence_numba_kernels import sd_fn
+from .surrogate_numba import sd_fn
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -97,11 +97,6 @@ def bwd_steps(gZ, SD, sur_code, p1, p2, V, A, Zb, v0, a0, z0, alpha, rho, b, bet
                 zprev[j, n] = one if Zp[j, n] else one - one
         if sur_code == 0:
             sd[:, :] = SD[t]
-        elif sur_code == 1:  # FastSigmoid: scale / (1 + slope |x|)^2
-            for j in range(B):
-                for n in range(N):
-                    d = one + p1 * abs(Vt[j, n] - theta[j, n])
-                    sd[j, n] = p2 / (d * d)
         else:
             for j in range(B):
                 for n in range(N):
@@ -147,9 +142,6 @@ def bwd_initial(SD0, sur_code, p1, p2, v0, a0, alpha, rho, b, beta, gv, ga, carr
             th0 = b[n] + beta[n] * a0[j, n]
             if sur_code == 0:
                 sd0 = SD0[j, n]
-            elif sur_code == 1:
-                d = one + p1 * abs(v0[j, n] - th0)
-                sd0 = p2 / (d * d)
             else:
                 sd0 = sd_fn(v0[j, n] - th0, sur_code, p1, p2)
             gu0 = carry[j, n] * sd0

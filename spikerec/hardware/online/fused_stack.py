@@ -24,9 +24,9 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``; ALIF: ``g_v = gz sigma'(v - theta)``,
   ``g_a = -beta g_v``, ``db -= sum g_v``, ``dbeta -= sum g_v a``, ``gx = g_v W``; LIF: ``g_v = gz
   sigma'(v - thr)``, ``dthr -= sum g_v``, ``gx = g_v W``) and, in the same
-  compiled call, the trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL
+  compiled call, the trace step of :func:`spikerec.kernels.lru_online.lru_trace_step_numba` (the RTRL
   recursions of :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) or of
-  :func:`.numba_kernels.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
+  :func:`spikerec.kernels.alif_online.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
   ``G += g . eps``; the ALIF layers' matrix traces are advanced every ``MAT_DEFER`` steps in one
   pass (:meth:`FusedStack.flush_mats`, bit-identical to a pass per step); a LIF layer's trace step
   (the recursions of :func:`.traces_base.stream_step` on the partials of
@@ -43,7 +43,8 @@ import torch
 
 from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
-from .numba_kernels import lif_block_mat_numba, lif_block_workspace, numba_available
+from ...kernels.lif_online import lif_block_mat_numba, lif_block_workspace
+from ...kernels.trace_numba import numba_available
 from .spatial import accumulator
 from .kinds import compiled_tag
 from .traces_base import _STACK
@@ -64,7 +65,8 @@ except Exception:  # pragma: no cover - optional
 _FM = {"reassoc", "contract", "nsz"}
 
 if _nb is not None:
-    from .numba_kernels import _chunk1, _lru_trace
+    from ...kernels.lru_online import _lru_trace
+    from ...kernels.trace_numba import _chunk1
 
     @_nb.njit(cache=True, fastmath=_FM, nogil=True)
     def _mse(y, target, gy):  # pragma: no cover - compiled
@@ -178,7 +180,7 @@ if _nb is not None:
     def _lru_bwd(gy, use_g, u, slot, hr, hi, pr, pi, Cst, D, dvec, Bs, gam, lr, li, dD, has_d, t, a, g, gu, need_gu,
                  wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre, has_bim, rows, rGY, rHR,
                  rHI):  # pragma: no cover - compiled
-        """An LRU layer's spatial backward, then its trace step (:func:`.numba_kernels._lru_trace`):
+        """An LRU layer's spatial backward, then its trace step (:func:`spikerec.kernels.lru_online._lru_trace`):
         ``[g_re | g_im] = gy Cst`` (one GEMM, ``Cst = [C_re | -C_im]``), ``dD += gy u``,
         ``gu = [gamma g_re | gamma g_im | gy] Bs`` (one GEMM, ``Bs = [B_re; B_im; D]``; a diagonal
         ``D`` elementwise instead); the C gradient's rows are buffered (``FusedStack.flush_rows``)."""
@@ -219,9 +221,10 @@ if _nb is not None:
 
 
 if _nb is not None:
-    from ...kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
-    from .numba_kernels import (_alif_spatial_error, _alif_vec_step, _lif_coefs, _lif_dthr, _lif_dtau, _lif_jac,
-                                _mat_nest_steps)
+    from ...kernels.alif_online import _alif_spatial_error, _alif_vec_step
+    from ...kernels.lif_online import _lif_coefs, _lif_dthr, _lif_dtau, _lif_jac
+    from ...kernels.surrogate_numba import sd_consts, sd_typed
+    from ...kernels.trace_numba import _mat_nest_steps
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
@@ -272,7 +275,7 @@ if _nb is not None:
         """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
         ``g = (gp, -beta gp)`` on ``(v, a)`` with ``gp = gout sigma'(v - theta)``; ``db -= sum gp``,
         ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step: the
-        per-neuron part now (:func:`.numba_kernels._alif_vec_step`); the matrix traces' step is
+        per-neuron part now (:func:`spikerec.kernels.alif_online._alif_vec_step`); the matrix traces' step is
         deferred: its inputs (Jacobians, ``g``, the layer input and previous spikes) go into slot
         ``slot`` of the step buffers, and when the last slot is filled all of them are applied in
         one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
@@ -362,7 +365,7 @@ if _nb is not None:
         """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` (``gp = gout
         sigma'(v - thr)``, ``dthr -= sum gp``, ``gin = gp W``, one GEMM), then its trace step
         (the recursions of :func:`.traces_base.stream_step` on the partials of
-        :meth:`.traces_lif.LIFTrace.partials`, compiled as :func:`.numba_kernels._lif_coefs`): the
+        :meth:`.traces_lif.LIFTrace.partials`, compiled as :func:`spikerec.kernels.lif_online._lif_coefs`): the
         stacked per-neuron traces ``ev [B, N, 1, m]`` (columns ``cols`` of ``cn``'s rows:
         0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``) with ``G += g . e``. The input and
         lateral matrix traces ``[N, B, 1, H]`` (``e <- J e + pre``, ``G += g . e``) are
@@ -430,7 +433,7 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
         G += gh^T pre + sum_b (J_0 gh_0) e_{-1},   e <- sum_k Phi_k pre_k + phi e_{-1}
 
     (the chunked block's closed form, :meth:`.traces_lif.LIFTrace.block_contract`): the
-    reverse filter and the products in one compiled pass (:func:`.numba_kernels._chunk1`),
+    reverse filter and the products in one compiled pass (:func:`spikerec.kernels.trace_numba._chunk1`),
     ``gh^T pre`` as one GEMM, the ``Phi`` sum as one batched product and the rest in one
     compiled pass per trace, in place. ``bufs = (J, g, x, z)``, ``mats`` ``[(pre buffer, trace
     [N, B, 1, H] or None, accumulator or None)]``."""
@@ -456,7 +459,7 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
 
 def _window_workspace(S: int, B: int, N: int, dtype) -> dict:
     """The scratch arrays of :func:`apply_lif_window` for windows of up to ``S`` steps: a
-    :func:`.numba_kernels.lif_block_workspace` without per-neuron columns, kept per shape."""
+    :func:`spikerec.kernels.lif_online.lif_block_workspace` without per-neuron columns, kept per shape."""
     key = (S, B, N, dtype)
     ws = _LIF_WS.get(key)
     if ws is None:

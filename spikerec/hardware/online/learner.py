@@ -79,11 +79,11 @@ def matrix_trace_kernel(device: torch.device) -> Callable | None:
     """The compiled matrix-trace step of ``device`` (:func:`.traces_base.stream_step`'s
     ``kernel``): Triton on CUDA, numba on the CPU; ``None`` where its compiler is missing."""
     if device.type == "cuda":
-        from .triton_kernels import mat_trace_step, triton_available
+        from ...kernels.trace_triton import mat_trace_step, triton_available
 
         return mat_trace_step if triton_available(torch.empty(0, device=device)) else None
     if device.type == "cpu":
-        from .numba_kernels import mat_trace_step_numba, numba_available
+        from ...kernels.trace_numba import mat_trace_step_numba, numba_available
 
         return mat_trace_step_numba if numba_available() else None
     return None

@@ -286,7 +286,7 @@ def stream_step(ts: TraceState, P: Partials, g: torch.Tensor | None, kernel=None
     """Advance the traces of one layer by one step and add ``g_t . eps_t`` to the accumulators.
 
     ``g``: ``[B, N, k]`` or ``None`` (no loss at this step: traces still advance).
-    ``kernel``: optional fused matrix-trace update (see :mod:`.triton_kernels`).
+    ``kernel``: optional fused matrix-trace update (see :mod:`spikerec.kernels.trace_triton`).
     """
     tr = ts.tr
     J = P.J if tr.use_J() else None

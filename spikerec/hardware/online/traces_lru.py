@@ -24,8 +24,9 @@ import torch
 
 from ...kernels import scan_numba
 from ...scan import linear_scan
-from .numba_kernels import (lru_block_scan_numba, lru_block_traces_numba, lru_matrix_carry_numba,
-                            lru_reverse_filter_numba, lru_trace_step_numba, compiled_cpu, compiled_dtype)
+from ...kernels.lru_online import (lru_block_scan_numba, lru_block_traces_numba, lru_matrix_carry_numba,
+                                   lru_reverse_filter_numba, lru_trace_step_numba)
+from ...kernels.trace_numba import compiled_cpu, compiled_dtype
 from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
@@ -194,7 +195,7 @@ class LRUTrace(LayerTrace):
         return out
 
     def _compiled_block(self, x) -> bool:
-        """Whether the block's scan and sums run as compiled loops (:mod:`.numba_kernels`): CPU
+        """Whether the block's scan and sums run as compiled loops (:mod:`spikerec.kernels.lru_online`): CPU
         float32/float64 tensors of the parameters' dtype, numba installed."""
         return compiled_cpu(x) and self.cell.B_re.dtype == x.dtype and not x.requires_grad
 
@@ -205,7 +206,7 @@ class LRUTrace(LayerTrace):
 
     def _reverse_filter_complex(self, G):
         """:meth:`reverse_filter` as a complex ``[K, B, N]`` tensor: one compiled pass on (Re, Im)
-        pairs where the block's compiled passes apply (:func:`.numba_kernels.lru_reverse_filter_numba`),
+        pairs where the block's compiled passes apply (:func:`spikerec.kernels.lru_online.lru_reverse_filter_numba`),
         else the reverse scan."""
         k = self.consts(G.dtype)
         if self._compiled_block(G):
@@ -345,7 +346,7 @@ class LRUTrace(LayerTrace):
 
     def _block_matrix_compiled(self, ts, k, x, S, gh0, carry, PK, lamK, e, names, K, B, N, H) -> None:
         """:meth:`_block_matrix` from the block's sums ``S`` (or ``None``) in one compiled pass
-        over the carried trace ``e`` (:func:`.numba_kernels.lru_matrix_carry_numba`): the
+        over the carried trace ``e`` (:func:`spikerec.kernels.lru_online.lru_matrix_carry_numba`): the
         gradient ``gamma S`` plus the boundary term (with ``gh0``, the first step's filtered
         error), and the carry; the same formulas."""
         q = (self._carry_rows(k, x, PK, K, N) @ x.reshape(K, B * H)).view(N, 2, B, H) if carry else None
@@ -397,7 +398,7 @@ class LRUTrace(LayerTrace):
 
     def fused_stream_step(self, ts, x, prev, new, g) -> None:
         """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
-        (or ``None``) as one compiled pass (:func:`.numba_kernels.lru_trace_step_numba`); the same
+        (or ``None``) as one compiled pass (:func:`spikerec.kernels.lru_online.lru_trace_step_numba`); the same
         result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
         cols, names, wnu, wth, lam, gam = self.fused_setup(x.dtype)
         B, N = prev.x_re.shape
