@@ -171,3 +171,50 @@ def test_compiled_lru_trace_step_equals_derived_partials():
     assert torch.allclose(G_bre, torch.einsum("bn,nbh->nh", g[..., 0], em[:, :, 0]), rtol=1e-12, atol=1e-12)
     assert torch.allclose(G_bim, torch.einsum("bn,nbh->nh", g[..., 1], em[:, :, 0]), rtol=1e-12, atol=1e-12)
     assert "kernels.lru_online (compiled trace step of online learning)" in neurons.backends_of("lru")
+
+
+FORWARD_CASES = (
+    [("lif", dict(reset=r, recurrent=rec, surrogate=SURR)) for r in ("subtract", "zero", "none") for rec in (False, True)]
+    + [("alif", dict(recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5, surrogate=SURR)) for rec in (False, True)]
+    + [("lru", dict(dense_skip=d)) for d in (False, True)] + [("readout", dict(bias=b)) for b in (False, True)])
+
+
+@pytest.mark.parametrize("kind,kw", FORWARD_CASES)
+def test_compiled_forward_steps_equal_the_neuron_steps(kind, kw):
+    """The compiled forward steps of the whole-stack stream step (registered backends of the
+    kinds) equal ``spikerec.neurons.<kind>.step`` (float64, fresh random states, inputs and
+    per-neuron parameters; every reset mode; lateral weights; an LRU with a diagonal and a dense
+    skip)."""
+    pytest.importorskip("numba")
+    from spikerec.kernels.alif_online import alif_step_numba
+    from spikerec.kernels.lif_online import lif_step_numba
+    from spikerec.kernels.lru_online import lru_step_numba
+    from spikerec.kernels.readout_online import readout_step_numba
+    from spikerec.layers import LRU
+    from spikerec.neurons import lru as _lru
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    B, H, N = 5, 4, 6
+    if kind == "lru":
+        cell, mod, fn = LRU(H, N, output_size=3 if kw["dense_skip"] else H), _lru, lru_step_numba
+        if kw["dense_skip"]:
+            assert cell.D.dim() == 2
+    elif kind == "readout":
+        cell, mod, fn = LeakyReadout(H, N, **kw), _readout, readout_step_numba
+    else:
+        cls, mod = MODULE[kind]
+        cell, fn = cls(H, N, tau_mem=5.0, zero_diagonal=False, **kw), {"lif": lif_step_numba, "alif": alif_step_numba}[kind]
+    with torch.no_grad():
+        for n, p in cell.named_parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x, prev = torch.rand(B, H) * 2, random_state(cell, B)
+    opts = cell.options() if hasattr(cell, "options") else None
+    out, new = fn(cell.params(), prev, x, opts)
+    ref_out, ref_new = mod.step(cell.params(), prev, x, opts)
+    for a, b in zip(new, ref_new):
+        assert torch.allclose(a, b.detach(), rtol=1e-13, atol=1e-13)
+    if kind in ("lru", "readout"):
+        assert torch.allclose(out, ref_out.detach(), rtol=1e-13, atol=1e-13)
+    else:
+        assert torch.equal(out, ref_out.detach()) and 0 < float(out.sum()) < out.numel()
+    assert any(b.fn is fn for b in neurons.backends_of(kind).values())

@@ -21,10 +21,11 @@ except Exception:  # pragma: no cover - depends on the install
 from .. import neurons
 from ..surrogate import heaviside
 from .lif_sequence_numba import surrogate_code
+from .lif_online import _step_operands
 from .trace_numba import as_numpy, placeholders
 
 __all__ = ["alif_trace_step_numba", "alif_block_numba", "alif_matrix_carry_numba", "alif_spatial_numba",
-           "alif_partials_numba"]
+           "alif_partials_numba", "alif_step_numba"]
 
 if _HAVE_NUMBA:
     from .surrogate_numba import sd_consts, sd_typed
@@ -534,5 +535,120 @@ def alif_partials_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset):
     return torch.from_numpy(Jc).transpose(0, 1).reshape(B, N, 2, 2), ev
 
 
+# --- the whole-stack stream step's forward and backward of one layer (fused_stack) ---------
+
+if _HAVE_NUMBA:
+    from .trace_numba import _mat_nest_steps
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
+                  p1, p2, cur, z):  # pragma: no cover - compiled
+        """One ALIF step in place (the equations of :meth:`spikerec.hardware.online.traces_lif.ALIFTrace.step`): keeps the
+        previous state in ``pv, pa``, the previous spikes in ``zp`` and their surrogate derivative
+        in ``psi`` (for the trace step), writes the new spikes ``z = H(v - b - beta a)``. The input
+        current ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
+        B, N = v.shape
+        zero, one = v.dtype.type(0), v.dtype.type(1)
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)  # the surrogate in the state's dtype (vectorised)
+        # each loop writes one array, with that array's bounds (so the compiler vectorises it;
+        # a value two arrays need is computed in both loops, by the same expression)
+        for b in range(B):
+            for n in range(pv.shape[1]):
+                pv[b, n] = v[b, n]
+            for n in range(pa.shape[1]):
+                pa[b, n] = a[b, n]
+            for n in range(zp.shape[1]):
+                zp[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
+            for n in range(psi.shape[1]):
+                psi[b, n] = sd_typed(v[b, n] - (bb[n] + beta[n] * a[b, n]), sur, sg1, sg2, one)
+        if has_r:
+            np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
+            np.dot(x, Wt, cur)
+            for b in range(B):
+                for n in range(cur.shape[1]):
+                    cur[b, n] += z[b, n]
+        else:
+            np.dot(x, Wt, cur)
+        if has_bias:
+            for b in range(B):
+                for n in range(cur.shape[1]):
+                    cur[b, n] = cur[b, n] + bias[n]
+        for b in range(B):
+            for n in range(a.shape[1]):
+                a[b, n] = rho[n] * pa[b, n] + omr[n] * zp[b, n]
+            for n in range(v.shape[1]):
+                v[b, n] = (alpha[n] * pv[b, n] + cur[b, n]) - (bb[n] + beta[n] * a[b, n]) * zp[b, n]
+            for n in range(z.shape[1]):
+                z[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
+                  need_gin, pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
+                  detach_reset, Jcs, gs, xs, zs, use_gs):  # pragma: no cover - compiled
+        """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
+        ``g = (gp, -beta gp)`` on ``(v, a)`` with ``gp = gout sigma'(v - theta)``; ``db -= sum gp``,
+        ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step: the
+        per-neuron part now (:func:`spikerec.kernels.alif_online._alif_vec_step`); the matrix traces' step is
+        deferred: its inputs (Jacobians, ``g``, the layer input and previous spikes) go into slot
+        ``slot`` of the step buffers, and when the last slot is filled all of them are applied in
+        one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
+        B, N = v.shape
+        if use_g:
+            s1, s2 = sd_consts(sur, p1, p2)
+            sg1, sg2, one = v.dtype.type(s1), v.dtype.type(s2), v.dtype.type(1)
+            for b in range(B):
+                _alif_spatial_error(gout, v, a, bb, beta, sur, sg1, sg2, one, gp, g, b)
+                if has_b:
+                    for n in range(acc_b.shape[0]):
+                        acc_b[n] -= gp[b, n]
+                if has_beta:
+                    for n in range(acc_beta.shape[0]):
+                        acc_beta[n] -= gp[b, n] * a[b, n]
+            if need_gin:
+                np.dot(gp, W, gin)
+        _alif_vec_step(pv, pa, psi, zp, g, use_g, cn, cols, ev, G_vec, Rd, has_rd, detach_reset, Jcs[slot])
+        if has_w or has_r:
+            use_gs[slot] = use_g
+            if use_g:
+                gs[slot] = g
+            if has_w:
+                xs[slot] = x
+            if has_r:
+                zs[slot] = zp
+            if slot == Jcs.shape[0] - 1:
+                _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, slot + 1)
+
+    @_nb.njit(cache=True, nogil=True)
+    def _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, S):  # pragma: no cover - compiled
+        """The ``S`` deferred steps of an ALIF layer's input and lateral matrix traces."""
+        if has_w:
+            _mat_nest_steps(ew, xs, Jcs, gs, use_gs, G_w, S)
+        if has_r:
+            _mat_nest_steps(er, zs, Jcs, gs, use_gs, G_r, S)
+
+
 neurons.register_backend("alif", "kernels.alif_online (compiled partials of the online stream step and block)",
                          alif_partials_numba, test="tests/test_online_partials.py::test_compiled_partials_equal_derived_ones")
+
+
+def alif_step_numba(params, state, x_t, options):
+    """One ALIF step (:func:`spikerec.neurons.alif.step` in float arithmetic, ``1 - rho`` as the
+    adaptation gain, the bias into the current) by the compiled forward of the whole-stack stream
+    step (``_alif_fwd``); returns ``(z_t, ALIFState(v_t, a_t))`` as new tensors."""
+    from ..neurons import alif as _alif
+
+    if params.adapt_gain is not None or options.bias_into != "current":
+        raise ValueError("alif_step_numba: expected adapt_gain=None and bias_into='current'")
+    as_np, B, N, x, Wt, bias, has_b, Rt, has_r = _step_operands(params, state.v, x_t)
+    alpha, rho = (as_np(d.expand(N)) for d in _alif.decays(params, options))
+    v, a = state.v.detach().clone().contiguous(), state.a.detach().clone().contiguous()
+    pv, pa, zp, psi, cur, z = (np.empty((B, N), dtype=x.dtype) for _ in range(6))
+    code, p1, p2 = surrogate_code(options.surrogate)
+    _alif_fwd(x, v.numpy(), a.numpy(), pv, pa, zp, psi, Wt, bias, has_b, Rt, has_r, alpha, rho, 1 - rho,
+              as_np(params.b.expand(N)), as_np(params.beta.expand(N)), code, p1, p2, cur, z)
+    return torch.from_numpy(z), _alif.ALIFState(v, a)
+
+
+neurons.register_backend("alif", "kernels.alif_online (compiled forward of the online stream step)", alif_step_numba,
+                         test="tests/test_online_partials.py::test_compiled_forward_steps_equal_the_neuron_steps")

@@ -132,7 +132,6 @@ def bwd_initial(SD0, sur_code, p1, p2, v0, a0, alpha, rho, b, beta, gv, ga, carr
     """The initial state's share (``z_{-1} = H(v0 - b - beta a0)`` receives ``carry``) and the
     per-neuron parameter gradients (sums over the batch, in float64)."""
     B, N = v0.shape
-    one = np.ones(1, dtype=v0.dtype)[0]
     g_alpha[:] = 0.0
     g_rho[:] = 0.0
     g_b[:] = 0.0

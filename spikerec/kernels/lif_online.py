@@ -21,7 +21,7 @@ from .. import neurons
 from . import numpy_dtype
 from .trace_numba import as_numpy
 
-__all__ = ["lif_block_workspace", "lif_block_mat_numba", "lif_spatial_numba", "lif_partials_numba"]
+__all__ = ["lif_block_workspace", "lif_block_mat_numba", "lif_spatial_numba", "lif_partials_numba", "lif_step_numba"]
 
 if _HAVE_NUMBA:
     from .surrogate_numba import sd_consts, sd_typed
@@ -245,6 +245,151 @@ def lif_partials_numba(v0, consts):
     return ws["J"][0].clone(), [torch.ones_like(v0) if c == 2 else ws["V"][j, 0].clone() for j, c in enumerate(cols)]
 
 
+# --- the whole-stack stream step's forward and backward of one layer (fused_stack) ---------
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lif_fwd(x, v, pv, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, thr, mode, sur, p1, p2, cur,
+                 z):  # pragma: no cover - compiled
+        """One plain LIF step in place (the equations of :func:`spikerec.neurons.lif.step`, in its
+        order of operations): keeps the previous membrane in ``pv``, the previous spikes
+        ``H(v - thr)`` in ``zp`` and their surrogate derivative in ``psi`` (for the trace step),
+        writes the new spikes; ``mode`` 0 subtract, 1 zero, 2 no reset. The input current
+        ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
+        B, N = v.shape
+        zero, one = v.dtype.type(0), v.dtype.type(1)
+        s1, s2 = sd_consts(sur, p1, p2)
+        sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)
+        for b in range(B):
+            for n in range(pv.shape[1]):
+                pv[b, n] = v[b, n]
+            for n in range(zp.shape[1]):
+                zp[b, n] = one if v[b, n] - thr[n] > zero else zero
+            for n in range(psi.shape[1]):
+                psi[b, n] = sd_typed(v[b, n] - thr[n], sur, sg1, sg2, one)
+        np.dot(x, Wt, cur)
+        if has_r:
+            np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
+            for b in range(B):
+                for n in range(cur.shape[1]):
+                    cur[b, n] += z[b, n]
+        if has_bias:
+            for b in range(B):
+                for n in range(cur.shape[1]):
+                    cur[b, n] = cur[b, n] + bias[n]
+        for b in range(B):
+            if mode == 0:
+                for n in range(v.shape[1]):
+                    v[b, n] = (alpha[n] * pv[b, n] + cur[b, n]) - thr[n] * zp[b, n]
+            elif mode == 1:
+                for n in range(v.shape[1]):
+                    v[b, n] = alpha[n] * ((one - zp[b, n]) * pv[b, n]) + cur[b, n]
+            else:
+                for n in range(v.shape[1]):
+                    v[b, n] = alpha[n] * pv[b, n] + cur[b, n]
+            for n in range(z.shape[1]):
+                z[b, n] = one if v[b, n] - thr[n] > zero else zero
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lif_bwd(gout, use_g, x, slot, v, thr, sur, p1, p2, W, acc_thr, has_thr, gp, gin, need_gin, pv, psi, zp,
+                 cn, cols, ev, has_w, has_r, G_vec, Rd, has_rd, mode, detach_reset,
+                 Jbuf, gbuf, xbuf, zbuf, co):  # pragma: no cover - compiled
+        """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` (``gp = gout
+        sigma'(v - thr)``, ``dthr -= sum gp``, ``gin = gp W``, one GEMM), then its trace step
+        (the recursions of :func:`spikerec.hardware.online.traces_base.stream_step` on the partials of
+        :meth:`spikerec.hardware.online.traces_lif.LIFTrace.partials`, compiled as :func:`spikerec.kernels.lif_online._lif_coefs`): the
+        stacked per-neuron traces ``ev [B, N, 1, m]`` (columns ``cols`` of ``cn``'s rows:
+        0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``) with ``G += g . e``. The input and
+        lateral matrix traces ``[N, B, 1, H]`` (``e <- J e + pre``, ``G += g . e``) are
+        deferred: this step's ``J``, ``g`` (zero without a loss) and presynaptic rows go to row
+        ``slot`` of the step buffers, applied in closed form every ``LIF_DEFER`` steps
+        (:meth:`spikerec.hardware.online.fused_stack.FusedStack.flush_lif`). The partials' per-neuron coefficients go to the scratch
+        ``co [5, N]``; one pass per array written, so that each vectorises."""
+        B, N = v.shape
+        zero, one = v.dtype.type(0), v.dtype.type(1)
+        if use_g:
+            s1, s2 = sd_consts(sur, p1, p2)
+            sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)
+            for b in range(B):
+                for n in range(gp.shape[1]):
+                    gp[b, n] = gout[b, n] * sd_typed(v[b, n] - thr[n], sur, sg1, sg2, one)
+                if has_thr:
+                    for n in range(acc_thr.shape[0]):
+                        acc_thr[n] -= gp[b, n]
+            if need_gin:
+                np.dot(gp, W, gin)
+        m0, m1 = _lif_coefs(cn, Rd, has_rd, mode, detach_reset, co)
+        for b in range(B):
+            for n in range(Jbuf.shape[2]):
+                Jbuf[slot, b, n] = _lif_jac(cn[0, n], co, n, zp[b, n], psi[b, n], pv[b, n])
+        for j in range(cols.shape[0]):
+            c = cols[j]
+            if c == 0:
+                for b in range(B):
+                    for n in range(ev.shape[1]):
+                        ev[b, n, 0, j] = Jbuf[slot, b, n] * ev[b, n, 0, j] + _lif_dtau(cn[1, n], m1, zp[b, n], pv[b, n], one)
+            elif c == 1:
+                for b in range(B):
+                    for n in range(ev.shape[1]):
+                        ev[b, n, 0, j] = (Jbuf[slot, b, n] * ev[b, n, 0, j]
+                                          + _lif_dthr(co, n, m0, zp[b, n], psi[b, n], pv[b, n]))
+            else:
+                for b in range(B):
+                    for n in range(ev.shape[1]):
+                        ev[b, n, 0, j] = Jbuf[slot, b, n] * ev[b, n, 0, j] + one
+            if use_g:
+                for b in range(B):
+                    for n in range(G_vec.shape[1]):
+                        G_vec[c, n] += gp[b, n] * ev[b, n, 0, j]
+        if has_w or has_r:
+            for b in range(B):
+                for n in range(gbuf.shape[2]):
+                    gbuf[slot, b, n] = gp[b, n] if use_g else zero
+        if has_w:
+            for b in range(B):
+                for h in range(xbuf.shape[2]):
+                    xbuf[slot, b, h] = x[b, h]
+        if has_r:
+            for b in range(B):
+                for n in range(zbuf.shape[2]):
+                    zbuf[slot, b, n] = zp[b, n]
+
+
 _TEST = "tests/test_online_partials.py::test_compiled_partials_equal_derived_ones"
 neurons.register_backend("lif", "kernels.lif_online (compiled partials of the online stream step and block)",
                          lif_partials_numba, test=_TEST)
+
+
+def _step_operands(params, state_v, x_t):
+    """The float operands of a compiled forward step: ``(as_np, B, N, x, Wt, bias, has_bias, Rt, has_r)``
+    (absent ``bias`` and ``recurrent_weight`` as zero placeholders)."""
+    dt = state_v.dtype
+    B, N = state_v.shape
+    as_np = lambda t: t.detach().to(dt).contiguous().numpy()  # noqa: E731
+    has_b, has_r = params.bias is not None, params.recurrent_weight is not None
+    return (as_np, B, N, as_np(x_t), as_np(params.weight.t()), as_np(params.bias) if has_b else np.zeros(N, as_np(x_t).dtype),
+            has_b, as_np(params.recurrent_weight.t()) if has_r else np.zeros((N, N), as_np(x_t).dtype), has_r)
+
+
+def lif_step_numba(params, state, x_t, options):
+    """One plain LIF step (:func:`spikerec.neurons.lif.step` in float arithmetic, without a synaptic
+    current, the bias into the current) by the compiled forward of the whole-stack stream step
+    (``_lif_fwd``); returns ``(z_t, LIFState(v_t))`` as new tensors."""
+    from ..neurons import lif as _lif
+    from .lif_sequence_numba import RESET_CODES, surrogate_code
+
+    if params.log_tau_syn is not None or options.bias_into != "current":
+        raise ValueError("lif_step_numba: expected a plain LIF (no log_tau_syn) with bias_into='current'")
+    as_np, B, N, x, Wt, bias, has_b, Rt, has_r = _step_operands(params, state.v, x_t)
+    alpha = _lif.decays(params, options)[0]
+    v = state.v.detach().clone().contiguous()
+    pv, zp, psi, cur, z = (np.empty((B, N), dtype=x.dtype) for _ in range(5))
+    code, p1, p2 = surrogate_code(options.surrogate)
+    _lif_fwd(x, v.numpy(), pv, zp, psi, Wt, bias, has_b, Rt, has_r, as_np(alpha.expand(N)),
+             as_np(params.threshold.expand(N)), RESET_CODES[options.reset], code, p1, p2, cur, z)
+    return torch.from_numpy(z), _lif.LIFState(v)
+
+
+neurons.register_backend("lif", "kernels.lif_online (compiled forward of the online stream step)", lif_step_numba,
+                         test="tests/test_online_partials.py::test_compiled_forward_steps_equal_the_neuron_steps")

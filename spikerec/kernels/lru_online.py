@@ -21,7 +21,7 @@ from .. import neurons
 from .trace_numba import as_numpy, placeholders
 
 __all__ = ["lru_trace_step_numba", "lru_block_scan_numba", "lru_block_traces_numba", "lru_matrix_carry_numba",
-           "lru_reverse_filter_numba"]
+           "lru_reverse_filter_numba", "lru_step_numba"]
 
 
 # --- the whole trace step of one LRU layer ---------------------------------------------------
@@ -470,5 +470,123 @@ def lru_block_scan_numba(u, lr, li, h0r, h0i):
     return tuple(torch.from_numpy(out).unbind(0))
 
 
+# --- the whole-stack stream step's forward and backward of one layer (fused_stack) ---------
+
+if _HAVE_NUMBA:
+    from .trace_numba import FASTMATH
+
+    @_nb.njit(cache=True, fastmath=FASTMATH, nogil=True, inline="always")
+    def _skip_gemm(left, v, M, D, dvec, out):  # pragma: no cover - compiled
+        """``out = [left | v] M`` with the LRU's skip matrix ``D`` in the last rows of ``M`` (``v``
+        is copied into the last columns of ``left``); for a diagonal ``D [K, 1]``,
+        ``out = left M + v diag(D)``."""
+        B, W = left.shape
+        if not dvec:
+            off = W - v.shape[1]
+            for b in range(B):
+                for j in range(v.shape[1]):
+                    left[b, off + j] = v[b, j]
+        np.dot(left, M, out)
+        if dvec:
+            for b in range(B):
+                for k in range(out.shape[1]):
+                    out[b, k] += D[k, 0] * v[b, k]
+
+    @_nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
+    def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cs, D, dvec, w, hu, y):  # pragma: no cover - compiled
+        """One LRU step in place: ``w = u Bg`` (one GEMM, ``Bg = [gamma B_re^T | gamma B_im^T]``),
+        ``h = lam h + w`` on (Re, Im) pairs (the previous state kept in ``pr, pi``), then
+        ``y = [Re h | Im h | u] Cs`` (one GEMM, ``Cs = [C_re^T; -C_im^T; D^T]``; a diagonal ``D``
+        is added elementwise instead)."""
+        B = u.shape[0]
+        N = hr.shape[1]
+        np.dot(u, Bg, w)
+        for b in range(B):
+            for n in range(N):
+                p0, p1 = hr[b, n], hi[b, n]
+                pr[b, n] = p0
+                pi[b, n] = p1
+                a = (lr[n] * p0 - li[n] * p1) + w[b, n]
+                c = (lr[n] * p1 + li[n] * p0) + w[b, N + n]
+                hr[b, n] = a
+                hi[b, n] = c
+                hu[b, n] = a
+                hu[b, N + n] = c
+        _skip_gemm(hu, u, Cs, D, dvec, y)
+
+
+    @_nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
+    def _lru_bwd(gy, use_g, u, slot, hr, hi, pr, pi, Cst, D, dvec, Bs, gam, lr, li, dD, has_d, t, a, g, gu, need_gu,
+                 wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre, has_bim, rows, rGY, rHR,
+                 rHI):  # pragma: no cover - compiled
+        """An LRU layer's spatial backward, then its trace step (:func:`spikerec.kernels.lru_online._lru_trace`):
+        ``[g_re | g_im] = gy Cst`` (one GEMM, ``Cst = [C_re | -C_im]``), ``dD += gy u``,
+        ``gu = [gamma g_re | gamma g_im | gy] Bs`` (one GEMM, ``Bs = [B_re; B_im; D]``; a diagonal
+        ``D`` elementwise instead); the C gradient's rows are buffered (:meth:`spikerec.hardware.online.fused_stack.FusedStack.flush_rows`)."""
+        B, H = u.shape
+        N = hr.shape[1]
+        K = gy.shape[1]
+        if use_g and rows:  # the rows of the deferred C gradient (spikerec.hardware.online.fused_stack.FusedStack.flush_rows)
+            for b in range(B):
+                for k in range(K):
+                    rGY[slot, b, k] = gy[b, k]
+                for n in range(N):
+                    rHR[slot, b, n] = hr[b, n]
+                    rHI[slot, b, n] = hi[b, n]
+        if use_g:
+            np.dot(gy, Cst, t)
+            for b in range(B):
+                for n in range(N):
+                    g[b, n, 0] = t[b, n]
+                    g[b, n, 1] = t[b, N + n]
+            if has_d:
+                for k in range(K):
+                    for b in range(B):
+                        q = gy[b, k]
+                        if dvec:
+                            dD[k, 0] += q * u[b, k]
+                        else:
+                            row = dD[k]
+                            for h in range(H):
+                                row[h] += q * u[b, h]
+            if need_gu:
+                for b in range(B):
+                    for n in range(N):
+                        a[b, n] = gam[n] * t[b, n]
+                        a[b, N + n] = gam[n] * t[b, N + n]
+                _skip_gemm(a, gy, Bs, D, dvec, gu)
+        _lru_trace(pr, pi, hr, hi, u, g, use_g, lr, li, gam, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga,
+                   G_bre, G_bim, has_bre, has_bim)
+
+
 neurons.register_backend("lru", "kernels.lru_online (compiled trace step of online learning)", lru_trace_step_numba,
                          test="tests/test_online_partials.py::test_compiled_lru_trace_step_equals_derived_partials")
+
+
+def lru_step_numba(params, state, x_t, options=None):
+    """One LRU step (:func:`spikerec.neurons.lru.step` in float arithmetic) by the compiled forward
+    of the whole-stack stream step (``_lru_fwd``); returns ``(y_t, LRUState(Re h_t, Im h_t))`` as new
+    tensors."""
+    from ..neurons import lru as _lru
+
+    dt = state.x_re.dtype
+    as_np = lambda t: t.detach().to(dt).contiguous().numpy()  # noqa: E731
+    B, N = state.x_re.shape
+    lr, li = _lru.lam_parts(params)
+    g = _lru.gamma(params)[:, None]
+    Bg = torch.cat([(params.B_re * g).t(), (params.B_im * g).t()], 1)  # [H, 2N]
+    dvec = params.D.dim() == 1
+    Dm = params.D.reshape(-1, 1) if dvec else params.D
+    Cs = torch.cat([params.C_re.t(), -params.C_im.t()] + ([] if dvec else [Dm.t()]))
+    hr, hi = state.x_re.detach().clone().contiguous(), state.x_im.detach().clone().contiguous()
+    pr, pi = np.empty((B, N), as_np(hr).dtype), np.empty((B, N), as_np(hr).dtype)
+    w = np.empty((B, 2 * N), pr.dtype)
+    hu = np.empty((B, Cs.shape[0]), pr.dtype)
+    y = np.empty((B, Cs.shape[1]), pr.dtype)
+    _lru_fwd(as_np(x_t), hr.numpy(), hi.numpy(), pr, pi, as_np(lr.expand(N)), as_np(li.expand(N)), as_np(Bg),
+             as_np(Cs), as_np(Dm), dvec, w, hu, y)
+    return torch.from_numpy(y), _lru.LRUState(hr, hi)
+
+
+neurons.register_backend("lru", "kernels.lru_online (compiled forward of the online stream step)", lru_step_numba,
+                         test="tests/test_online_partials.py::test_compiled_forward_steps_equal_the_neuron_steps")

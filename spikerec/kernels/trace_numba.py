@@ -24,6 +24,11 @@ try:  # numba is optional
 except Exception:  # pragma: no cover - depends on the install
     _HAVE_NUMBA = False
 
+# Reassociation lets LLVM vectorise the dot products of the whole-stack stream step's kernels
+# (rounding differs from torch's by ~1 ulp per sum; the same for every run, so checkpoints still
+# resume bit-identically). No 'nnan'/'ninf'.
+FASTMATH = {"reassoc", "contract", "nsz"}
+
 __all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "as_numpy", "placeholders", "mat_trace_step_torch",
            "mat_trace_step_numba"]
 

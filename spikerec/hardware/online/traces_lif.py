@@ -28,7 +28,7 @@ from ...surrogate import heaviside
 from ...kernels import lif_online
 from ...kernels.alif_online import alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba
 from ...kernels.lif_online import lif_block_workspace
-from ...kernels.trace_numba import as_numpy, compiled_cpu, compiled_dtype, numba_available
+from ...kernels.trace_numba import as_numpy, compiled_cpu, compiled_dtype
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
