@@ -538,7 +538,6 @@ def alif_partials_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset):
 # --- the whole-stack stream step's forward and backward of one layer (fused_stack) ---------
 
 if _HAVE_NUMBA:
-    from .trace_numba import _mat_nest_steps
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
@@ -583,16 +582,13 @@ if _HAVE_NUMBA:
                 z[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
-    def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
+    def _alif_bwd(gout, use_g, x, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
                   need_gin, pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
-                  detach_reset, Jcs, gs, xs, zs, use_gs):  # pragma: no cover - compiled
+                  detach_reset):  # pragma: no cover - compiled
         """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
         ``g = (gp, -beta gp)`` on ``(v, a)`` with ``gp = gout sigma'(v - theta)``; ``db -= sum gp``,
-        ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step: the
-        per-neuron part now (:func:`spikerec.kernels.alif_online._alif_vec_step`); the matrix traces' step is
-        deferred: its inputs (Jacobians, ``g``, the layer input and previous spikes) go into slot
-        ``slot`` of the step buffers, and when the last slot is filled all of them are applied in
-        one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
+        ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step
+        (:func:`_alif_trace`)."""
         B, N = v.shape
         if use_g:
             s1, s2 = sd_consts(sur, p1, p2)
@@ -607,25 +603,8 @@ if _HAVE_NUMBA:
                         acc_beta[n] -= gp[b, n] * a[b, n]
             if need_gin:
                 np.dot(gp, W, gin)
-        _alif_vec_step(pv, pa, psi, zp, g, use_g, cn, cols, ev, G_vec, Rd, has_rd, detach_reset, Jcs[slot])
-        if has_w or has_r:
-            use_gs[slot] = use_g
-            if use_g:
-                gs[slot] = g
-            if has_w:
-                xs[slot] = x
-            if has_r:
-                zs[slot] = zp
-            if slot == Jcs.shape[0] - 1:
-                _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, slot + 1)
-
-    @_nb.njit(cache=True, nogil=True)
-    def _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, S):  # pragma: no cover - compiled
-        """The ``S`` deferred steps of an ALIF layer's input and lateral matrix traces."""
-        if has_w:
-            _mat_nest_steps(ew, xs, Jcs, gs, use_gs, G_w, S)
-        if has_r:
-            _mat_nest_steps(er, zs, Jcs, gs, use_gs, G_r, S)
+        _alif_trace(pv, pa, psi, zp, x, g, use_g, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
+                    detach_reset)
 
 
 neurons.register_backend("alif", "kernels.alif_online (compiled partials of the online stream step and block)",

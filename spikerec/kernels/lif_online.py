@@ -292,9 +292,9 @@ if _HAVE_NUMBA:
                 z[b, n] = one if v[b, n] - thr[n] > zero else zero
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
-    def _lif_bwd(gout, use_g, x, slot, v, thr, sur, p1, p2, W, acc_thr, has_thr, gp, gin, need_gin, pv, psi, zp,
+    def _lif_bwd(gout, use_g, x, v, thr, sur, p1, p2, W, acc_thr, has_thr, gp, gin, need_gin, pv, psi, zp,
                  cn, cols, ev, has_w, has_r, G_vec, Rd, has_rd, mode, detach_reset,
-                 Jbuf, gbuf, xbuf, zbuf, co):  # pragma: no cover - compiled
+                 Jbuf, gbuf, xbuf, zbuf, co, lslot):  # pragma: no cover - compiled
         """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` (``gp = gout
         sigma'(v - thr)``, ``dthr -= sum gp``, ``gin = gp W``, one GEMM), then its trace step
         (the recursions of :func:`spikerec.hardware.online.traces_base.stream_step` on the partials of
@@ -303,9 +303,10 @@ if _HAVE_NUMBA:
         0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``) with ``G += g . e``. The input and
         lateral matrix traces ``[N, B, 1, H]`` (``e <- J e + pre``, ``G += g . e``) are
         deferred: this step's ``J``, ``g`` (zero without a loss) and presynaptic rows go to row
-        ``slot`` of the step buffers, applied in closed form every ``LIF_DEFER`` steps
+        ``lslot[0]`` of the step buffers, applied in closed form every ``LIF_DEFER`` steps
         (:meth:`spikerec.hardware.online.fused_stack.FusedStack.flush_lif`). The partials' per-neuron coefficients go to the scratch
         ``co [5, N]``; one pass per array written, so that each vectorises."""
+        slot = lslot[0]  # the row of the step buffers this step writes
         B, N = v.shape
         zero, one = v.dtype.type(0), v.dtype.type(1)
         if use_g:

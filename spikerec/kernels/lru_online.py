@@ -516,23 +516,26 @@ if _HAVE_NUMBA:
 
 
     @_nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
-    def _lru_bwd(gy, use_g, u, slot, hr, hi, pr, pi, Cst, D, dvec, Bs, gam, lr, li, dD, has_d, t, a, g, gu, need_gu,
-                 wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre, has_bim, rows, rGY, rHR,
-                 rHI):  # pragma: no cover - compiled
+    def _lru_bwd(gy, use_g, u, hr, hi, pr, pi, Cst, D, dvec, Bs, gam, lr, li, dD, has_d, t, a, g, gu, need_gu,
+                 wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre, has_bim, dCr, has_cr, dCi,
+                 has_ci):  # pragma: no cover - compiled
         """An LRU layer's spatial backward, then its trace step (:func:`spikerec.kernels.lru_online._lru_trace`):
         ``[g_re | g_im] = gy Cst`` (one GEMM, ``Cst = [C_re | -C_im]``), ``dD += gy u``,
         ``gu = [gamma g_re | gamma g_im | gy] Bs`` (one GEMM, ``Bs = [B_re; B_im; D]``; a diagonal
-        ``D`` elementwise instead); the C gradient's rows are buffered (:meth:`spikerec.hardware.online.fused_stack.FusedStack.flush_rows`)."""
+        ``D`` elementwise instead), ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h``."""
         B, H = u.shape
         N = hr.shape[1]
         K = gy.shape[1]
-        if use_g and rows:  # the rows of the deferred C gradient (spikerec.hardware.online.fused_stack.FusedStack.flush_rows)
-            for b in range(B):
-                for k in range(K):
-                    rGY[slot, b, k] = gy[b, k]
-                for n in range(N):
-                    rHR[slot, b, n] = hr[b, n]
-                    rHI[slot, b, n] = hi[b, n]
+        if use_g and (has_cr or has_ci):
+            for k in range(K):
+                for b in range(B):
+                    q = gy[b, k]
+                    if has_cr:
+                        for n in range(dCr.shape[1]):
+                            dCr[k, n] += q * hr[b, n]
+                    if has_ci:
+                        for n in range(dCi.shape[1]):
+                            dCi[k, n] -= q * hi[b, n]
         if use_g:
             np.dot(gy, Cst, t)
             for b in range(B):

@@ -1,6 +1,6 @@
 """The kind-independent compiled CPU kernels (numba) of online learning: the matrix eligibility
 trace of one layer (one step, :func:`mat_trace_step_numba`, tested against its torch reference
-:func:`mat_trace_step_torch`; the two-state form over several steps, ``_mat_nest_steps``) and the
+:func:`mat_trace_step_torch`; its two-state form, ``_mat_nest``) and the
 chunked block of a one-state layer (``_chunk1``). For every neuron ``n`` and presynaptic input
 ``h``, with ``k`` in {1, 2} state fields per neuron::
 
@@ -157,56 +157,36 @@ if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, fastmath=False, nogil=True)
     def _mat_nest(em, pre, Jc, g, G, use_g):  # pragma: no cover - compiled
-        """A matrix trace ``eps[n, b] <- J[n, b] eps[n, b] + (pre[b], 0)`` (``em [N, B, 2, H]``,
-        ``Jc [N, B, 4]`` the 2x2 Jacobians) and ``G[n] += sum_b g[b, n] . eps[n, b]``: one step of
-        :func:`_mat_nest_steps`."""
-        use = np.empty(1, dtype=np.bool_)
-        use[0] = use_g
-        B, H = pre.shape
-        N = Jc.shape[0]
-        if use_g:
-            gs = np.ascontiguousarray(g).reshape((1, B, N, 2))
-        else:  # (g may be a placeholder)
-            gs = np.zeros((1, B, N, 2), dtype=em.dtype)
-        _mat_nest_steps(em, np.ascontiguousarray(pre).reshape((1, B, H)),
-                        np.ascontiguousarray(Jc).reshape((1, N, B, 4)), gs, use, G, 1)
-
-    @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _mat_nest_steps(em, pres, Jcs, gs, use_gs, G, S):  # pragma: no cover - compiled
-        """``S`` steps of the matrix trace ``eps[n, b] <- J_s[n, b] eps[n, b] + (pre_s[b], 0)`` and
-        ``G[n] += sum_b g_s[b, n] . eps[n, b]`` in one pass over ``em [N, B, 2, H]`` (``pres [S, B,
-        H]``, ``Jcs [S, N, B, 4]`` the 2x2 Jacobians, ``gs [S, B, N, 2]``, ``use_gs [S]``; no
-        accumulation where ``use_gs[s]`` is false). Each neuron's rows stay in cache for all ``S``
-        steps, so the trace is read and written once instead of ``S`` times; every element and
-        every accumulator sees the same operations in the same order as ``S`` passes of one step
-        (bit-identical). The inner loops run over contiguous rows without branches, index the trace
-        directly and add into a local copy of the neuron's accumulator row (so the compiler can tell
-        the rows apart and vectorise them)."""
+        """The two-state matrix trace ``eps[n, b] <- J[n, b] eps[n, b] + (pre[b], 0)`` (``em [N, B, 2,
+        H]``, ``Jc [N, B, 4]`` the 2x2 Jacobians) and, with ``use_g``, ``G[n] += sum_b g[b, n] .
+        eps[n, b]``. The inner loops run over contiguous rows without branches and add into a local
+        copy of the neuron's accumulator row (so the compiler can tell the rows apart and vectorise
+        them)."""
         N, B, _, H = em.shape
-        acc = np.empty(H, dtype=G.dtype)  # the neuron's accumulator row, kept apart from the trace
+        acc = np.empty(H, dtype=G.dtype)
         for n in range(N):
-            for h in range(H):
-                acc[h] = G[n, h]
-            for s in range(S):
-                use_g = use_gs[s]
-                for b in range(B):
-                    j00, j01, j10, j11 = Jcs[s, n, b, 0], Jcs[s, n, b, 1], Jcs[s, n, b, 2], Jcs[s, n, b, 3]
-                    if use_g:
-                        q0, q1 = gs[s, b, n, 0], gs[s, b, n, 1]
-                        for h in range(H):
-                            e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
-                            f0 = j00 * e0 + j01 * e1 + pres[s, b, h]
-                            f1 = j10 * e0 + j11 * e1
-                            em[n, b, 0, h] = f0
-                            em[n, b, 1, h] = f1
-                            acc[h] += q0 * f0 + q1 * f1
-                    else:
-                        for h in range(H):
-                            e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
-                            em[n, b, 0, h] = j00 * e0 + j01 * e1 + pres[s, b, h]
-                            em[n, b, 1, h] = j10 * e0 + j11 * e1
-            for h in range(H):
-                G[n, h] = acc[h]
+            if use_g:
+                for h in range(H):
+                    acc[h] = G[n, h]
+            for b in range(B):
+                j00, j01, j10, j11 = Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3]
+                if use_g:
+                    q0, q1 = g[b, n, 0], g[b, n, 1]
+                    for h in range(H):
+                        e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
+                        f0 = j00 * e0 + j01 * e1 + pre[b, h]
+                        f1 = j10 * e0 + j11 * e1
+                        em[n, b, 0, h] = f0
+                        em[n, b, 1, h] = f1
+                        acc[h] += q0 * f0 + q1 * f1
+                else:
+                    for h in range(H):
+                        e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
+                        em[n, b, 0, h] = j00 * e0 + j01 * e1 + pre[b, h]
+                        em[n, b, 1, h] = j10 * e0 + j11 * e1
+            if use_g:
+                for h in range(H):
+                    G[n, h] = acc[h]
 
 
 # --- the chunked block of a one-state layer (plain LIF) ---------------------------------------

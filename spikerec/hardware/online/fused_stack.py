@@ -19,16 +19,14 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   and backward in one compiled call); other losses use one autograd call on a leaf ``y_t``;
 * backward: the hand-written spatial backward of :mod:`.spatial` (readout: ``dW += gy^T h``,
   ``db += sum_b gy``, ``gh = gy W``; LRU: ``g_re = gy C_re``, ``g_im = -gy C_im``,
-  ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h`` (deferred: the rows are buffered for ``DEFER``
-  steps and added in one GEMM, :meth:`FusedStack.flush_rows`), ``dD += gy u``,
+  ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h``, ``dD += gy u``,
   ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``; ALIF: ``g_v = gz sigma'(v - theta)``,
   ``g_a = -beta g_v``, ``db -= sum g_v``, ``dbeta -= sum g_v a``, ``gx = g_v W``; LIF: ``g_v = gz
   sigma'(v - thr)``, ``dthr -= sum g_v``, ``gx = g_v W``) and, in the same
   compiled call, the trace step of :func:`spikerec.kernels.lru_online.lru_trace_step_numba` (the RTRL
   recursions of :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) or of
   :func:`spikerec.kernels.alif_online.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
-  ``G += g . eps``; the ALIF layers' matrix traces are advanced every ``MAT_DEFER`` steps in one
-  pass (:meth:`FusedStack.flush_mats`, bit-identical to a pass per step); a LIF layer's trace step
+  ``G += g . eps``; a LIF layer's trace step
   (the recursions of :func:`.traces_base.stream_step` on the partials of
   :meth:`.traces_lif.LIFTrace.partials`) runs in its backward call.
 
@@ -51,8 +49,6 @@ from .traces_base import _STACK
 
 __all__ = ["fused_supported", "FusedStack", "any_nan"]
 
-DEFER = 32  # steps of the LRU layers' C gradient buffered before one GEMM (FusedStack.flush_rows)
-MAT_DEFER = 8  # steps of the ALIF layers' matrix traces applied in one pass (FusedStack.flush_mats)
 LIF_DEFER = 64  # steps of the LIF layers' matrix traces applied in closed form at once (FusedStack.flush_lif)
 
 try:
@@ -61,7 +57,7 @@ except Exception:  # pragma: no cover - optional
     _nb = None
 
 if _nb is not None:
-    from ...kernels.alif_online import _alif_bwd, _alif_fwd, _alif_mats
+    from ...kernels.alif_online import _alif_bwd, _alif_fwd
     from ...kernels.lif_online import _lif_bwd, _lif_fwd
     from ...kernels.lru_online import _lru_bwd, _lru_fwd
     from ...kernels.readout_online import _any_nan, _linear_bwd, _linear_fwd, _readout_mse
@@ -190,49 +186,14 @@ class FusedStack:
         self.np_dtype = numpy_dtype(dtype)  # the loss value's (a 0-d array)
         self.gen = None
         self.gy = None  # the loss gradient buffer of the compiled MSE
-        self.rows = []  # per LRU layer: (dC_re, dC_im accumulators, rows of gy, Re h, Im h [DEFER, B, .])
-        self.fill = 0  # rows written since the last flush
-        self.restore = None  # rows from a checkpoint, copied in at the next bind
-        self.rbufs = {}  # the row buffers by layer
-        self.mats = []  # per ALIF layer with matrix traces: the arguments of _alif_mats
-        self.mbufs = {}  # their step buffers by layer
-        self.mfill = 0  # matrix-trace steps deferred since the last pass (flush_mats)
         self.lmats = []  # per LIF layer with matrix traces: (step buffers, [(pre buffer, trace, accumulator)])
         self.lbufs = {}  # their step buffers by layer (J, g, x, z [LIF_DEFER, B, .]); kept across rebinds
         self.lfill = 0  # LIF steps deferred since the last closed-form pass (flush_lif)
+        self.lslot = np.zeros(1, np.int64)  # lfill as the LIF backward calls read it (their buffers' row)
         self.lany = False  # whether one of them had a loss
         self.restore_lif = None  # deferred LIF steps from a checkpoint, copied in at the next bind
 
-    # --- the deferred output-map gradient of the LRU layers -------------------------------------
-    def flush_rows(self) -> None:
-        """Add the buffered rows to the C accumulators: ``dC_re += GY^T Re h``, ``dC_im -= GY^T Im h``
-        over the ``fill`` buffered steps (one GEMM each instead of a rank-``B`` update per step).
-        The flushes fall on the same steps in a run resumed from a checkpoint (the rows are
-        saved, :meth:`saved_rows`), so the sums are the same."""
-        f = self.fill
-        if not f:
-            return
-        for dCr, dCi, GY, HR, HI in self.rows:
-            gyt = GY[:f].reshape(-1, GY.shape[-1]).t()
-            if dCr is not None:
-                dCr.addmm_(gyt, HR[:f].reshape(-1, HR.shape[-1]))
-            if dCi is not None:
-                dCi.addmm_(gyt, HI[:f].reshape(-1, HI.shape[-1]), alpha=-1.0)
-        self.fill = 0
-
-    def flush_mats(self, lif: bool = True) -> None:
-        """Apply the deferred steps of the ALIF layers' matrix traces (``mfill`` of them, at most
-        ``MAT_DEFER - 1``) in one pass per trace. The same operations in the same order as one
-        pass per step, so when this runs does not change any result (a checkpoint flushes
-        first: :attr:`.learner.OnlineLearner.traces`). With ``lif``, also the LIF layers'
-        deferred steps (:meth:`flush_lif`)."""
-        if self.mfill:
-            for args in self.mats:
-                _alif_mats(*args, self.mfill)
-        self.mfill = 0
-        if lif:
-            self.flush_lif()
-
+    # --- the deferred matrix-trace steps of the LIF layers ---------------------------------------
     def flush_lif(self) -> None:
         """Apply the ``lfill`` deferred steps of the LIF layers' matrix traces in closed form
         (:func:`apply_lif_window`: two GEMMs and one compiled pass per trace instead of a pass
@@ -253,13 +214,6 @@ class FusedStack:
         the steps had a loss."""
         S = self.lfill
         return [tuple(b[:S].clone() for b in bufs) for bufs, _ in self.lmats], self.lany
-
-    def saved_rows(self) -> list:
-        """The buffered rows not yet flushed, ``[(GY, Re h, Im h)]`` per LRU layer (copies)."""
-        return [tuple(b[: self.fill].clone() for b in bufs) for _, _, *bufs in self.rows]
-
-    def drop_rows(self) -> None:
-        self.fill = 0
 
     # --- binding ------------------------------------------------------------------------------
     def _bind_lru(self, l, tr, B, dummy1, dummy2):
@@ -292,15 +246,6 @@ class FusedStack:
         dvec = D.dim() == 1
         Dm = D.reshape(-1, 1) if dvec else D
         accs = [self._acc(c.C_re), self._acc(c.C_im), self._acc(c.D)]
-        K = c.C_re.shape[0]
-        rows = accs[0] is not None or accs[1] is not None
-        shape = (3, DEFER, B, max(K, N)) if rows else (3, 1, 1, 1)
-        rbuf = self.rbufs.get(l)  # kept across rebinds: no new allocation per update or reset
-        if rbuf is None or rbuf.shape != shape or rbuf.dtype != dt:
-            rbuf = self.rbufs[l] = torch.empty(shape, dtype=dt)
-        rGY, rHR, rHI = rbuf[0, :, :, :K], rbuf[1, :, :, :N], rbuf[2, :, :, :N]
-        if rows:
-            self.rows.append((accs[0], accs[1], rGY, rHR, rHI))
         st = states[l]
         pr, pi = torch.empty_like(st.x_re), torch.empty_like(st.x_im)
         dD = accs[2]
@@ -316,8 +261,8 @@ class FusedStack:
         abuf = torch.empty((B, Bs.shape[0]), dtype=dt)
         gbuf = torch.zeros((B, N, 2), dtype=dt)
         gu = torch.zeros((B, H), dtype=dt)
-        y = torch.empty((B, K), dtype=dt)
-        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam, rbuf, Cs, Cst, Bs, w, hu, tbuf, abuf,
+        y = torch.empty((B, c.C_re.shape[0]), dtype=dt)
+        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam, Cs, Cst, Bs, w, hu, tbuf, abuf,
                 gbuf)  # noqa: F841 (the numpy views below)
         Dn = Dm.contiguous().numpy()
         fargs = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
@@ -331,7 +276,8 @@ class FusedStack:
                  dummy1 if Gv[0] is None else Gv[0].numpy(), dummy1 if Gv[1] is None else Gv[1].numpy(),
                  dummy1 if Gv[2] is None else Gv[2].numpy(),
                  dummy2 if "B_re" not in G else G["B_re"].numpy(), dummy2 if "B_im" not in G else G["B_im"].numpy(),
-                 "B_re" in G, "B_im" in G, rows, rGY.numpy(), rHR.numpy(), rHI.numpy())
+                 "B_re" in G, "B_im" in G, dummy2 if accs[0] is None else accs[0].numpy(), accs[0] is not None,
+                 dummy2 if accs[1] is None else accs[1].numpy(), accs[1] is not None)
         return _lru_fwd, fargs, _lru_bwd, bargs, 16, (keep, y, gu)
 
     def _bind_alif(self, l, tr, B, dummy1, dummy2):
@@ -357,11 +303,6 @@ class FusedStack:
         g = torch.zeros((B, N, 2), dtype=dt)
         gin = torch.zeros((B, H), dtype=dt)
         dummy4 = ev[:1, :1, :1, :1] if ev.numel() else torch.zeros((1, 1, 1, 1), dtype=dt)
-        mb = self.mbufs.get(l)  # the deferred matrix-trace steps' inputs; kept across rebinds
-        shapes = ((MAT_DEFER, N, B, 4), (MAT_DEFER, B, N, 2), (MAT_DEFER, B, H), (MAT_DEFER, B, N))
-        if mb is None or tuple(t.shape for t in mb[:4]) != shapes or mb[0].dtype != dt:
-            mb = self.mbufs[l] = tuple(torch.zeros(sh, dtype=dt) for sh in shapes) + (np.zeros(MAT_DEFER, np.bool_),)
-        Jcs, gsb, xsb, zsb, use_gs = mb
         fargs = (_np(st.v), _np(st.a), pv.numpy(), pa.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(),
                  k["bias"] is not None, Rt.numpy(), k["Rt"] is not None, alpha.numpy(), rho.numpy(), omr.numpy(),
                  bb.numpy(), beta.numpy(), sur, p1, p2, cur.numpy(), z.numpy())
@@ -372,11 +313,7 @@ class FusedStack:
                  dummy4.numpy() if mats[0] is None else mats[0].numpy(),
                  dummy4.numpy() if mats[1] is None else mats[1].numpy(), mats[0] is not None, mats[1] is not None,
                  Gv.numpy(), dummy2 if Gw is None else Gw.numpy(), dummy2 if Gr is None else Gr.numpy(),
-                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset),
-                 Jcs.numpy(), gsb.numpy(), xsb.numpy(), zsb.numpy(), use_gs)
-        if mats[0] is not None or mats[1] is not None:
-            self.mats.append((bargs[23], bargs[24], bargs[25], bargs[26], xsb.numpy(), zsb.numpy(), Jcs.numpy(),
-                              gsb.numpy(), use_gs, bargs[28], bargs[29]))  # the arguments of _alif_mats
+                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset))
         keep = (st, pv, pa, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, rho, omr, bb, beta, g, gin, ev, mats, Gv, Gw, Gr,
                 acc_b, acc_beta, cn, Rd, dummy4)
         return _alif_fwd, fargs, _alif_bwd, bargs, 14, keep
@@ -421,7 +358,7 @@ class FusedStack:
                  acc_thr is not None, gp.numpy(), gin.numpy(), l > 0, pv.numpy(), psi.numpy(), zp.numpy(),
                  cn.numpy(), cols, ev.numpy(), has_w, has_r, Gv.numpy(),
                  dummy1 if Rd is None else Rd.numpy(), Rd is not None, mode, bool(c.detach_reset),
-                 *(t.numpy() for t in lb), co.numpy())
+                 *(t.numpy() for t in lb), co.numpy(), self.lslot)
         keep = (st, pv, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, thr, gin, ev, mats, Gv, Gw, Gr, acc_thr, cn,
                 Rd, lb, co)
         return _lif_fwd, fargs, _lif_bwd, bargs, 9, keep
@@ -433,11 +370,8 @@ class FusedStack:
     def bind(self):
         lr_ = self.learner
         dt = self.dtype
-        self.flush_rows()  # into the accumulators bound so far
-        self.flush_mats()  # into the traces bound so far
+        self.flush_lif()  # into the traces bound so far
         restore_lif, self.restore_lif = self.restore_lif, None  # taken first: binding reads the traces
-        self.rows = []
-        self.mats = []
         self.lmats = []
         self.layers = self.fwd_args = self.bwd_args = None  # the old bindings' buffers go first
         states = lr_.states
@@ -463,22 +397,11 @@ class FusedStack:
         self.ystate = states[-1]
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
-        # the step-buffer slot each layer's backward takes: the LRU's C rows, the ALIF's matrix traces
-        self.slot_kind = [{"lru": 0, "alif": 1, "lif": 2}[compiled_tag(tr)] for tr in lr_.tracers[:-1]]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         if self.gy is None or self.gy.shape != self.ystate[0].shape:
             self.gy = torch.empty_like(self.ystate[0])
         self.gen = lr_._gen
-        if self.restore is not None:  # rows of a checkpoint (state_tensors), not yet added
-            saved, self.restore = self.restore, None
-            if len(saved) != len(self.rows):
-                raise ValueError(f"OnlineLearner checkpoint: {len(saved)} deferred C-gradient buffers, this "
-                                 f"stack has {len(self.rows)}")
-            for (_, _, *bufs), got in zip(self.rows, saved):
-                for buf, t in zip(bufs, got):
-                    buf[: t.shape[0]].copy_(t)
-                self.fill = got[0].shape[0]
         if restore_lif is not None:  # deferred LIF steps of a checkpoint (saved_lif), not yet applied
             saved, any_g = restore_lif
             if len(saved) != len(self.lmats):
@@ -516,13 +439,12 @@ class FusedStack:
                                                     *self.ro_bwd[1:], self.gh_np), dtype=self.dtype)
             y_t = self.ystate[0].clone()
             gcur = self.gh_np
-            slots = (self.fill, self.mfill, self.lfill)
+            self.lslot[0] = self.lfill
             for l in range(len(self.layers) - 1, -1, -1):
                 f, ba, gi = self.bwd_args[l]
-                f(gcur, True, ins[l], slots[self.slot_kind[l]], *ba)
+                f(gcur, True, ins[l], *ba)
                 gcur = ba[gi]
-            self._row_written()
-            self._mats_written(True)
+            self._lif_written(True)
             return y_t, loss
         _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
@@ -551,29 +473,17 @@ class FusedStack:
             gcur = self.gh_np
         else:
             gcur = self.ro_args[0][:0]  # unused
-        slots = (self.fill, self.mfill, self.lfill)
+        self.lslot[0] = self.lfill
         for l in range(len(self.layers) - 1, -1, -1):
             f, ba, gi = self.bwd_args[l]
-            f(gcur, use_g, ins[l], slots[self.slot_kind[l]], *ba)
+            f(gcur, use_g, ins[l], *ba)
             gcur = ba[gi]  # the error reaching the layer's input
-        if use_g:
-            self._row_written()
-        self._mats_written(use_g)
+        self._lif_written(use_g)
         return y_t, loss
 
-    def _mats_written(self, use_g: bool):
-        if self.mats:
-            self.mfill += 1
-            if self.mfill == MAT_DEFER:  # the backward calls of this step applied them
-                self.mfill = 0
+    def _lif_written(self, use_g: bool):
         if self.lmats:
             self.lfill += 1
             self.lany = self.lany or use_g
             if self.lfill == LIF_DEFER:
                 self.flush_lif()
-
-    def _row_written(self):
-        if self.rows:
-            self.fill += 1
-            if self.fill == DEFER:
-                self.flush_rows()

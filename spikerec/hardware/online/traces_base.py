@@ -167,9 +167,6 @@ class LayerTrace:
                     out.append((base, name, M))
         return out
 
-    def stack_state(self, state) -> torch.Tensor:
-        return torch.stack(tuple(state), dim=-1)
-
 
 class GenericTrace(LayerTrace):
     """A layer without eligibility traces: advanced with live parameters from the detached
@@ -476,19 +473,3 @@ def _reverse_filter(J, G):
             for j in range(k):
                 o.addcmul_(E[j][i][t + 1], out[j][t + 1])
     return GH.movedim(0, -1)
-
-
-def ref_dtype(P: Partials):
-    for v in P.vec.values():
-        return v.dtype
-    for c, _ in P.mat.values():
-        return c.dtype
-    return torch.get_default_dtype()
-
-
-def ref_device(P: Partials):
-    for v in P.vec.values():
-        return v.device
-    for c, _ in P.mat.values():
-        return c.device
-    return None

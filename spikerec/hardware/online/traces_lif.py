@@ -23,6 +23,7 @@ from ...kernels.lif_sequence_numba import RESET_CODES, surrogate_code
 from ...layers.alif import ALIFState
 from ...layers.readout import ReadoutState
 from ... import neurons
+from ...neurons import alif as _alif
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
 from ...kernels import lif_online
@@ -384,18 +385,10 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
         }
 
     def step(self, x, prev):
-        k = self.consts(x.dtype)
-        b, beta, rho = k["b"], k["beta"], k["rho_s"]
-        zp = heaviside(prev.v - (b + beta * prev.a))
-        a = rho * prev.a + k["one_m_rho_s"] * zp
-        theta = b + beta * a
-        I = x @ k["Wt"]
-        if k["bias"] is not None:
-            I = I + k["bias"]
-        if k["Rt"] is not None:
-            I = I + zp @ k["Rt"]
-        v = k["alpha_s"] * prev.v + I - theta * zp
-        return ALIFState(v, a)
+        """The neuron's one step (:func:`spikerec.neurons.alif.step`) with detached parameters."""
+        c = self.cell
+        p = type(c.params())(*(None if v is None else v.detach() for v in c.params()))
+        return _alif.step(p, prev, x, c.options())[1]
 
     def scan_block(self, x, state, with_new: bool = False, with_out: bool = False):
         """The states before each of the K steps of ``x [K, B, C]`` (``[K*B, N]`` fields) and the

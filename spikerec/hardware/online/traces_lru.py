@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ...kernels import scan_numba
+from ...neurons import lru as _lru
 from ...scan import linear_scan
 from ...kernels.lru_online import (lru_block_scan_numba, lru_block_traces_numba, lru_matrix_carry_numba,
                                    lru_reverse_filter_numba, lru_trace_step_numba)
@@ -105,32 +106,14 @@ class LRUTrace(LayerTrace):
         return out
 
     def step(self, x, prev):
-        k = self.consts(x.dtype)
-        lr, li, N = k["lr"], k["li"], k["N"]
-        u = k["gam2"] * (x @ k["Bt"])
-        u_re, u_im = u[:, :N], u[:, N:]
-        h_re = lr * prev.x_re - li * prev.x_im + u_re
-        h_im = lr * prev.x_im + li * prev.x_re + u_im
-        return type(prev)(h_re, h_im)
-
-    def scan_states(self, x, state):
-        """:meth:`step` over a block with the input projection done once for all K steps."""
-        k = self.consts(x.dtype)
-        lr, li, N = k["lr"], k["li"], k["N"]
-        u = k["gam2"] * (x @ k["Bt"])
-        u_re, u_im = u[..., :N].unbind(0), u[..., N:].unbind(0)
-        prevs = []
-        for t in range(x.shape[0]):
-            prevs.append(state)
-            h_re = lr * state.x_re - li * state.x_im + u_re[t]
-            h_im = lr * state.x_im + li * state.x_re + u_im[t]
-            state = type(state)(h_re, h_im)
-        return prevs, state
+        """The neuron's one step (:func:`spikerec.neurons.lru.step`) with detached parameters."""
+        p = type(self.cell.params())(*(v.detach() for v in self.cell.params()))
+        return _lru.step(p, prev, x)[1]
 
     def scan_block(self, x, state, with_new: bool = False, with_out: bool = False):
         """The states before each of the K steps of ``x [K, B, H]`` as one state with ``[K*B, N]``
         fields, and the final state, by the parallel scan of ``h_t = lam h_{t-1} + gamma B x_t``
-        (:func:`spikerec.scan.linear_scan`): the same values as :meth:`scan_states`. With
+        (:func:`spikerec.scan.linear_scan`): the same values as a loop of :meth:`step`. With
         ``with_new``, also the states after each step (``[K*B, N]`` fields; what :meth:`step`
         gives from the previous ones, here without a second input projection); ``with_out`` adds
         ``None`` (the output map ``y = C h + D u`` is the caller's)."""
