@@ -24,7 +24,7 @@ from .trace_numba import as_numpy
 __all__ = ["lif_block_workspace", "lif_block_mat_numba", "lif_spatial_numba", "lif_partials_numba", "lif_step_numba"]
 
 if _HAVE_NUMBA:
-    from .surrogate_numba import sd_consts, sd_typed
+    from .surrogate_numba import atan_d, fast_sigmoid_d, sd_consts, sd_typed
     from .trace_numba import _chunk1
 
 
@@ -109,9 +109,14 @@ if _HAVE_NUMBA:
         thr = cn[2]
         alpha = cn[0]
         dal = cn[1]
-        for i in range(R):
-            for n in range(N):
-                psi[i, n] = sd_typed(v2[i, n] - thr[n], sur, sg1, sg2, one)
+        if sur == 1:  # one loop per formula (a branch inside the loop keeps it scalar)
+            for i in range(R):
+                for n in range(N):
+                    psi[i, n] = fast_sigmoid_d(v2[i, n] - thr[n], sg1, sg2, one)
+        else:
+            for i in range(R):
+                for n in range(N):
+                    psi[i, n] = atan_d(v2[i, n] - thr[n], sg1, sg2, one)
         for i in range(R):
             for n in range(N):
                 v0 = v2[i, n]

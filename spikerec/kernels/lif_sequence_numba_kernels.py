@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from .lif_sequence_numba import BLOCK  # neurons per parallel work item (contiguous in memory)
-from .surrogate_numba import sd_fn
+from .surrogate_numba import atan_d, fast_sigmoid_d, sd_consts
 
 
 @njit(cache=True, nogil=True)
@@ -85,6 +85,7 @@ def bwd(gZ, SD, sur_code, p1, p2, sd0, V, v0, z0, i0, Iseq, alpha, alpha_s, thr,
         DJ, gv0, gi0, g_alpha, g_alpha_s, g_thr):  # pragma: no cover - compiled
     T, M = V.shape
     nblk = (M + BLOCK - 1) // BLOCK
+    c1, c2 = sd_consts(sur_code, p1, p2)  # the surrogate's constants (float64, as the sums)
     for k in prange(nblk):
         lo = k * BLOCK
         hi = min(M, lo + BLOCK)
@@ -107,8 +108,12 @@ def bwd(gZ, SD, sur_code, p1, p2, sd0, V, v0, z0, i0, Iseq, alpha, alpha_s, thr,
                 SDt = SD[t, lo:hi]
             else:
                 SDt = sdbuf
-                for m in range(n):
-                    sdbuf[m] = sd_fn(Vt[m] - th[m], sur_code, p1, p2)
+                if sur_code == 1:  # one loop per formula (a branch inside the loop keeps it scalar)
+                    for m in range(n):
+                        sdbuf[m] = fast_sigmoid_d(Vt[m] - th[m], c1, c2, 1.0)
+                else:
+                    for m in range(n):
+                        sdbuf[m] = atan_d(Vt[m] - th[m], c1, c2, 1.0)
             DJt = DJ[t, lo:hi]
             Zp = zbuf  # z_{t-1}, recomputed exactly from the saved membrane
             if t > 0:

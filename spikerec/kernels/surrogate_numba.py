@@ -45,10 +45,3 @@ def sd_typed(x, code, c1, c2, one):  # pragma: no cover - compiled
     if code == 1:
         return fast_sigmoid_d(x, c1, c2, one)
     return atan_d(x, c1, c2, one)
-
-
-@njit(cache=True, nogil=True)
-def sd_fn(x, code, p1, p2):  # pragma: no cover - compiled
-    """:func:`sd_typed` in float64 from slope ``p1`` and scale ``p2`` (the model kernels)."""
-    c1, c2 = sd_consts(code, p1, p2)
-    return sd_typed(x, code, c1, c2, 1.0)
