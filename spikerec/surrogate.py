@@ -108,7 +108,7 @@ class Surrogate:
     def compiled_form(self) -> tuple[int, float, float] | None:
         """``(code, p, scale)`` of this surrogate's compiled form: the derivative formula compiled
         kernels evaluate inline, ``code`` one of :data:`COMPILED_CODES` and ``p`` its slope or width
-        (the numba kernels have codes 1-2, :func:`spikerec.kernels.lif_sequence_numba_kernels.sd_consts`;
+        (the numba kernels have codes 1-2, :func:`spikerec.kernels.surrogate_numba.sd_consts`;
         the Triton kernels 1-6, :mod:`spikerec.kernels.surrogate_triton`; each tested equal to
         :meth:`derivative`), or ``None``: the compiled paths then take :meth:`derivative` in torch."""
         return None

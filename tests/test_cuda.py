@@ -15,7 +15,7 @@ def _gen():
 @pytest.mark.parametrize("k,bcast,ng", [(1, False, 1), (2, False, 1), (2, True, 2), (2, False, 0)])
 def test_mat_trace_kernel_float64_on_cuda(k, bcast, ng):
     pytest.importorskip("triton")
-    from spikerec.hardware.online.triton_kernels import mat_trace_step, mat_trace_step_torch
+    from spikerec.kernels.trace_triton import mat_trace_step, mat_trace_step_torch
 
     g = _gen()
     B, N, H = 5, 37, 70  # not multiples of the tiles: the masks are exercised

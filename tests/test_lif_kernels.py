@@ -68,11 +68,12 @@ def test_compiled_surrogate_formulas_match(name):
     assert code in (1, 2) and (p1, p2) == (3.0, 0.7)
     if not nb.available():
         pytest.skip("numba not installed")
-    from spikerec.kernels.lif_sequence_numba_kernels import sd_fn
+    from spikerec.kernels.surrogate_numba import sd_consts, sd_typed
 
     x = torch.randn(1000, dtype=F64) * 2
     ref = get_surrogate(name, slope=3.0, scale=0.7).derivative(x)
-    got = torch.tensor([sd_fn(float(v), code, p1, p2) for v in x], dtype=F64)
+    c1, c2 = sd_consts(code, p1, p2)
+    got = torch.tensor([sd_typed(float(v), code, c1, c2, 1.0) for v in x], dtype=F64)
     torch.testing.assert_close(got, ref, rtol=1e-13, atol=1e-15)
     assert nb.surrogate_code(get_surrogate("triangle"))[0] == 0
 
@@ -100,7 +101,7 @@ def test_compiled_surrogate_in_float32_matches_torch_float32(name):
         pytest.skip("numba not installed")
     import numpy as np
 
-    from spikerec.kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
+    from spikerec.kernels.surrogate_numba import sd_consts, sd_typed
 
     sur = get_surrogate(name, slope=3.0, scale=0.7)
     code, p1, p2 = nb.surrogate_code(sur)

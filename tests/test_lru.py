@@ -260,3 +260,25 @@ def test_param_groups_and_schedule():
     assert all(a >= b for a, b in zip(second, second[1:]))
     with pytest.raises(ValueError):
         lru_param_groups(m, lr=-1.0)
+
+
+@pytest.mark.parametrize("gamma", ["learned", "none"])
+def test_complex_diagonal_rnn_equals_the_lru_layer(gamma):
+    """The teacher-student ablation's complex diagonal RNN under the ``exp`` parametrisation (a
+    registered backend of the LRU kind) equals the LRU layer with the same parameters (``gamma =
+    1`` where it has none), float64, fresh random parameters and inputs."""
+    from spikerec.analysis.teacher_student import ComplexDiagonalRNN
+    from spikerec import neurons
+
+    seed = int(torch.randint(0, 10_000, ()))
+    net = ComplexDiagonalRNN(6, r_min=0.4, r_max=0.95, param="exp", gamma=gamma, d_in=3, d_out=2, seed=seed).double()
+    lru = LRU(3, 6, output_size=2).double()
+    with torch.no_grad():
+        for n in ("nu_log", "theta_log", "B_re", "B_im", "C_re", "C_im", "D"):
+            getattr(lru, n).copy_(getattr(net, n))
+        lru.gamma_log.copy_(net.gamma_log if net.gamma_log is not None else torch.zeros(6))
+    x = torch.randn(17, 4, 3, dtype=torch.float64)
+    y_ref, _ = lru(x)
+    assert torch.allclose(net(x), y_ref, rtol=1e-12, atol=1e-12)
+    assert float(y_ref.abs().sum()) > 0
+    assert "analysis.teacher_student.ComplexDiagonalRNN.forward (param='exp')" in neurons.backends_of("lru")

@@ -99,7 +99,7 @@ def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
                                          ("full", ("gamma_log",))])
 def test_lru_compiled_block_equals_its_torch_form(rule, frozen, monkeypatch):
     """LRU layers in chunked mode: the compiled block scan and the reverse filter, block sums and
-    per-neuron traces in one compiled call (numba_kernels.lru_block_scan_numba /
+    per-neuron traces in one compiled call (kernels.?.lru_block_scan_numba /
     lru_block_traces_numba) equal the torch form (complex scans and sums), traces and gradients,
     with a per-sample reset and steps without a loss."""
     from spikerec.hardware.online import traces_lru
@@ -130,10 +130,10 @@ def test_lru_compiled_block_equals_its_torch_form(rule, frozen, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_lru_compiled_reverse_filter_equals_the_reverse_scan(dtype):
     """The LRU's compiled reverse filter ``gh_k = g_k + conj(lam) gh_{k+1}`` on (Re, Im) pairs
-    (numba_kernels.lru_reverse_filter_numba) equals the flipped complex linear scan on fresh
+    (kernels.lru_online.lru_reverse_filter_numba) equals the flipped complex linear scan on fresh
     random inputs (float64 to 1e-12; float32 to its rounding)."""
     pytest.importorskip("numba")
-    from spikerec.hardware.online.numba_kernels import lru_reverse_filter_numba
+    from spikerec.kernels.lru_online import lru_reverse_filter_numba
     from spikerec.scan import linear_scan
 
     g = torch.Generator().manual_seed(7)
@@ -194,7 +194,7 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
     T, B = 17, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     resets = [(6, torch.tensor([True, False, True]))]
-    from spikerec.hardware.online import numba_kernels, traces_lif
+    from spikerec.hardware.online import traces_lif
 
     calls = []
     real = traces_lif.alif_block_numba
@@ -230,11 +230,11 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
 def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, recurrent, surrogate, rule, monkeypatch):
     """Plain LIF layers (learned time constants and thresholds, lateral weights with their
     self-connection) in chunked mode: the no-autograd block with the compiled per-neuron pass
-    (numba_kernels._lif_block_vec) equals the autograd block and the reference stream path, and the
+    (kernels.lif_online._lif_block_vec) equals the autograd block and the reference stream path, and the
     compiled stream path equals the reference one: outputs, losses, traces and gradients, with a
     per-sample reset and steps without a loss; the surrogate's derivative inside the kernel (fast
     sigmoid, arc-tangent), or the torch block for a surrogate without a compiled form (sigmoid)."""
-    from spikerec.hardware.online import numba_kernels
+    from spikerec.kernels import lif_online
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     kw = dict(tau_mem=5.0, threshold=0.4, reset=reset, detach_reset=detach, recurrent=recurrent,
@@ -248,8 +248,8 @@ def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, r
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
     resets = [(6, torch.tensor([True, False, True]))]
     calls = []
-    real = numba_kernels._lif_block_vec
-    monkeypatch.setattr(numba_kernels, "_lif_block_vec", lambda *a: calls.append(1) or real(*a))
+    real = lif_online._lif_block_vec
+    monkeypatch.setattr(lif_online, "_lif_block_vec", lambda *a: calls.append(1) or real(*a))
     y1, l1, tr1, g1 = run_steps(model, x, tgt, closed=True, resets=resets, rule=rule)
     # the compiled per-neuron pass runs exactly under the J-rule, with a surrogate that has a compiled form
     assert bool(calls) == (rule == "full" and surrogate != "sigmoid")

@@ -77,3 +77,144 @@ def test_trace_state_update_equals_the_neuron_step(kind, kw):
     got = tr.step(x, prev)
     for a, b in zip(got, ref):
         assert torch.equal(a, b.detach()) or torch.allclose(a, b.detach(), rtol=1e-14, atol=1e-14)
+
+
+COMPILED_CASES = (
+    [("lif", dict(reset=r, detach_reset=d, recurrent=rec, learn_threshold=True,
+                  surrogate=SURR if rec else {"name": "atan", "slope": 2.0, "scale": 0.7}))
+     for r in ("subtract", "zero", "none") for d in (False, True) for rec in (False, True)]
+    + [("alif", dict(detach_reset=d, recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5,
+                     surrogate=SURR if d else {"name": "atan", "slope": 2.0, "scale": 0.7}))
+       for d in (False, True) for rec in (False, True)])
+
+
+@pytest.mark.parametrize("kind,kw", COMPILED_CASES)
+def test_compiled_partials_equal_derived_ones(kind, kw):
+    """The compiled (numba) partials of the online paths, registered backends of the neuron kinds,
+    equal the ones derived with ``torch.func.jvp`` over ``spikerec.neurons.<kind>.step`` (float64,
+    fresh random states and per-neuron parameters, every reset mode, with and without the reset's
+    gradient, with a lateral self-connection: the recurrent weights are made diagonal, where the
+    layer's partials are exact)."""
+    pytest.importorskip("numba")
+    from spikerec.kernels.alif_online import alif_partials_numba
+    from spikerec.kernels.lif_online import lif_partials_numba
+    from spikerec.surrogate import heaviside
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    B, H, N = 5, 4, 6
+    cls, mod = MODULE[kind]
+    cell = cls(H, N, tau_mem=5.0, zero_diagonal=False, **kw)
+    with torch.no_grad():
+        for n, p in cell.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+        if cell.recurrent_weight is not None:
+            cell.recurrent_weight.copy_(torch.diag(torch.randn(N)))
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    x, prev = torch.rand(B, H) * 2, random_state(cell, B)
+    names, cols, cn, Rd = tr.fused_setup(torch.float64)
+    assert (Rd is not None) == kw["recurrent"]
+    if kind == "lif":
+        J, imm = lif_partials_numba(prev.v, tr._block_plan(torch.float64, 1, B)["consts"])
+        J, imm = J[..., None, None], [i[..., None] for i in imm]
+    else:
+        u = prev.v - (cn[5] + cn[6] * prev.a)
+        J, ev = alif_partials_numba(prev.v, prev.a, cell.surrogate.derivative(u), heaviside(u), cn, cols, Rd,
+                                    cell.detach_reset)
+        imm = list(ev.unbind(-1))
+    Jd, vec = derived_partials(lambda p, s, x_: mod.step(p, s, x_, cell.options())[1], cell.params(), prev, x,
+                               tuple(names))
+    assert torch.allclose(J, Jd, rtol=1e-12, atol=1e-12)
+    assert float(Jd.abs().sum()) > 0
+    expected = {"lif": {"log_tau_mem", "threshold", "bias"}, "alif": {"log_tau_mem", "log_tau_adapt", "b", "beta",
+                                                                      "bias"}}[kind]
+    assert expected <= set(names) <= set(vec), (names, sorted(vec))
+    for name, got in zip(names, imm):
+        assert torch.allclose(got, vec[name], rtol=1e-12, atol=1e-12), name
+    assert any(b.name.startswith("kernels.") for b in neurons.backends_of(kind).values())
+
+
+def test_compiled_lru_trace_step_equals_derived_partials():
+    """The compiled LRU trace step (a registered backend of the kind) from zero traces holds the
+    immediate partials of ``spikerec.neurons.lru.step`` derived with ``torch.func.jvp`` (float64,
+    fresh random states and parameters), the input matrix's trace ``gamma x`` and the contraction
+    ``G += sum_b g . eps``."""
+    pytest.importorskip("numba")
+    from spikerec.kernels.lru_online import lru_trace_step_numba
+    from spikerec.layers import LRU
+    from spikerec.neurons import lru as _lru
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    B, H, N = 5, 4, 6
+    cell = LRU(H, N)
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    x, prev = torch.randn(B, H), random_state(cell, B)
+    new = _lru.step(cell.params(), prev, x)[1]
+    cols, names, wnu, wth, lam, gam = tr.fused_setup(torch.float64)
+    assert set(names) == {"nu_log", "theta_log", "gamma_log"}
+    ev = torch.zeros(B, N, 2, len(names))
+    em = torch.zeros(N, B, 2, H)
+    g = torch.randn(B, N, 2)
+    G_vec = [torch.zeros(N) for _ in range(3)]
+    G_bre, G_bim = torch.zeros(N, H), torch.zeros(N, H)
+    lru_trace_step_numba(prev, _lru.LRUState(*(f.detach().contiguous() for f in new)), x, g, lam, gam, wnu, wth,
+                         cols, ev, em, G_vec, G_bre, G_bim)
+    _, vec = derived_partials(lambda p, s, x_: _lru.step(p, s, x_)[1], cell.params(), prev, x, tuple(names))
+    for j, name in enumerate(names):
+        assert torch.allclose(ev[..., j], vec[name], rtol=1e-12, atol=1e-12), name
+        k = ("nu_log", "theta_log", "gamma_log").index(name)
+        assert torch.allclose(G_vec[k], (g * vec[name]).sum((0, 2)), rtol=1e-12, atol=1e-12), name
+    assert torch.allclose(em[:, :, 0], gam.detach()[:, None, None] * x[None], rtol=1e-14, atol=1e-14)
+    assert torch.equal(em[:, :, 1], torch.zeros(N, B, H))
+    assert torch.allclose(G_bre, torch.einsum("bn,nbh->nh", g[..., 0], em[:, :, 0]), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(G_bim, torch.einsum("bn,nbh->nh", g[..., 1], em[:, :, 0]), rtol=1e-12, atol=1e-12)
+    assert "kernels.lru_online (compiled trace step of online learning)" in neurons.backends_of("lru")
+
+
+FORWARD_CASES = (
+    [("lif", dict(reset=r, recurrent=rec, surrogate=SURR)) for r in ("subtract", "zero", "none") for rec in (False, True)]
+    + [("alif", dict(recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5, surrogate=SURR)) for rec in (False, True)]
+    + [("lru", dict(dense_skip=d)) for d in (False, True)] + [("readout", dict(bias=b)) for b in (False, True)])
+
+
+@pytest.mark.parametrize("kind,kw", FORWARD_CASES)
+def test_compiled_forward_steps_equal_the_neuron_steps(kind, kw):
+    """The compiled forward steps of the whole-stack stream step (registered backends of the
+    kinds) equal ``spikerec.neurons.<kind>.step`` (float64, fresh random states, inputs and
+    per-neuron parameters; every reset mode; lateral weights; an LRU with a diagonal and a dense
+    skip)."""
+    pytest.importorskip("numba")
+    from spikerec.kernels.alif_online import alif_step_numba
+    from spikerec.kernels.lif_online import lif_step_numba
+    from spikerec.kernels.lru_online import lru_step_numba
+    from spikerec.kernels.readout_online import readout_step_numba
+    from spikerec.layers import LRU
+    from spikerec.neurons import lru as _lru
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    B, H, N = 5, 4, 6
+    if kind == "lru":
+        cell, mod, fn = LRU(H, N, output_size=3 if kw["dense_skip"] else H), _lru, lru_step_numba
+        if kw["dense_skip"]:
+            assert cell.D.dim() == 2
+    elif kind == "readout":
+        cell, mod, fn = LeakyReadout(H, N, **kw), _readout, readout_step_numba
+    else:
+        cls, mod = MODULE[kind]
+        cell, fn = cls(H, N, tau_mem=5.0, zero_diagonal=False, **kw), {"lif": lif_step_numba, "alif": alif_step_numba}[kind]
+    with torch.no_grad():
+        for n, p in cell.named_parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x, prev = torch.rand(B, H) * 2, random_state(cell, B)
+    opts = cell.options() if hasattr(cell, "options") else None
+    out, new = fn(cell.params(), prev, x, opts)
+    ref_out, ref_new = mod.step(cell.params(), prev, x, opts)
+    for a, b in zip(new, ref_new):
+        assert torch.allclose(a, b.detach(), rtol=1e-13, atol=1e-13)
+    if kind in ("lru", "readout"):
+        assert torch.allclose(out, ref_out.detach(), rtol=1e-13, atol=1e-13)
+    else:
+        assert torch.equal(out, ref_out.detach()) and 0 < float(out.sum()) < out.numel()
+    assert any(b.fn is fn for b in neurons.backends_of(kind).values())

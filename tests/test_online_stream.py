@@ -374,8 +374,7 @@ def test_load_stream_errors(tmp_path):
 @pytest.mark.parametrize("k,bj,two", [(1, 3, False), (2, 1, True), (2, 3, False)])
 def test_numba_kernel_matches_torch_reference(k, bj, two):
     pytest.importorskip("numba")
-    from spikerec.hardware.online.numba_kernels import mat_trace_step_numba
-    from spikerec.hardware.online.triton_kernels import mat_trace_step_torch
+    from spikerec.kernels.trace_numba import mat_trace_step_numba, mat_trace_step_torch
 
     B, N, H = 3, 5, 7
     for dtype in (torch.float64, torch.float32):

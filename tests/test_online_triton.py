@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     import torch
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)
-    from spikerec.hardware.online.triton_kernels import mat_trace_step, mat_trace_step_torch, triton_available
+    from spikerec.kernels.trace_triton import mat_trace_step, mat_trace_step_torch, triton_available
     from spikerec.hardware.online.traces_base import advance_and_contract
     assert triton_available(torch.zeros(1))
     g = torch.Generator().manual_seed(int(os.environ.get("SEED", "0")))
@@ -76,7 +76,7 @@ def test_triton_kernel_matches_torch_under_interpreter():
 
 @pytest.mark.gpu
 def test_triton_kernel_on_cuda_matches_fp64_reference():
-    from spikerec.hardware.online.triton_kernels import mat_trace_step, mat_trace_step_torch
+    from spikerec.kernels.trace_triton import mat_trace_step, mat_trace_step_torch
 
     B, N, k, H = 8, 64, 2, 128
     eps = torch.randn(N, B, k, H, device="cuda")

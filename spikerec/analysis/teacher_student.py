@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import neurons
 from ..scan import linear_scan
 
 __all__ = ["eigen_init", "LinearTeacher", "DenseLinearRNN", "ComplexDiagonalRNN", "train_student"]
@@ -142,6 +143,11 @@ class ComplexDiagonalRNN(nn.Module):
         h = linear_scan(lam.expand_as(u), u)
         C = torch.complex(self.C_re, self.C_im)
         return (h @ C.t()).real + x @ self.D.t()
+
+
+neurons.register_backend("lru", "analysis.teacher_student.ComplexDiagonalRNN.forward (param='exp')",
+                         ComplexDiagonalRNN.forward,
+                         test="tests/test_lru.py::test_complex_diagonal_rnn_equals_the_lru_layer")
 
 
 def train_student(student: nn.Module, teacher: LinearTeacher, *, steps: int = 1000, lr: float = 1e-3,

@@ -271,8 +271,8 @@ def trace_kernel(device: str, N: int, B: int, H: int, k: int = 2, repeat: int = 
     a warm-up; GB/s counts the trace's bytes read plus written."""
     import torch
 
-    from spikerec.hardware.online.numba_kernels import mat_trace_step_numba
-    from spikerec.hardware.online.triton_kernels import mat_trace_step, mat_trace_step_torch
+    from spikerec.kernels.trace_numba import mat_trace_step_numba, mat_trace_step_torch
+    from spikerec.kernels.trace_triton import mat_trace_step
 
     g = torch.Generator().manual_seed(2)
     r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731

@@ -7,6 +7,11 @@
   the Triton kernels of both loops on CUDA, with ``surrogate_triton``, the surrogates' Triton forms;
 * ``scan_triton`` (CUDA; on the CPU under ``TRITON_INTERPRET=1`` for tests) and ``scan_numba``
   (compiled CPU) for :func:`spikerec.scan.linear_scan`.
+* ``surrogate_numba``: the compiled CPU forms of the surrogate derivatives, one per formula, called by
+  every numba kernel that needs one;
+* ``lif_online``, ``alif_online``, ``lru_online``: the compiled CPU kernels of exact online learning
+  per kind (trace steps, chunked blocks, spatial backwards), with ``trace_numba`` (the matrix
+  eligibility trace and the one-state block, shared by the kinds) and ``trace_triton`` (its Triton form).
 
 Each has a plain-torch twin (the fallback when numba, Triton or CUDA is missing) and tests that
 compare them on fresh random inputs. numba and Triton are imported on first use only.

@@ -9,7 +9,7 @@ layer, and runs a feed-forward layer in one call. Compiled on first call, cached
 import numpy as np
 from numba import njit
 
-from .lif_sequence_numba_kernels import sd_fn
+from .surrogate_numba import atan_d, fast_sigmoid_d, sd_consts, sd_typed
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -78,6 +78,7 @@ def bwd_steps(gZ, SD, sur_code, p1, p2, V, A, Zb, v0, a0, z0, alpha, rho, b, bet
     T, B, N = V.shape
     one = np.ones(1, dtype=V.dtype)[0]
     sd = np.empty((B, N), dtype=V.dtype)
+    c1, c2 = sd_consts(sur_code, p1, p2)
     theta = np.empty((B, N), dtype=V.dtype)
     zprev = np.empty((B, N), dtype=V.dtype)
     ones = np.ones(N, dtype=V.dtype)
@@ -97,15 +98,14 @@ def bwd_steps(gZ, SD, sur_code, p1, p2, V, A, Zb, v0, a0, z0, alpha, rho, b, bet
                 zprev[j, n] = one if Zp[j, n] else one - one
         if sur_code == 0:
             sd[:, :] = SD[t]
-        elif sur_code == 1:  # FastSigmoid: scale / (1 + slope |x|)^2
+        elif sur_code == 1:  # one loop per formula (a branch inside the loop keeps it scalar)
             for j in range(B):
                 for n in range(N):
-                    d = one + p1 * abs(Vt[j, n] - theta[j, n])
-                    sd[j, n] = p2 / (d * d)
+                    sd[j, n] = fast_sigmoid_d(Vt[j, n] - theta[j, n], c1, c2, one)
         else:
             for j in range(B):
                 for n in range(N):
-                    sd[j, n] = sd_fn(Vt[j, n] - theta[j, n], sur_code, p1, p2)
+                    sd[j, n] = atan_d(Vt[j, n] - theta[j, n], c1, c2, one)
         for j in range(B):
             gvj, gaj, cj, sdj, thj, zpj = gv[j], ga[j], carry[j], sd[j], theta[j], zprev[j]
             Gj, gZj, Atj, Vpj, Apj = Gt[j], gZt[j], At[j], Vp[j], Ap[j]
@@ -137,7 +137,7 @@ def bwd_initial(SD0, sur_code, p1, p2, v0, a0, alpha, rho, b, beta, gv, ga, carr
     """The initial state's share (``z_{-1} = H(v0 - b - beta a0)`` receives ``carry``) and the
     per-neuron parameter gradients (sums over the batch, in float64)."""
     B, N = v0.shape
-    one = np.ones(1, dtype=v0.dtype)[0]
+    c1, c2 = sd_consts(sur_code, p1, p2)
     g_alpha[:] = 0.0
     g_rho[:] = 0.0
     g_b[:] = 0.0
@@ -147,11 +147,8 @@ def bwd_initial(SD0, sur_code, p1, p2, v0, a0, alpha, rho, b, beta, gv, ga, carr
             th0 = b[n] + beta[n] * a0[j, n]
             if sur_code == 0:
                 sd0 = SD0[j, n]
-            elif sur_code == 1:
-                d = one + p1 * abs(v0[j, n] - th0)
-                sd0 = p2 / (d * d)
             else:
-                sd0 = sd_fn(v0[j, n] - th0, sur_code, p1, p2)
+                sd0 = sd_typed(v0[j, n] - th0, sur_code, c1, c2, 1.0)
             gu0 = carry[j, n] * sd0
             gv0[j, n] = alpha[n] * gv[j, n] + gu0
             ga0[j, n] = rho[n] * ga[j, n] - beta[n] * gu0

@@ -3,12 +3,11 @@
 Forward and reverse loops of the feed-forward LIF recurrence; the equations are in
 :mod:`spikerec.kernels.lif_sequence`. Compiled on first call and cached on disk.
 """
-import math
-
 import numpy as np
 from numba import njit, prange
 
 from . import LIF_BLOCK as BLOCK  # neurons per parallel work item (contiguous in memory)
+from .surrogate_numba import atan_d, fast_sigmoid_d, sd_consts
 
 
 @njit(cache=True, nogil=True)
@@ -81,41 +80,12 @@ def fwd_serial(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT): 
         _fwd_block(I, v0, i0, alpha, alpha_s, thr, mode, syn, V, Zf, Iseq, vT, iT, lo, min(M, lo + BLOCK))
 
 
-@njit(cache=True, nogil=True)
-def sd_consts(code, p1, p2):  # pragma: no cover - compiled
-    """The constants ``(c1, c2)`` of :func:`sd_typed` for surrogate ``code`` with slope ``p1`` and
-    scale ``p2``: fast sigmoid ``(slope, scale)``, arc-tangent ``(pi/2 slope, scale slope / 2)``."""
-    if code == 1:
-        return p1, p2
-    return (math.pi / 2.0) * p1, p2 * (p1 / 2.0)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def sd_typed(x, code, c1, c2, one):  # pragma: no cover - compiled
-    """The surrogate derivative in the type of its arguments (``c1, c2`` from :func:`sd_consts`,
-    ``one`` = 1, all of ``x``'s type: float32 stays float32, so a loop over it vectorises):
-    fast sigmoid ``scale / (1 + slope |x|)^2``, arc-tangent ``scale (slope / 2) / (1 + (pi/2 slope
-    x)^2)``. Compiled with ``error_model="numpy"``: no division-by-zero branch (the denominators
-    are >= 1), so the compiler inlines it into a caller's loop and vectorises that."""
-    if code == 1:
-        d = one + c1 * abs(x)
-        return c2 / (d * d)
-    u = c1 * x
-    return c2 / (one + u * u)
-
-
-@njit(cache=True, nogil=True)
-def sd_fn(x, code, p1, p2):  # pragma: no cover - compiled
-    """:func:`sd_typed` in float64 from slope ``p1`` and scale ``p2`` (the model kernels)."""
-    c1, c2 = sd_consts(code, p1, p2)
-    return sd_typed(x, code, c1, c2, 1.0)
-
-
 @njit(parallel=True, cache=True, nogil=True)
 def bwd(gZ, SD, sur_code, p1, p2, sd0, V, v0, z0, i0, Iseq, alpha, alpha_s, thr, mode, syn, detach, gvT, giT,
         DJ, gv0, gi0, g_alpha, g_alpha_s, g_thr):  # pragma: no cover - compiled
     T, M = V.shape
     nblk = (M + BLOCK - 1) // BLOCK
+    c1, c2 = sd_consts(sur_code, p1, p2)  # the surrogate's constants (float64, as the sums)
     for k in prange(nblk):
         lo = k * BLOCK
         hi = min(M, lo + BLOCK)
@@ -138,13 +108,12 @@ def bwd(gZ, SD, sur_code, p1, p2, sd0, V, v0, z0, i0, Iseq, alpha, alpha_s, thr,
                 SDt = SD[t, lo:hi]
             else:
                 SDt = sdbuf
-                if sur_code == 1:
+                if sur_code == 1:  # one loop per formula (a branch inside the loop keeps it scalar)
                     for m in range(n):
-                        d = 1.0 + p1 * abs(Vt[m] - th[m])
-                        sdbuf[m] = p2 / (d * d)
+                        sdbuf[m] = fast_sigmoid_d(Vt[m] - th[m], c1, c2, 1.0)
                 else:
                     for m in range(n):
-                        sdbuf[m] = sd_fn(Vt[m] - th[m], sur_code, p1, p2)
+                        sdbuf[m] = atan_d(Vt[m] - th[m], c1, c2, 1.0)
             DJt = DJ[t, lo:hi]
             Zp = zbuf  # z_{t-1}, recomputed exactly from the saved membrane
             if t > 0:

@@ -19,16 +19,14 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   and backward in one compiled call); other losses use one autograd call on a leaf ``y_t``;
 * backward: the hand-written spatial backward of :mod:`.spatial` (readout: ``dW += gy^T h``,
   ``db += sum_b gy``, ``gh = gy W``; LRU: ``g_re = gy C_re``, ``g_im = -gy C_im``,
-  ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h`` (deferred: the rows are buffered for ``DEFER``
-  steps and added in one GEMM, :meth:`FusedStack.flush_rows`), ``dD += gy u``,
+  ``dC_re += gy^T Re h``, ``dC_im -= gy^T Im h``, ``dD += gy u``,
   ``gu = gy D + (gamma g_re) B_re + (gamma g_im) B_im``; ALIF: ``g_v = gz sigma'(v - theta)``,
   ``g_a = -beta g_v``, ``db -= sum g_v``, ``dbeta -= sum g_v a``, ``gx = g_v W``; LIF: ``g_v = gz
   sigma'(v - thr)``, ``dthr -= sum g_v``, ``gx = g_v W``) and, in the same
-  compiled call, the trace step of :func:`.numba_kernels.lru_trace_step_numba` (the RTRL
+  compiled call, the trace step of :func:`spikerec.kernels.lru_online.lru_trace_step_numba` (the RTRL
   recursions of :mod:`.traces_lru`, thesis Zucchet 2025, Sec. 4.3) or of
-  :func:`.numba_kernels.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
-  ``G += g . eps``; the ALIF layers' matrix traces are advanced every ``MAT_DEFER`` steps in one
-  pass (:meth:`FusedStack.flush_mats`, bit-identical to a pass per step); a LIF layer's trace step
+  :func:`spikerec.kernels.alif_online.alif_trace_step_numba` (:mod:`.traces_lif`) with its contraction
+  ``G += g . eps``; a LIF layer's trace step
   (the recursions of :func:`.traces_base.stream_step` on the partials of
   :meth:`.traces_lif.LIFTrace.partials`) runs in its backward call.
 
@@ -43,15 +41,14 @@ import torch
 
 from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
-from .numba_kernels import lif_block_mat_numba, lif_block_workspace, numba_available
+from ...kernels.lif_online import lif_block_mat_numba, lif_block_workspace
+from ...kernels.trace_numba import numba_available
 from .spatial import accumulator
 from .kinds import compiled_tag
 from .traces_base import _STACK
 
 __all__ = ["fused_supported", "FusedStack", "any_nan"]
 
-DEFER = 32  # steps of the LRU layers' C gradient buffered before one GEMM (FusedStack.flush_rows)
-MAT_DEFER = 8  # steps of the ALIF layers' matrix traces applied in one pass (FusedStack.flush_mats)
 LIF_DEFER = 64  # steps of the LIF layers' matrix traces applied in closed form at once (FusedStack.flush_lif)
 
 try:
@@ -59,365 +56,12 @@ try:
 except Exception:  # pragma: no cover - optional
     _nb = None
 
-# Reassociation lets LLVM vectorise the dot products (rounding differs from torch's by ~1 ulp per
-# sum; the same for every run, so checkpoints still resume bit-identically). No 'nnan'/'ninf'.
-_FM = {"reassoc", "contract", "nsz"}
-
 if _nb is not None:
-    from .numba_kernels import _chunk1, _lru_trace
-
-    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _mse(y, target, gy):  # pragma: no cover - compiled
-        """``gy = y - target`` and ``0.5 * sum gy^2`` (the package's MSE step loss, in place)."""
-        B, K = y.shape
-        total = 0.0
-        for b in range(B):
-            for k in range(K):
-                d = y[b, k] - target[b, k]
-                gy[b, k] = d
-                total += d * d
-        return 0.5 * total
-
-    @_nb.njit(cache=True, nogil=True)
-    def _any_nan(u):  # pragma: no cover - compiled
-        """Whether the 2-d array ``u`` holds a NaN (the stream step's input check, without a torch
-        reduction and its host round trip)."""
-        B, H = u.shape
-        for b in range(B):
-            for h in range(H):
-                if u[b, h] != u[b, h]:
-                    return True
-        return False
-
-    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _readout_mse(u, W, bias, has_b, y, target, gy, dW, db, has_w, has_db, gh):  # pragma: no cover - compiled
-        """The linear readout's forward, the package's MSE step loss with its gradient and the
-        readout's backward in one call (:func:`_linear_fwd`, :func:`_mse`, :func:`_linear_bwd`);
-        returns the loss."""
-        _linear_fwd(u, W, bias, has_b, y)
-        loss = _mse(y, target, gy)
-        _linear_bwd(gy, u, W, dW, db, has_w, has_db, gh)
-        return loss
-
-    @_nb.njit(cache=True, fastmath=_FM, nogil=True, inline="always")
-    def _skip_gemm(left, v, M, D, dvec, out):  # pragma: no cover - compiled
-        """``out = [left | v] M`` with the LRU's skip matrix ``D`` in the last rows of ``M`` (``v``
-        is copied into the last columns of ``left``); for a diagonal ``D [K, 1]``,
-        ``out = left M + v diag(D)``."""
-        B, W = left.shape
-        if not dvec:
-            off = W - v.shape[1]
-            for b in range(B):
-                for j in range(v.shape[1]):
-                    left[b, off + j] = v[b, j]
-        np.dot(left, M, out)
-        if dvec:
-            for b in range(B):
-                for k in range(out.shape[1]):
-                    out[b, k] += D[k, 0] * v[b, k]
-
-    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _lru_fwd(u, hr, hi, pr, pi, lr, li, Bg, Cs, D, dvec, w, hu, y):  # pragma: no cover - compiled
-        """One LRU step in place: ``w = u Bg`` (one GEMM, ``Bg = [gamma B_re^T | gamma B_im^T]``),
-        ``h = lam h + w`` on (Re, Im) pairs (the previous state kept in ``pr, pi``), then
-        ``y = [Re h | Im h | u] Cs`` (one GEMM, ``Cs = [C_re^T; -C_im^T; D^T]``; a diagonal ``D``
-        is added elementwise instead)."""
-        B = u.shape[0]
-        N = hr.shape[1]
-        np.dot(u, Bg, w)
-        for b in range(B):
-            for n in range(N):
-                p0, p1 = hr[b, n], hi[b, n]
-                pr[b, n] = p0
-                pi[b, n] = p1
-                a = (lr[n] * p0 - li[n] * p1) + w[b, n]
-                c = (lr[n] * p1 + li[n] * p0) + w[b, N + n]
-                hr[b, n] = a
-                hi[b, n] = c
-                hu[b, n] = a
-                hu[b, N + n] = c
-        _skip_gemm(hu, u, Cs, D, dvec, y)
-
-    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _linear_fwd(h, W, bias, has_b, y):  # pragma: no cover - compiled
-        B, H = h.shape
-        K = y.shape[1]
-        for b in range(B):
-            for k in range(K):
-                acc = y.dtype.type(0)  # of the arrays' dtype (a float64 literal would promote)
-                wk = W[k]
-                for j in range(H):
-                    acc += wk[j] * h[b, j]
-                if has_b:
-                    acc += bias[k]
-                y[b, k] = acc
-
-    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _linear_bwd(gy, h, W, dW, db, has_w, has_b, gh):  # pragma: no cover - compiled
-        B, H = h.shape
-        K = gy.shape[1]
-        for k in range(K):
-            for b in range(B):
-                q = gy[b, k]
-                if has_w:
-                    row = dW[k]
-                    for j in range(H):
-                        row[j] += q * h[b, j]
-                if has_b:
-                    db[k] += q
-        for b in range(B):
-            for j in range(H):
-                gh[b, j] = 0.0
-            for k in range(K):
-                q = gy[b, k]
-                wk = W[k]
-                for j in range(H):
-                    gh[b, j] += q * wk[j]
-
-    @_nb.njit(cache=True, fastmath=_FM, nogil=True)
-    def _lru_bwd(gy, use_g, u, slot, hr, hi, pr, pi, Cst, D, dvec, Bs, gam, lr, li, dD, has_d, t, a, g, gu, need_gu,
-                 wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga, G_bre, G_bim, has_bre, has_bim, rows, rGY, rHR,
-                 rHI):  # pragma: no cover - compiled
-        """An LRU layer's spatial backward, then its trace step (:func:`.numba_kernels._lru_trace`):
-        ``[g_re | g_im] = gy Cst`` (one GEMM, ``Cst = [C_re | -C_im]``), ``dD += gy u``,
-        ``gu = [gamma g_re | gamma g_im | gy] Bs`` (one GEMM, ``Bs = [B_re; B_im; D]``; a diagonal
-        ``D`` elementwise instead); the C gradient's rows are buffered (``FusedStack.flush_rows``)."""
-        B, H = u.shape
-        N = hr.shape[1]
-        K = gy.shape[1]
-        if use_g and rows:  # the rows of the deferred C gradient (FusedStack.flush_rows)
-            for b in range(B):
-                for k in range(K):
-                    rGY[slot, b, k] = gy[b, k]
-                for n in range(N):
-                    rHR[slot, b, n] = hr[b, n]
-                    rHI[slot, b, n] = hi[b, n]
-        if use_g:
-            np.dot(gy, Cst, t)
-            for b in range(B):
-                for n in range(N):
-                    g[b, n, 0] = t[b, n]
-                    g[b, n, 1] = t[b, N + n]
-            if has_d:
-                for k in range(K):
-                    for b in range(B):
-                        q = gy[b, k]
-                        if dvec:
-                            dD[k, 0] += q * u[b, k]
-                        else:
-                            row = dD[k]
-                            for h in range(H):
-                                row[h] += q * u[b, h]
-            if need_gu:
-                for b in range(B):
-                    for n in range(N):
-                        a[b, n] = gam[n] * t[b, n]
-                        a[b, N + n] = gam[n] * t[b, N + n]
-                _skip_gemm(a, gy, Bs, D, dvec, gu)
-        _lru_trace(pr, pi, hr, hi, u, g, use_g, lr, li, gam, wnu, wth, cols, ev, em, has_mat, G_nu, G_th, G_ga,
-                   G_bre, G_bim, has_bre, has_bim)
-
-
-if _nb is not None:
-    from ...kernels.lif_sequence_numba_kernels import sd_consts, sd_typed
-    from .numba_kernels import (_alif_spatial_error, _alif_vec_step, _lif_coefs, _lif_dthr, _lif_dtau, _lif_jac,
-                                _mat_nest_steps)
-
-    @_nb.njit(cache=True, nogil=True, error_model="numpy")
-    def _alif_fwd(x, v, a, pv, pa, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, rho, omr, bb, beta, sur,
-                  p1, p2, cur, z):  # pragma: no cover - compiled
-        """One ALIF step in place (the equations of :meth:`.traces_lif.ALIFTrace.step`): keeps the
-        previous state in ``pv, pa``, the previous spikes in ``zp`` and their surrogate derivative
-        in ``psi`` (for the trace step), writes the new spikes ``z = H(v - b - beta a)``. The input
-        current ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
-        B, N = v.shape
-        zero, one = v.dtype.type(0), v.dtype.type(1)
-        s1, s2 = sd_consts(sur, p1, p2)
-        sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)  # the surrogate in the state's dtype (vectorised)
-        # each loop writes one array, with that array's bounds (so the compiler vectorises it;
-        # a value two arrays need is computed in both loops, by the same expression)
-        for b in range(B):
-            for n in range(pv.shape[1]):
-                pv[b, n] = v[b, n]
-            for n in range(pa.shape[1]):
-                pa[b, n] = a[b, n]
-            for n in range(zp.shape[1]):
-                zp[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
-            for n in range(psi.shape[1]):
-                psi[b, n] = sd_typed(v[b, n] - (bb[n] + beta[n] * a[b, n]), sur, sg1, sg2, one)
-        if has_r:
-            np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
-            np.dot(x, Wt, cur)
-            for b in range(B):
-                for n in range(cur.shape[1]):
-                    cur[b, n] += z[b, n]
-        else:
-            np.dot(x, Wt, cur)
-        if has_bias:
-            for b in range(B):
-                for n in range(cur.shape[1]):
-                    cur[b, n] = cur[b, n] + bias[n]
-        for b in range(B):
-            for n in range(a.shape[1]):
-                a[b, n] = rho[n] * pa[b, n] + omr[n] * zp[b, n]
-            for n in range(v.shape[1]):
-                v[b, n] = (alpha[n] * pv[b, n] + cur[b, n]) - (bb[n] + beta[n] * a[b, n]) * zp[b, n]
-            for n in range(z.shape[1]):
-                z[b, n] = one if v[b, n] - (bb[n] + beta[n] * a[b, n]) > zero else zero
-
-    @_nb.njit(cache=True, nogil=True, error_model="numpy")
-    def _alif_bwd(gout, use_g, x, slot, v, a, bb, beta, sur, p1, p2, W, acc_b, acc_beta, has_b, has_beta, gp, g, gin,
-                  need_gin, pv, pa, psi, zp, cn, cols, ev, ew, er, has_w, has_r, G_vec, G_w, G_r, Rd, has_rd,
-                  detach_reset, Jcs, gs, xs, zs, use_gs):  # pragma: no cover - compiled
-        """The spatial backward of an ALIF layer's output map ``z = H(v - b - beta a)`` (the error
-        ``g = (gp, -beta gp)`` on ``(v, a)`` with ``gp = gout sigma'(v - theta)``; ``db -= sum gp``,
-        ``dbeta -= sum gp a``; ``gin = gp W``, one GEMM), then the layer's trace step: the
-        per-neuron part now (:func:`.numba_kernels._alif_vec_step`); the matrix traces' step is
-        deferred: its inputs (Jacobians, ``g``, the layer input and previous spikes) go into slot
-        ``slot`` of the step buffers, and when the last slot is filled all of them are applied in
-        one pass over each matrix trace (:func:`_alif_mats`, bit-identical to one pass per step)."""
-        B, N = v.shape
-        if use_g:
-            s1, s2 = sd_consts(sur, p1, p2)
-            sg1, sg2, one = v.dtype.type(s1), v.dtype.type(s2), v.dtype.type(1)
-            for b in range(B):
-                _alif_spatial_error(gout, v, a, bb, beta, sur, sg1, sg2, one, gp, g, b)
-                if has_b:
-                    for n in range(acc_b.shape[0]):
-                        acc_b[n] -= gp[b, n]
-                if has_beta:
-                    for n in range(acc_beta.shape[0]):
-                        acc_beta[n] -= gp[b, n] * a[b, n]
-            if need_gin:
-                np.dot(gp, W, gin)
-        _alif_vec_step(pv, pa, psi, zp, g, use_g, cn, cols, ev, G_vec, Rd, has_rd, detach_reset, Jcs[slot])
-        if has_w or has_r:
-            use_gs[slot] = use_g
-            if use_g:
-                gs[slot] = g
-            if has_w:
-                xs[slot] = x
-            if has_r:
-                zs[slot] = zp
-            if slot == Jcs.shape[0] - 1:
-                _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, slot + 1)
-
-    @_nb.njit(cache=True, nogil=True)
-    def _alif_mats(ew, er, has_w, has_r, xs, zs, Jcs, gs, use_gs, G_w, G_r, S):  # pragma: no cover - compiled
-        """The ``S`` deferred steps of an ALIF layer's input and lateral matrix traces."""
-        if has_w:
-            _mat_nest_steps(ew, xs, Jcs, gs, use_gs, G_w, S)
-        if has_r:
-            _mat_nest_steps(er, zs, Jcs, gs, use_gs, G_r, S)
-
-
-if _nb is not None:
-
-    @_nb.njit(cache=True, nogil=True, error_model="numpy")
-    def _lif_fwd(x, v, pv, zp, psi, Wt, bias, has_bias, Rt, has_r, alpha, thr, mode, sur, p1, p2, cur,
-                 z):  # pragma: no cover - compiled
-        """One plain LIF step in place (the equations of :func:`spikerec.neurons.lif.step`, in its
-        order of operations): keeps the previous membrane in ``pv``, the previous spikes
-        ``H(v - thr)`` in ``zp`` and their surrogate derivative in ``psi`` (for the trace step),
-        writes the new spikes; ``mode`` 0 subtract, 1 zero, 2 no reset. The input current
-        ``x W^T`` and the lateral one ``z_{t-1} R^T`` are GEMMs (``cur [B, N]`` scratch)."""
-        B, N = v.shape
-        zero, one = v.dtype.type(0), v.dtype.type(1)
-        s1, s2 = sd_consts(sur, p1, p2)
-        sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)
-        for b in range(B):
-            for n in range(pv.shape[1]):
-                pv[b, n] = v[b, n]
-            for n in range(zp.shape[1]):
-                zp[b, n] = one if v[b, n] - thr[n] > zero else zero
-            for n in range(psi.shape[1]):
-                psi[b, n] = sd_typed(v[b, n] - thr[n], sur, sg1, sg2, one)
-        np.dot(x, Wt, cur)
-        if has_r:
-            np.dot(zp, Rt, z)  # z: scratch until the spikes are written below
-            for b in range(B):
-                for n in range(cur.shape[1]):
-                    cur[b, n] += z[b, n]
-        if has_bias:
-            for b in range(B):
-                for n in range(cur.shape[1]):
-                    cur[b, n] = cur[b, n] + bias[n]
-        for b in range(B):
-            if mode == 0:
-                for n in range(v.shape[1]):
-                    v[b, n] = (alpha[n] * pv[b, n] + cur[b, n]) - thr[n] * zp[b, n]
-            elif mode == 1:
-                for n in range(v.shape[1]):
-                    v[b, n] = alpha[n] * ((one - zp[b, n]) * pv[b, n]) + cur[b, n]
-            else:
-                for n in range(v.shape[1]):
-                    v[b, n] = alpha[n] * pv[b, n] + cur[b, n]
-            for n in range(z.shape[1]):
-                z[b, n] = one if v[b, n] - thr[n] > zero else zero
-
-    @_nb.njit(cache=True, nogil=True, error_model="numpy")
-    def _lif_bwd(gout, use_g, x, slot, v, thr, sur, p1, p2, W, acc_thr, has_thr, gp, gin, need_gin, pv, psi, zp,
-                 cn, cols, ev, has_w, has_r, G_vec, Rd, has_rd, mode, detach_reset,
-                 Jbuf, gbuf, xbuf, zbuf, co):  # pragma: no cover - compiled
-        """The spatial backward of a plain LIF layer's spikes ``z = H(v - thr)`` (``gp = gout
-        sigma'(v - thr)``, ``dthr -= sum gp``, ``gin = gp W``, one GEMM), then its trace step
-        (the recursions of :func:`.traces_base.stream_step` on the partials of
-        :meth:`.traces_lif.LIFTrace.partials`, compiled as :func:`.numba_kernels._lif_coefs`): the
-        stacked per-neuron traces ``ev [B, N, 1, m]`` (columns ``cols`` of ``cn``'s rows:
-        0 ``log_tau_mem``, 1 ``threshold``, 2 ``bias``) with ``G += g . e``. The input and
-        lateral matrix traces ``[N, B, 1, H]`` (``e <- J e + pre``, ``G += g . e``) are
-        deferred: this step's ``J``, ``g`` (zero without a loss) and presynaptic rows go to row
-        ``slot`` of the step buffers, applied in closed form every ``LIF_DEFER`` steps
-        (:meth:`FusedStack.flush_lif`). The partials' per-neuron coefficients go to the scratch
-        ``co [5, N]``; one pass per array written, so that each vectorises."""
-        B, N = v.shape
-        zero, one = v.dtype.type(0), v.dtype.type(1)
-        if use_g:
-            s1, s2 = sd_consts(sur, p1, p2)
-            sg1, sg2 = v.dtype.type(s1), v.dtype.type(s2)
-            for b in range(B):
-                for n in range(gp.shape[1]):
-                    gp[b, n] = gout[b, n] * sd_typed(v[b, n] - thr[n], sur, sg1, sg2, one)
-                if has_thr:
-                    for n in range(acc_thr.shape[0]):
-                        acc_thr[n] -= gp[b, n]
-            if need_gin:
-                np.dot(gp, W, gin)
-        m0, m1 = _lif_coefs(cn, Rd, has_rd, mode, detach_reset, co)
-        for b in range(B):
-            for n in range(Jbuf.shape[2]):
-                Jbuf[slot, b, n] = _lif_jac(cn[0, n], co, n, zp[b, n], psi[b, n], pv[b, n])
-        for j in range(cols.shape[0]):
-            c = cols[j]
-            if c == 0:
-                for b in range(B):
-                    for n in range(ev.shape[1]):
-                        ev[b, n, 0, j] = Jbuf[slot, b, n] * ev[b, n, 0, j] + _lif_dtau(cn[1, n], m1, zp[b, n], pv[b, n], one)
-            elif c == 1:
-                for b in range(B):
-                    for n in range(ev.shape[1]):
-                        ev[b, n, 0, j] = (Jbuf[slot, b, n] * ev[b, n, 0, j]
-                                          + _lif_dthr(co, n, m0, zp[b, n], psi[b, n], pv[b, n]))
-            else:
-                for b in range(B):
-                    for n in range(ev.shape[1]):
-                        ev[b, n, 0, j] = Jbuf[slot, b, n] * ev[b, n, 0, j] + one
-            if use_g:
-                for b in range(B):
-                    for n in range(G_vec.shape[1]):
-                        G_vec[c, n] += gp[b, n] * ev[b, n, 0, j]
-        if has_w or has_r:
-            for b in range(B):
-                for n in range(gbuf.shape[2]):
-                    gbuf[slot, b, n] = gp[b, n] if use_g else zero
-        if has_w:
-            for b in range(B):
-                for h in range(xbuf.shape[2]):
-                    xbuf[slot, b, h] = x[b, h]
-        if has_r:
-            for b in range(B):
-                for n in range(zbuf.shape[2]):
-                    zbuf[slot, b, n] = zp[b, n]
+    from ...kernels.alif_online import _alif_bwd, _alif_fwd
+    from ...kernels.lif_online import _lif_bwd, _lif_fwd
+    from ...kernels.lru_online import _lru_bwd, _lru_fwd
+    from ...kernels.readout_online import _any_nan, _linear_bwd, _linear_fwd, _readout_mse
+    from ...kernels.trace_numba import _chunk1
 
 
 def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
@@ -430,7 +74,7 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
         G += gh^T pre + sum_b (J_0 gh_0) e_{-1},   e <- sum_k Phi_k pre_k + phi e_{-1}
 
     (the chunked block's closed form, :meth:`.traces_lif.LIFTrace.block_contract`): the
-    reverse filter and the products in one compiled pass (:func:`.numba_kernels._chunk1`),
+    reverse filter and the products in one compiled pass (:func:`spikerec.kernels.trace_numba._chunk1`),
     ``gh^T pre`` as one GEMM, the ``Phi`` sum as one batched product and the rest in one
     compiled pass per trace, in place. ``bufs = (J, g, x, z)``, ``mats`` ``[(pre buffer, trace
     [N, B, 1, H] or None, accumulator or None)]``."""
@@ -456,7 +100,7 @@ def apply_lif_window(bufs, mats, S: int, use_g: bool) -> None:
 
 def _window_workspace(S: int, B: int, N: int, dtype) -> dict:
     """The scratch arrays of :func:`apply_lif_window` for windows of up to ``S`` steps: a
-    :func:`.numba_kernels.lif_block_workspace` without per-neuron columns, kept per shape."""
+    :func:`spikerec.kernels.lif_online.lif_block_workspace` without per-neuron columns, kept per shape."""
     key = (S, B, N, dtype)
     ws = _LIF_WS.get(key)
     if ws is None:
@@ -542,49 +186,14 @@ class FusedStack:
         self.np_dtype = numpy_dtype(dtype)  # the loss value's (a 0-d array)
         self.gen = None
         self.gy = None  # the loss gradient buffer of the compiled MSE
-        self.rows = []  # per LRU layer: (dC_re, dC_im accumulators, rows of gy, Re h, Im h [DEFER, B, .])
-        self.fill = 0  # rows written since the last flush
-        self.restore = None  # rows from a checkpoint, copied in at the next bind
-        self.rbufs = {}  # the row buffers by layer
-        self.mats = []  # per ALIF layer with matrix traces: the arguments of _alif_mats
-        self.mbufs = {}  # their step buffers by layer
-        self.mfill = 0  # matrix-trace steps deferred since the last pass (flush_mats)
         self.lmats = []  # per LIF layer with matrix traces: (step buffers, [(pre buffer, trace, accumulator)])
         self.lbufs = {}  # their step buffers by layer (J, g, x, z [LIF_DEFER, B, .]); kept across rebinds
         self.lfill = 0  # LIF steps deferred since the last closed-form pass (flush_lif)
+        self.lslot = np.zeros(1, np.int64)  # lfill as the LIF backward calls read it (their buffers' row)
         self.lany = False  # whether one of them had a loss
         self.restore_lif = None  # deferred LIF steps from a checkpoint, copied in at the next bind
 
-    # --- the deferred output-map gradient of the LRU layers -------------------------------------
-    def flush_rows(self) -> None:
-        """Add the buffered rows to the C accumulators: ``dC_re += GY^T Re h``, ``dC_im -= GY^T Im h``
-        over the ``fill`` buffered steps (one GEMM each instead of a rank-``B`` update per step).
-        The flushes fall on the same steps in a run resumed from a checkpoint (the rows are
-        saved, :meth:`saved_rows`), so the sums are the same."""
-        f = self.fill
-        if not f:
-            return
-        for dCr, dCi, GY, HR, HI in self.rows:
-            gyt = GY[:f].reshape(-1, GY.shape[-1]).t()
-            if dCr is not None:
-                dCr.addmm_(gyt, HR[:f].reshape(-1, HR.shape[-1]))
-            if dCi is not None:
-                dCi.addmm_(gyt, HI[:f].reshape(-1, HI.shape[-1]), alpha=-1.0)
-        self.fill = 0
-
-    def flush_mats(self, lif: bool = True) -> None:
-        """Apply the deferred steps of the ALIF layers' matrix traces (``mfill`` of them, at most
-        ``MAT_DEFER - 1``) in one pass per trace. The same operations in the same order as one
-        pass per step, so when this runs does not change any result (a checkpoint flushes
-        first: :attr:`.learner.OnlineLearner.traces`). With ``lif``, also the LIF layers'
-        deferred steps (:meth:`flush_lif`)."""
-        if self.mfill:
-            for args in self.mats:
-                _alif_mats(*args, self.mfill)
-        self.mfill = 0
-        if lif:
-            self.flush_lif()
-
+    # --- the deferred matrix-trace steps of the LIF layers ---------------------------------------
     def flush_lif(self) -> None:
         """Apply the ``lfill`` deferred steps of the LIF layers' matrix traces in closed form
         (:func:`apply_lif_window`: two GEMMs and one compiled pass per trace instead of a pass
@@ -605,13 +214,6 @@ class FusedStack:
         the steps had a loss."""
         S = self.lfill
         return [tuple(b[:S].clone() for b in bufs) for bufs, _ in self.lmats], self.lany
-
-    def saved_rows(self) -> list:
-        """The buffered rows not yet flushed, ``[(GY, Re h, Im h)]`` per LRU layer (copies)."""
-        return [tuple(b[: self.fill].clone() for b in bufs) for _, _, *bufs in self.rows]
-
-    def drop_rows(self) -> None:
-        self.fill = 0
 
     # --- binding ------------------------------------------------------------------------------
     def _bind_lru(self, l, tr, B, dummy1, dummy2):
@@ -644,15 +246,6 @@ class FusedStack:
         dvec = D.dim() == 1
         Dm = D.reshape(-1, 1) if dvec else D
         accs = [self._acc(c.C_re), self._acc(c.C_im), self._acc(c.D)]
-        K = c.C_re.shape[0]
-        rows = accs[0] is not None or accs[1] is not None
-        shape = (3, DEFER, B, max(K, N)) if rows else (3, 1, 1, 1)
-        rbuf = self.rbufs.get(l)  # kept across rebinds: no new allocation per update or reset
-        if rbuf is None or rbuf.shape != shape or rbuf.dtype != dt:
-            rbuf = self.rbufs[l] = torch.empty(shape, dtype=dt)
-        rGY, rHR, rHI = rbuf[0, :, :, :K], rbuf[1, :, :, :N], rbuf[2, :, :, :N]
-        if rows:
-            self.rows.append((accs[0], accs[1], rGY, rHR, rHI))
         st = states[l]
         pr, pi = torch.empty_like(st.x_re), torch.empty_like(st.x_im)
         dD = accs[2]
@@ -668,8 +261,8 @@ class FusedStack:
         abuf = torch.empty((B, Bs.shape[0]), dtype=dt)
         gbuf = torch.zeros((B, N, 2), dtype=dt)
         gu = torch.zeros((B, H), dtype=dt)
-        y = torch.empty((B, K), dtype=dt)
-        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam, rbuf, Cs, Cst, Bs, w, hu, tbuf, abuf,
+        y = torch.empty((B, c.C_re.shape[0]), dtype=dt)
+        keep = (st, pr, pi, Bg, Dm, ev, em, G, accs, wnu, wth, lam, gam, Cs, Cst, Bs, w, hu, tbuf, abuf,
                 gbuf)  # noqa: F841 (the numpy views below)
         Dn = Dm.contiguous().numpy()
         fargs = (_np(st.x_re), _np(st.x_im), pr.numpy(), pi.numpy(), _np(lam[0]), _np(lam[1]), Bg.numpy(),
@@ -683,7 +276,8 @@ class FusedStack:
                  dummy1 if Gv[0] is None else Gv[0].numpy(), dummy1 if Gv[1] is None else Gv[1].numpy(),
                  dummy1 if Gv[2] is None else Gv[2].numpy(),
                  dummy2 if "B_re" not in G else G["B_re"].numpy(), dummy2 if "B_im" not in G else G["B_im"].numpy(),
-                 "B_re" in G, "B_im" in G, rows, rGY.numpy(), rHR.numpy(), rHI.numpy())
+                 "B_re" in G, "B_im" in G, dummy2 if accs[0] is None else accs[0].numpy(), accs[0] is not None,
+                 dummy2 if accs[1] is None else accs[1].numpy(), accs[1] is not None)
         return _lru_fwd, fargs, _lru_bwd, bargs, 16, (keep, y, gu)
 
     def _bind_alif(self, l, tr, B, dummy1, dummy2):
@@ -709,11 +303,6 @@ class FusedStack:
         g = torch.zeros((B, N, 2), dtype=dt)
         gin = torch.zeros((B, H), dtype=dt)
         dummy4 = ev[:1, :1, :1, :1] if ev.numel() else torch.zeros((1, 1, 1, 1), dtype=dt)
-        mb = self.mbufs.get(l)  # the deferred matrix-trace steps' inputs; kept across rebinds
-        shapes = ((MAT_DEFER, N, B, 4), (MAT_DEFER, B, N, 2), (MAT_DEFER, B, H), (MAT_DEFER, B, N))
-        if mb is None or tuple(t.shape for t in mb[:4]) != shapes or mb[0].dtype != dt:
-            mb = self.mbufs[l] = tuple(torch.zeros(sh, dtype=dt) for sh in shapes) + (np.zeros(MAT_DEFER, np.bool_),)
-        Jcs, gsb, xsb, zsb, use_gs = mb
         fargs = (_np(st.v), _np(st.a), pv.numpy(), pa.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(),
                  k["bias"] is not None, Rt.numpy(), k["Rt"] is not None, alpha.numpy(), rho.numpy(), omr.numpy(),
                  bb.numpy(), beta.numpy(), sur, p1, p2, cur.numpy(), z.numpy())
@@ -724,11 +313,7 @@ class FusedStack:
                  dummy4.numpy() if mats[0] is None else mats[0].numpy(),
                  dummy4.numpy() if mats[1] is None else mats[1].numpy(), mats[0] is not None, mats[1] is not None,
                  Gv.numpy(), dummy2 if Gw is None else Gw.numpy(), dummy2 if Gr is None else Gr.numpy(),
-                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset),
-                 Jcs.numpy(), gsb.numpy(), xsb.numpy(), zsb.numpy(), use_gs)
-        if mats[0] is not None or mats[1] is not None:
-            self.mats.append((bargs[23], bargs[24], bargs[25], bargs[26], xsb.numpy(), zsb.numpy(), Jcs.numpy(),
-                              gsb.numpy(), use_gs, bargs[28], bargs[29]))  # the arguments of _alif_mats
+                 dummy1 if Rd is None else Rd.numpy(), Rd is not None, bool(c.detach_reset))
         keep = (st, pv, pa, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, rho, omr, bb, beta, g, gin, ev, mats, Gv, Gw, Gr,
                 acc_b, acc_beta, cn, Rd, dummy4)
         return _alif_fwd, fargs, _alif_bwd, bargs, 14, keep
@@ -773,7 +358,7 @@ class FusedStack:
                  acc_thr is not None, gp.numpy(), gin.numpy(), l > 0, pv.numpy(), psi.numpy(), zp.numpy(),
                  cn.numpy(), cols, ev.numpy(), has_w, has_r, Gv.numpy(),
                  dummy1 if Rd is None else Rd.numpy(), Rd is not None, mode, bool(c.detach_reset),
-                 *(t.numpy() for t in lb), co.numpy())
+                 *(t.numpy() for t in lb), co.numpy(), self.lslot)
         keep = (st, pv, zp, psi, z, cur, gp, Wt, bias, Rt, W, alpha, thr, gin, ev, mats, Gv, Gw, Gr, acc_thr, cn,
                 Rd, lb, co)
         return _lif_fwd, fargs, _lif_bwd, bargs, 9, keep
@@ -785,11 +370,8 @@ class FusedStack:
     def bind(self):
         lr_ = self.learner
         dt = self.dtype
-        self.flush_rows()  # into the accumulators bound so far
-        self.flush_mats()  # into the traces bound so far
+        self.flush_lif()  # into the traces bound so far
         restore_lif, self.restore_lif = self.restore_lif, None  # taken first: binding reads the traces
-        self.rows = []
-        self.mats = []
         self.lmats = []
         self.layers = self.fwd_args = self.bwd_args = None  # the old bindings' buffers go first
         states = lr_.states
@@ -815,22 +397,11 @@ class FusedStack:
         self.ystate = states[-1]
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
-        # the step-buffer slot each layer's backward takes: the LRU's C rows, the ALIF's matrix traces
-        self.slot_kind = [{"lru": 0, "alif": 1, "lif": 2}[compiled_tag(tr)] for tr in lr_.tracers[:-1]]
         self.yout_np = self.ystate[0].numpy()
         self.gh_np = self.readout[4].numpy()
         if self.gy is None or self.gy.shape != self.ystate[0].shape:
             self.gy = torch.empty_like(self.ystate[0])
         self.gen = lr_._gen
-        if self.restore is not None:  # rows of a checkpoint (state_tensors), not yet added
-            saved, self.restore = self.restore, None
-            if len(saved) != len(self.rows):
-                raise ValueError(f"OnlineLearner checkpoint: {len(saved)} deferred C-gradient buffers, this "
-                                 f"stack has {len(self.rows)}")
-            for (_, _, *bufs), got in zip(self.rows, saved):
-                for buf, t in zip(bufs, got):
-                    buf[: t.shape[0]].copy_(t)
-                self.fill = got[0].shape[0]
         if restore_lif is not None:  # deferred LIF steps of a checkpoint (saved_lif), not yet applied
             saved, any_g = restore_lif
             if len(saved) != len(self.lmats):
@@ -868,13 +439,12 @@ class FusedStack:
                                                     *self.ro_bwd[1:], self.gh_np), dtype=self.dtype)
             y_t = self.ystate[0].clone()
             gcur = self.gh_np
-            slots = (self.fill, self.mfill, self.lfill)
+            self.lslot[0] = self.lfill
             for l in range(len(self.layers) - 1, -1, -1):
                 f, ba, gi = self.bwd_args[l]
-                f(gcur, True, ins[l], slots[self.slot_kind[l]], *ba)
+                f(gcur, True, ins[l], *ba)
                 gcur = ba[gi]
-            self._row_written()
-            self._mats_written(True)
+            self._lif_written(True)
             return y_t, loss
         _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
@@ -903,29 +473,17 @@ class FusedStack:
             gcur = self.gh_np
         else:
             gcur = self.ro_args[0][:0]  # unused
-        slots = (self.fill, self.mfill, self.lfill)
+        self.lslot[0] = self.lfill
         for l in range(len(self.layers) - 1, -1, -1):
             f, ba, gi = self.bwd_args[l]
-            f(gcur, use_g, ins[l], slots[self.slot_kind[l]], *ba)
+            f(gcur, use_g, ins[l], *ba)
             gcur = ba[gi]  # the error reaching the layer's input
-        if use_g:
-            self._row_written()
-        self._mats_written(use_g)
+        self._lif_written(use_g)
         return y_t, loss
 
-    def _mats_written(self, use_g: bool):
-        if self.mats:
-            self.mfill += 1
-            if self.mfill == MAT_DEFER:  # the backward calls of this step applied them
-                self.mfill = 0
+    def _lif_written(self, use_g: bool):
         if self.lmats:
             self.lfill += 1
             self.lany = self.lany or use_g
             if self.lfill == LIF_DEFER:
                 self.flush_lif()
-
-    def _row_written(self):
-        if self.rows:
-            self.fill += 1
-            if self.fill == DEFER:
-                self.flush_rows()

@@ -65,7 +65,6 @@ from .subnormal import flush_subnormals, with_flushed_subnormals
 from .kinds import online_trace
 from .traces_base import GenericTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import LIFTrace
-from .traces_lru import LRUTrace
 
 __all__ = ["OnlineLearner", "RULES", "MODES", "BACKENDS", "StepResult", "classification_loss", "mse_loss", "mse_step_loss",
            "cross_entropy_step_loss", "bptt_loss"]
@@ -79,11 +78,11 @@ def matrix_trace_kernel(device: torch.device) -> Callable | None:
     """The compiled matrix-trace step of ``device`` (:func:`.traces_base.stream_step`'s
     ``kernel``): Triton on CUDA, numba on the CPU; ``None`` where its compiler is missing."""
     if device.type == "cuda":
-        from .triton_kernels import mat_trace_step, triton_available
+        from ...kernels.trace_triton import mat_trace_step, triton_available
 
         return mat_trace_step if triton_available(torch.empty(0, device=device)) else None
     if device.type == "cpu":
-        from .numba_kernels import mat_trace_step_numba, numba_available
+        from ...kernels.trace_numba import mat_trace_step_numba, numba_available
 
         return mat_trace_step_numba if numba_available() else None
     return None
@@ -300,12 +299,12 @@ class OnlineLearner:
     @property
     def traces(self) -> list:
         """The layers' trace states (``TraceState``: traces and their gradient accumulators), with
-        any matrix-trace steps the whole-stack step has deferred applied first (bit-identical to
-        applying them step by step; :meth:`.fused_stack.FusedStack.flush_mats`)."""
+        any matrix-trace steps the whole-stack step has deferred applied first
+        (:meth:`.fused_stack.FusedStack.flush_lif`)."""
         fs = self.__dict__.get("_fused_stack")
-        if fs is not None and (fs.mfill or fs.lfill or fs.restore_lif is not None):
+        if fs is not None and (fs.lfill or fs.restore_lif is not None):
             with flush_subnormals():  # as in the steps (:mod:`.subnormal`)
-                fs.flush_mats()
+                fs.flush_lif()
                 if fs.restore_lif is not None:  # restored deferred LIF steps, read before the next step
                     (rows, any_g), fs.restore_lif = fs.restore_lif, None
                     self._apply_saved_lif(rows, any_g)
@@ -467,8 +466,6 @@ class OnlineLearner:
     def discard(self) -> None:
         """Drop the accumulated (not yet applied) gradient estimate."""
         self._finish_block(carry=True)
-        if self._fused_stack is not None:
-            self._fused_stack.drop_rows()
         self.spatial = {}
         for ts in self._traces:
             ts.G = {}
@@ -550,9 +547,7 @@ class OnlineLearner:
             for f, v in zip(type(s)._fields, s):
                 tensors[f"state/{l}/{f}"] = v
         fs = self._fused_stack
-        if fs is not None:  # the ALIF passes (same bits whenever applied); the LIF window is stored as it is
-            with flush_subnormals():
-                fs.flush_mats(lif=False)
+        if fs is not None:  # the LIF window is stored as it is
             lif_rows, lif_any = fs.saved_lif()
             meta["fused_lif"] = [len(lif_rows), lif_any]
             for j, bufs in enumerate(lif_rows):
@@ -568,12 +563,6 @@ class OnlineLearner:
         names = {p: n for n, p in self.model.named_parameters()}
         for p, v in self.spatial.items():
             tensors[f"spatial/{names[p]}"] = v
-        if self._fused_stack is not None:  # buffered rows of the LRU layers' C gradient, stored as they are
-            rows = self._fused_stack.saved_rows()
-            meta["fused_rows"] = len(rows)
-            for j, bufs in enumerate(rows):
-                for name, v in zip(("gy", "h_re", "h_im"), bufs):
-                    tensors[f"fused_rows/{j}/{name}"] = v
         meta["pending"] = []
         for j, (x_t, target_t, step_no) in enumerate(self._pending):
             tensors[f"pending/{j}/x"] = x_t
@@ -619,8 +608,12 @@ class OnlineLearner:
                 ts = self._traces[int(l)]
                 d = {"trace_vec": ts.vec, "trace_mat": ts.mat, "acc": ts.G}[kind]
                 d[_unkey(n)] = v.clone()
-            elif kind in ("pending", "block_start", "fused_rows", "fused_lif"):
+            elif kind in ("pending", "block_start", "fused_lif"):
                 continue
+            elif kind == "fused_rows":  # written by earlier versions, which buffered the LRU's C gradient
+                if v.shape[0]:
+                    raise ValueError(f"OnlineLearner checkpoint: {key!r} holds C-gradient rows buffered by an earlier "
+                                     f"version, which this one cannot add; resume it with that version")
             elif kind == "spatial":
                 if rest not in named:
                     raise ValueError(f"OnlineLearner checkpoint: accumulated gradient of unknown parameter {rest!r}")
@@ -634,12 +627,6 @@ class OnlineLearner:
         self._fused_stack = None
         if self._fast_kinds is not None and fused_supported(self, s0.dtype, s0.device):
             self._fused_stack = FusedStack(self, s0.dtype)
-        rows = [tuple(tensors[f"fused_rows/{j}/{n}"] for n in ("gy", "h_re", "h_im"))
-                for j in range(int(meta.get("fused_rows", 0)))]
-        if rows and self._fused_stack is not None:
-            self._fused_stack.restore = rows
-        elif rows:  # this learner takes another path: add the rows now
-            self._add_saved_rows(rows)
         n_lif, lif_any = meta.get("fused_lif", (0, False))
         lif_rows = [tuple(tensors[f"fused_lif/{j}/{n}"] for n in ("J", "g", "x", "z")) for j in range(int(n_lif))]
         if lif_rows and lif_rows[0][0].shape[0]:
@@ -793,11 +780,10 @@ class OnlineLearner:
 
     def _leave_fast_paths(self):
         """Continue the stream on the reference path (it applies the model's dropout): the
-        whole-stack step's buffered rows go into the accumulators first; states and traces are
+        whole-stack step's deferred LIF trace steps are applied first; states and traces are
         shared, so nothing else moves. The fast paths are chosen again when a stream starts."""
         if self._fused_stack is not None:
-            self._fused_stack.flush_rows()
-            self._fused_stack.flush_mats()
+            self._fused_stack.flush_lif()
         self._fused_stack = None
         self._fast_kinds = None
         self._gen += 1
@@ -1046,27 +1032,6 @@ class OnlineLearner:
                 chunk_contract(self.traces[i], P, gs[i], carry)
         return None if total is None else total.detach()
 
-    def _flush_rows(self):
-        """Add the whole-stack step's buffered C-gradient rows to the accumulators."""
-        fs = getattr(self, "_fused_stack", None)
-        if fs is not None:
-            fs.flush_rows()
-
-    def _add_saved_rows(self, rows):
-        """Add C-gradient rows saved by a learner that took the whole-stack step (:meth:`load_state_tensors`)."""
-        lru = [tr.cell for tr in self.tracers if isinstance(tr, LRUTrace) and
-               (tr.cell.C_re.requires_grad or tr.cell.C_im.requires_grad)]
-        if len(lru) != len(rows):
-            raise ValueError(f"OnlineLearner checkpoint: {len(rows)} deferred C-gradient buffers, the model has "
-                             f"{len(lru)} LRU layers with a trained C")
-        with torch.no_grad():
-            for c, (gy, hr, hi) in zip(lru, rows):
-                gyt = gy.reshape(-1, gy.shape[-1]).t()
-                for p, h, sign in ((c.C_re, hr, 1.0), (c.C_im, hi, -1.0)):
-                    if p.requires_grad:
-                        g = sign * (gyt @ h.reshape(-1, h.shape[-1])).to(p.dtype)
-                        self.spatial[p] = self.spatial[p] + g if p in self.spatial else g
-
     def _apply_saved_lif(self, rows, any_g: bool) -> None:
         """Apply deferred LIF matrix-trace steps saved by a learner that took the whole-stack step
         (:meth:`load_state_tensors`) to this learner's traces and accumulators."""
@@ -1097,7 +1062,6 @@ class OnlineLearner:
         every parameter."""
         if not hasattr(self, "traces"):
             return
-        self._flush_rows()
         with torch.no_grad():
             extra: dict = {}
             for ts in self.traces:

@@ -27,7 +27,9 @@ import torch
 
 from ...kernels.lif_sequence_numba import surrogate_code
 from ...surrogate import heaviside
-from .numba_kernels import alif_spatial_numba, compiled_cpu, lif_spatial_numba
+from ...kernels.alif_online import alif_spatial_numba
+from ...kernels.lif_online import lif_spatial_numba
+from ...kernels.trace_numba import compiled_cpu
 from .kinds import compiled_tag
 from .traces_base import stream_step
 

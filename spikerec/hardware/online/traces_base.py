@@ -167,9 +167,6 @@ class LayerTrace:
                     out.append((base, name, M))
         return out
 
-    def stack_state(self, state) -> torch.Tensor:
-        return torch.stack(tuple(state), dim=-1)
-
 
 class GenericTrace(LayerTrace):
     """A layer without eligibility traces: advanced with live parameters from the detached
@@ -286,7 +283,7 @@ def stream_step(ts: TraceState, P: Partials, g: torch.Tensor | None, kernel=None
     """Advance the traces of one layer by one step and add ``g_t . eps_t`` to the accumulators.
 
     ``g``: ``[B, N, k]`` or ``None`` (no loss at this step: traces still advance).
-    ``kernel``: optional fused matrix-trace update (see :mod:`.triton_kernels`).
+    ``kernel``: optional fused matrix-trace update (see :mod:`spikerec.kernels.trace_triton`).
     """
     tr = ts.tr
     J = P.J if tr.use_J() else None
@@ -476,19 +473,3 @@ def _reverse_filter(J, G):
             for j in range(k):
                 o.addcmul_(E[j][i][t + 1], out[j][t + 1])
     return GH.movedim(0, -1)
-
-
-def ref_dtype(P: Partials):
-    for v in P.vec.values():
-        return v.dtype
-    for c, _ in P.mat.values():
-        return c.dtype
-    return torch.get_default_dtype()
-
-
-def ref_device(P: Partials):
-    for v in P.vec.values():
-        return v.device
-    for c, _ in P.mat.values():
-        return c.device
-    return None

@@ -23,11 +23,13 @@ from ...kernels.lif_sequence_numba import RESET_CODES, surrogate_code
 from ...layers.alif import ALIFState
 from ...layers.readout import ReadoutState
 from ... import neurons
+from ...neurons import alif as _alif
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .numba_kernels import (_arr, alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba,
-                            lif_block_workspace, compiled_cpu, compiled_dtype, numba_available)
-from . import numba_kernels as _nk
+from ...kernels import lif_online
+from ...kernels.alif_online import alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba
+from ...kernels.lif_online import lif_block_workspace
+from ...kernels.trace_numba import as_numpy, compiled_cpu, compiled_dtype
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -261,7 +263,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
     def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
         """The chunked block's contraction (the sums of :func:`.traces_base.chunk_contract`) for a
         plain LIF, computed in one compiled per-neuron pass with the partials inside it
-        (:func:`.numba_kernels._lif_block_vec`: reverse filter ``gh_k = g_k + J_{k+1} gh_{k+1}``,
+        (:func:`spikerec.kernels.lif_online._lif_block_vec`: reverse filter ``gh_k = g_k + J_{k+1} gh_{k+1}``,
         ``Phi_k = J_{K-1} ... J_{k+1}``, the per-neuron sums and carried traces). The immediate
         partial of an input or lateral weight is ``pre`` (``c = 1``), so with ``e`` the carried
         matrix trace ``[N, B, 1, H]`` and ``b0 = J_0 gh_0``:
@@ -278,7 +280,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         if G is None and not carry:
             return
         N = prev.v.shape[-1]
-        Vp, G = _arr(prev.v.view(K, B, N)), None if G is None else _arr(G.reshape(K, B, N))
+        Vp, G = as_numpy(prev.v.view(K, B, N)), None if G is None else as_numpy(G.reshape(K, B, N))
         dt = x.dtype
         plan = self._block_plan(dt, K, B)
         names, m, ws = plan["names"], plan["m"], plan["ws"]
@@ -293,11 +295,11 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
                 E, has_ev = np.zeros((m, B, N), dtype=Vp.dtype), True
                 for j, e in enumerate(old):
                     if e is not None:
-                        E[j] = _arr(e[..., 0])
+                        E[j] = as_numpy(e[..., 0])
         ev_new = torch.empty((m, B, N, 1), dtype=dt) if (carry and m) else None  # the new traces, in their kept shape
         w = ws["np"]
         P0, phi, b0 = plan["outs"]
-        _nk._lif_block_vec(Vp, G if use_g else w["gh"], use_g, *plan["consts"], E, has_ev, carry, plan["need_zp"],
+        lif_online._lif_block_vec(Vp, G if use_g else w["gh"], use_g, *plan["consts"], E, has_ev, carry, plan["need_zp"],
                            *plan["work"], ws["z3"] if ev_new is None else ev_new.numpy().reshape(m, B, N), P0, phi,
                            b0, accs[0].numpy())
         z2 = ws["z2"]
@@ -315,7 +317,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             if carry and not has_e:
                 e = torch.empty((N, B, 1, H), dtype=dt)
             if e is not None:
-                _nk._lif_block_mat(e.numpy(), has_e, use_g, b0 if use_g else z2, Gm.numpy() if use_g else z2, carry,
+                lif_online._lif_block_mat(e.numpy(), has_e, use_g, b0 if use_g else z2, Gm.numpy() if use_g else z2, carry,
                                    q, phi if carry else z2)
                 if carry:
                     ts.mat[name] = e
@@ -339,7 +341,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             cn_np = cn.numpy()
             sur = surrogate_code(c.surrogate)
             # the per-neuron pass's arguments before and after those of a block (``Vp, G, use_g``;
-            # ``E, has_ev, carry``; ``ev_out``; ``Gacc``): see :func:`.numba_kernels._lif_block_vec`
+            # ``E, has_ev, carry``; ``ev_out``; ``Gacc``): see :func:`spikerec.kernels.lif_online._lif_block_vec`
             rd = Rd.numpy() if Rd is not None else np.zeros(1, dtype=cn_np.dtype)
             plan = k[("block_plan", K, B)] = {
                 "names": names, "cols": cols, "mats": mats, "ws": ws, "m": len(names),
@@ -383,18 +385,10 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
         }
 
     def step(self, x, prev):
-        k = self.consts(x.dtype)
-        b, beta, rho = k["b"], k["beta"], k["rho_s"]
-        zp = heaviside(prev.v - (b + beta * prev.a))
-        a = rho * prev.a + k["one_m_rho_s"] * zp
-        theta = b + beta * a
-        I = x @ k["Wt"]
-        if k["bias"] is not None:
-            I = I + k["bias"]
-        if k["Rt"] is not None:
-            I = I + zp @ k["Rt"]
-        v = k["alpha_s"] * prev.v + I - theta * zp
-        return ALIFState(v, a)
+        """The neuron's one step (:func:`spikerec.neurons.alif.step`) with detached parameters."""
+        c = self.cell
+        p = type(c.params())(*(None if v is None else v.detach() for v in c.params()))
+        return _alif.step(p, prev, x, c.options())[1]
 
     def scan_block(self, x, state, with_new: bool = False, with_out: bool = False):
         """The states before each of the K steps of ``x [K, B, C]`` (``[K*B, N]`` fields) and the
@@ -493,7 +487,7 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
     def fused_setup(self, dtype):
         """The compiled trace step's per-sequence constants: ``(names, cols, cn, Rd)`` (the traced
         per-neuron parameters, their columns in ``_VEC_ORDER``, the ``[7, N]`` constants of
-        :func:`.numba_kernels.alif_trace_step_numba` and the lateral self-weights or ``None``)."""
+        :func:`spikerec.kernels.alif_online.alif_trace_step_numba` and the lateral self-weights or ``None``)."""
         k = self.consts(dtype)
         f = k.get("fused")
         if f is None:
@@ -507,7 +501,7 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
 
     def fused_stream_step(self, ts, x, prev, new, g) -> None:
         """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
-        (or ``None``) as one compiled pass (:func:`.numba_kernels.alif_trace_step_numba`); the
+        (or ``None``) as one compiled pass (:func:`spikerec.kernels.alif_online.alif_trace_step_numba`); the
         same result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
         c = self.cell
         k = self.consts(x.dtype)
@@ -536,10 +530,10 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
     def block_contract(self, ts, x, prev, new, G, carry: bool, K: int, B: int) -> None:
         """The chunked block's contraction (the sums of :func:`.traces_base.chunk_contract` on
         :meth:`partials`) with the per-step work in one compiled pass
-        (:func:`.numba_kernels.alif_block_numba`: the previous spikes and their surrogate
+        (:func:`spikerec.kernels.alif_online.alif_block_numba`: the previous spikes and their surrogate
         derivative, partials, reverse filter, per-neuron sums, the carried per-neuron traces), the
         weights' first sum below as one GEMM on the filtered error's ``v`` row, and the boundary term
-        and the carry of each matrix trace in one compiled pass (:func:`.numba_kernels.alif_matrix_carry_numba`,
+        and the carry of each matrix trace in one compiled pass (:func:`spikerec.kernels.alif_online.alif_matrix_carry_numba`,
         one GEMM per sample, the trace advanced in place). The immediate partial of an input
         or lateral weight is ``(pre, 0)``, so with ``gh`` the reverse-filtered error, ``pre`` the
         block's inputs (or previous spikes), ``e`` the carried matrix trace ``[N, B, 2, H]``,

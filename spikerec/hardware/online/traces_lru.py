@@ -23,9 +23,11 @@ import numpy as np
 import torch
 
 from ...kernels import scan_numba
+from ...neurons import lru as _lru
 from ...scan import linear_scan
-from .numba_kernels import (lru_block_scan_numba, lru_block_traces_numba, lru_matrix_carry_numba,
-                            lru_reverse_filter_numba, lru_trace_step_numba, compiled_cpu, compiled_dtype)
+from ...kernels.lru_online import (lru_block_scan_numba, lru_block_traces_numba, lru_matrix_carry_numba,
+                                   lru_reverse_filter_numba, lru_trace_step_numba)
+from ...kernels.trace_numba import compiled_cpu, compiled_dtype
 from .traces_base import _STACK, LayerTrace, Partials
 
 __all__ = ["LRUTrace"]
@@ -104,32 +106,14 @@ class LRUTrace(LayerTrace):
         return out
 
     def step(self, x, prev):
-        k = self.consts(x.dtype)
-        lr, li, N = k["lr"], k["li"], k["N"]
-        u = k["gam2"] * (x @ k["Bt"])
-        u_re, u_im = u[:, :N], u[:, N:]
-        h_re = lr * prev.x_re - li * prev.x_im + u_re
-        h_im = lr * prev.x_im + li * prev.x_re + u_im
-        return type(prev)(h_re, h_im)
-
-    def scan_states(self, x, state):
-        """:meth:`step` over a block with the input projection done once for all K steps."""
-        k = self.consts(x.dtype)
-        lr, li, N = k["lr"], k["li"], k["N"]
-        u = k["gam2"] * (x @ k["Bt"])
-        u_re, u_im = u[..., :N].unbind(0), u[..., N:].unbind(0)
-        prevs = []
-        for t in range(x.shape[0]):
-            prevs.append(state)
-            h_re = lr * state.x_re - li * state.x_im + u_re[t]
-            h_im = lr * state.x_im + li * state.x_re + u_im[t]
-            state = type(state)(h_re, h_im)
-        return prevs, state
+        """The neuron's one step (:func:`spikerec.neurons.lru.step`) with detached parameters."""
+        p = type(self.cell.params())(*(v.detach() for v in self.cell.params()))
+        return _lru.step(p, prev, x)[1]
 
     def scan_block(self, x, state, with_new: bool = False, with_out: bool = False):
         """The states before each of the K steps of ``x [K, B, H]`` as one state with ``[K*B, N]``
         fields, and the final state, by the parallel scan of ``h_t = lam h_{t-1} + gamma B x_t``
-        (:func:`spikerec.scan.linear_scan`): the same values as :meth:`scan_states`. With
+        (:func:`spikerec.scan.linear_scan`): the same values as a loop of :meth:`step`. With
         ``with_new``, also the states after each step (``[K*B, N]`` fields; what :meth:`step`
         gives from the previous ones, here without a second input projection); ``with_out`` adds
         ``None`` (the output map ``y = C h + D u`` is the caller's)."""
@@ -194,7 +178,7 @@ class LRUTrace(LayerTrace):
         return out
 
     def _compiled_block(self, x) -> bool:
-        """Whether the block's scan and sums run as compiled loops (:mod:`.numba_kernels`): CPU
+        """Whether the block's scan and sums run as compiled loops (:mod:`spikerec.kernels.lru_online`): CPU
         float32/float64 tensors of the parameters' dtype, numba installed."""
         return compiled_cpu(x) and self.cell.B_re.dtype == x.dtype and not x.requires_grad
 
@@ -205,7 +189,7 @@ class LRUTrace(LayerTrace):
 
     def _reverse_filter_complex(self, G):
         """:meth:`reverse_filter` as a complex ``[K, B, N]`` tensor: one compiled pass on (Re, Im)
-        pairs where the block's compiled passes apply (:func:`.numba_kernels.lru_reverse_filter_numba`),
+        pairs where the block's compiled passes apply (:func:`spikerec.kernels.lru_online.lru_reverse_filter_numba`),
         else the reverse scan."""
         k = self.consts(G.dtype)
         if self._compiled_block(G):
@@ -345,7 +329,7 @@ class LRUTrace(LayerTrace):
 
     def _block_matrix_compiled(self, ts, k, x, S, gh0, carry, PK, lamK, e, names, K, B, N, H) -> None:
         """:meth:`_block_matrix` from the block's sums ``S`` (or ``None``) in one compiled pass
-        over the carried trace ``e`` (:func:`.numba_kernels.lru_matrix_carry_numba`): the
+        over the carried trace ``e`` (:func:`spikerec.kernels.lru_online.lru_matrix_carry_numba`): the
         gradient ``gamma S`` plus the boundary term (with ``gh0``, the first step's filtered
         error), and the carry; the same formulas."""
         q = (self._carry_rows(k, x, PK, K, N) @ x.reshape(K, B * H)).view(N, 2, B, H) if carry else None
@@ -397,7 +381,7 @@ class LRUTrace(LayerTrace):
 
     def fused_stream_step(self, ts, x, prev, new, g) -> None:
         """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
-        (or ``None``) as one compiled pass (:func:`.numba_kernels.lru_trace_step_numba`); the same
+        (or ``None``) as one compiled pass (:func:`spikerec.kernels.lru_online.lru_trace_step_numba`); the same
         result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
         cols, names, wnu, wth, lam, gam = self.fused_setup(x.dtype)
         B, N = prev.x_re.shape

@@ -1,4 +1,5 @@
-"""Triton kernel for the streaming hot path: the matrix eligibility trace of one layer.
+"""The Triton form of the matrix eligibility trace of one layer (online learning's stream step;
+its CPU form and torch reference are in :mod:`.trace_numba`).
 
 Per step and layer, for every (neuron n, presynaptic input h), with k = 1 (LIF, readout) or
 k = 2 (ALIF ``(v, a)``, CUBA ``(i, v)``, LRU ``(Re h, Im h)`` where ``J`` is multiplication by
@@ -25,7 +26,9 @@ import os
 
 import torch
 
-__all__ = ["triton_available", "mat_trace_step", "mat_trace_step_torch"]
+from .trace_numba import mat_trace_step_torch
+
+__all__ = ["triton_available", "mat_trace_step"]
 
 try:  # triton is optional
     import triton
@@ -107,14 +110,6 @@ if _HAVE_TRITON:
             tl.store(G1_ptr + offG, acc1, mask=m2)
             if TWO:
                 tl.store(G2_ptr + offG, acc2, mask=m2)
-
-
-def mat_trace_step_torch(eps, J, c, x, gs):
-    """Reference: advance ``eps [N, B, k, H]`` in place and return ``[G_r [N, H]]`` for ``gs``
-    (plain einsums, independent of the torch fast path in :mod:`.traces_base`)."""
-    N, Bsz, k, H = eps.shape
-    eps.copy_(torch.einsum("bnij,nbjh->nbih", J.expand(Bsz, -1, -1, -1), eps) + (c.unsqueeze(-1) * x[:, None, None, :]).transpose(0, 1))
-    return [None if g is None else torch.einsum("bnf,nbfh->nh", g, eps) for g in gs]
 
 
 def mat_trace_step(eps, J, c, x, gs):
