@@ -48,7 +48,7 @@ def test_defaults_are_until_converged_with_a_wall_clock_bound():
 
 # steps: where seed 0 converges (one thread); the bound leaves room for another machine's rounding
 CASES = [
-    pytest.param("lru", "0.5", 300, id="lru-0.5"),
+    # LRU at 0.5: test_lru_at_half_runs_past_the_old_ten_pass_cap
     pytest.param("lru", "unbalanced", 300, id="lru-unbalanced"),
     pytest.param("gru", "unbalanced", 300, id="gru-unbalanced"),
     pytest.param("lru", "1", 1500, id="lru-1", marks=pytest.mark.slow),
@@ -67,27 +67,31 @@ def test_every_target_converges_with_shuffling_on_the_defaults(kind, target, bou
         assert abs(v["mean"] - v["target"]) < 0.05, (k, v)
 
 
-def test_runs_past_the_old_ten_pass_cap():
+def test_lru_at_half_runs_past_the_old_ten_pass_cap():
     """One batch of T = 2 steps: ten passes were 20 updates; the run goes on until it converges."""
     model = _stack("lru")
-    report = lsc_pretrain(model, _spikes(1, t=2), {"target": 0.5, "max_steps": 400})
+    cfg = {"target": 0.5, "max_steps": 400}
+    report = lsc_pretrain(model, _spikes(1, t=2), cfg)
     assert report.converged and max(report.history["epoch"]) >= 10, (report.steps, report.stop_reason)
+    for k, v in mean_radii(model, _spikes(2), cfg).items():
+        assert abs(v["mean"] - 0.5) < 0.05, (k, v)
 
 
 def test_alif_at_half_warns_that_spiking_nets_reach_target_one():
     model = _stack("alif")
-    report = lsc_pretrain(model, _spikes(1), {"target": 0.5, "max_steps": 12})
+    report = lsc_pretrain(model, _spikes(1), {"target": 0.5, "max_steps": 6})
     if report.converged:  # not expected (Sec. II-E), but then it must hold on fresh data
         for k, v in mean_radii(model, _spikes(2), {"target": 0.5}).items():
             assert abs(v["mean"] - 0.5) < 0.05, (k, v)
         return
     w = lsc_warning(report)
-    assert w.startswith("warning: LSC did not converge: max_steps (12) reached after 12 steps")
+    assert w.startswith("warning: LSC did not converge: max_steps (6) reached after 6 steps")
     assert "Spiking networks were pre-trained only to target 1" in w and "--set lsc.target=1" in w
-    assert "--set lsc.max_steps=24" in w
+    assert "--set lsc.max_steps=12" in w
     # a non-spiking stack gets no such note; target 1 neither
-    assert lsc_pretrain(_stack("gru"), _spikes(1), {"target": 0.5, "max_steps": 2}).notes == []
-    assert lsc_pretrain(_stack("alif"), _spikes(1), {"target": 1.0, "max_steps": 2}).notes == []
+    one = {"max_steps": 1, "keep_best": False}
+    assert lsc_pretrain(_stack("gru"), _spikes(1), dict(one, target=0.5)).notes == []
+    assert lsc_pretrain(_stack("alif"), _spikes(1), dict(one, target=1.0)).notes == []
 
 
 def test_warning_names_the_budget_that_ended_the_run(tmp_path):
@@ -99,6 +103,14 @@ def test_warning_names_the_budget_that_ended_the_run(tmp_path):
     rep.notes = ["A note."]
     assert "(max deviation 0.100). A note. Try" in lsc_warning(rep)
     assert LSCReport.load(rep.save(tmp_path / "r.json")).notes == ["A note."]
+
+
+def test_data_read_once_or_empty_ends_the_run():
+    report = lsc_pretrain(_stack("gru"), iter([_spikes(1, t=3)]), {"target": 0.5, "keep_best": False})
+    assert report.steps == 3 and not report.converged and "can be read only once" in report.stop_reason
+    assert "data that can be read again" in lsc_warning(report)
+    with pytest.raises(ValueError, match="no batches"):
+        lsc_pretrain(_stack("gru"), [], {"target": 0.5})
 
 
 def test_progress_bar_without_a_step_limit_counts_steps():

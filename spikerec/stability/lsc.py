@@ -555,6 +555,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
     stop = ""
     try:
         for epoch in (range(cfg.max_epochs) if cfg.max_epochs is not None else itertools.count()):
+            steps_before = step
             for x in _batches(data, epoch):
                 x = _check_batch(x, in_size, device, dtype)
                 T, B = x.shape[0], x.shape[1]
@@ -656,6 +657,11 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
                             stop = f"converged at the final check ({stop})"
                     break
             if stop:
+                break
+            if report is None:
+                break  # no batches: the error below
+            if step == steps_before:  # an iterable that can be read only once: no further passes
+                stop = f"the data gave no batches in pass {epoch + 1} (it can be read only once)"
                 break
         if report is None:
             raise ValueError("lsc data: no batches")

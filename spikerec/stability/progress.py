@@ -38,10 +38,10 @@ class LSCProgressBar:
 
 def lsc_warning(report) -> str | None:
     """A warning line when LSC stopped at a budget (``max_steps``, ``max_epochs``, ``max_time_s``)
-    without converging: the radii it reached (checked means, the kept weights) against their
+    or at the end of data that can be read once, without converging: the radii it reached (checked means, the kept weights) against their
     targets, the report's notes (e.g. a spiking network at target 0.5) and what to try. ``None``
     when it converged or diverged (that has its own message)."""
-    if report.converged or report.diverged or not report.stop_reason.startswith("max_"):
+    if report.converged or report.diverged or not report.stop_reason:
         return None
     radii = report.best_radii or {}
     got = ", ".join(f"{k} {v:.3f} (target {report.targets.get(k, float('nan')):g})" for k, v in radii.items())
@@ -49,6 +49,8 @@ def lsc_warning(report) -> str | None:
     limit = report.stop_reason.split(" ", 1)[0]  # the budget that ended the run
     if limit == "max_time_s":
         tips = [f"more time (--set lsc.max_time_s={2 * float(cfg.get('max_time_s') or report.wall_time_s):g})"]
+    elif not limit.startswith("max_"):  # the data ran out
+        tips = ["data that can be read again (a list of batches or a loader)"]
     elif limit == "max_epochs":
         tips = [f"more passes over the data (--set lsc.max_epochs={2 * int(cfg.get('max_epochs') or 1)})"]
     else:
