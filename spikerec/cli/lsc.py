@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     clear_unstarted(out)  # what a start killed before its config left there
     if not args.quiet:
         print(f"LSC pre-training of '{cfg.get('preset')}' towards radius {options.get('target', 1.0)} ...", flush=True)
-    with LSCProgressBar(int(options.get("max_steps", 2000)), disable=args.quiet) as bar:
+    with LSCProgressBar(options.get("max_steps"), disable=args.quiet) as bar:
         report = lsc_pretrain(model, data, options, progress=bar)
     cfg["train"]["epochs"] = 0
     write_config(out, cfg)

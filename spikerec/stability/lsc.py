@@ -47,6 +47,10 @@ such mean is within ``eps`` (0.02) of its target, the std over k of the deviatio
 (0.2; with equal targets this is the std of the radii) and the EMA (factor
 ``1 - 1/ema_steps``) of the per-step std is below ``std_thr``, ``patience`` checks in a
 row. (The code asks the per-step condition, with eps 0.08, for 20 consecutive steps.)
+The run lasts until it converges, as the paper's does ("until convergence", Sec. II-G), bounded
+by a wall-clock limit ``max_time_s`` (one hour; the official code: 16 h) and, where set,
+``max_steps`` and ``max_epochs`` (passes over the data), the limits a test or a preset with a
+fixed budget uses.
 Keep-best: the checked weights with the smallest worst deviation
 ``max_k |mean rho_k - rho_t(k)|`` are restored unless the run converged. A non-finite
 loss, radius or weight stops the run (``report.diverged``) and restores the best or
@@ -55,6 +59,7 @@ eigen-gradient) is skipped and counted.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -124,9 +129,9 @@ class LSCConfig:
     state: Literal["replay", "carry"] = "replay"  # replay x[:t] at the current weights; code: "carry" across updates
     verify_every: _COUNT | None = None       # steps between checks of the mean radii at fixed weights (None: min(T, 25))
     verify_points: _COUNT | None = 25        # time steps measured per check (evenly spaced; None: all)
-    max_steps: _COUNT = 2000
-    max_epochs: _COUNT = 10
-    max_time_s: _POS | None = None
+    max_steps: _COUNT | None = None          # a step limit (None: none; the paper runs until convergence)
+    max_epochs: _COUNT | None = None         # passes over the LSC data (None: as many as it takes)
+    max_time_s: _POS | None = 3600.0         # wall-clock limit (code: 16 h); None: none (then set max_steps)
     keep_best: bool = True
     seed: int = 0
     num_threads: _COUNT | None = None        # torch threads during pre-training (None: leave as is)
@@ -150,6 +155,9 @@ class LSCConfig:
         lo, hi = self.clip
         if not (0 < lo <= 1 <= hi):
             raise ConfigError(f"'{section}.clip' must be (lo, hi) with 0 < lo <= 1 <= hi, got {list(self.clip)!r}")
+        if self.max_steps is None and self.max_epochs is None and self.max_time_s is None:
+            raise ConfigError(f"'{section}': max_time_s, max_steps and max_epochs are all unset; a run that never "
+                              "converges would not stop: set at least one")
 
 
 def lsc_targets(model, cfg: LSCConfig, seq_len: int) -> dict[str, float]:
@@ -415,6 +423,7 @@ class LSCReport:
     wall_time_s: float = 0.0
     restored: str = "last"
     skipped_updates: int = 0
+    notes: list = field(default_factory=list)  # what the warning of an unconverged run adds (lsc_warning)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -495,6 +504,14 @@ def _verify(model, x, cfg, targets, keys, seed):
     return means, max(abs(d) for d in devs), (float(torch.tensor(devs).std(unbiased=False)) if len(devs) > 1 else 0.0)
 
 
+def _notes(cells, targets) -> list[str]:
+    """What an unconverged run's warning should add: spiking layers below target 1 (Sec. II-E)."""
+    if any(getattr(c, "spiking", False) for c in cells) and min(targets.values()) < 1:
+        return ["Spiking networks were pre-trained only to target 1 in the paper: 0.5 was difficult to converge to "
+                "(Herranz-Celotti & Rouat, Sec. II-E); target 1 is what they reach (--set lsc.target=1)."]
+    return []
+
+
 def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progress=None) -> LSCReport:
     """LSC pre-training of ``model`` (a :class:`~spikerec.models.RecurrentStack` or one cell) in place.
 
@@ -537,7 +554,8 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
     t0 = time.perf_counter()
     stop = ""
     try:
-        for epoch in range(cfg.max_epochs):
+        for epoch in (range(cfg.max_epochs) if cfg.max_epochs is not None else itertools.count()):
+            steps_before = step
             for x in _batches(data, epoch):
                 x = _check_batch(x, in_size, device, dtype)
                 T, B = x.shape[0], x.shape[1]
@@ -547,7 +565,8 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
                     hist = {"step": [], "epoch": [], "t": [], "loss": [], "std": [], "std_ema": [], "deviation": [],
                             "radius": {k: [] for k in keys}, "radius_std": {k: [] for k in keys}, "kappa": {},
                             "verify": []}
-                    report = LSCReport(config=asdict(cfg), targets=dict(targets), history=hist)
+                    report = LSCReport(config=asdict(cfg), targets=dict(targets), history=hist,
+                                       notes=_notes(cells, targets))
                 verify_every = cfg.verify_every or min(T, 25)
                 states = tuple(c.initial_state(B, device, dtype) for c in layers)
                 for t in range(T):
@@ -619,7 +638,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
                         states = new_states
                     if progress is not None:
                         progress(step, {"loss": float(loss.detach()), "deviation": worst, "radius": means})
-                    if step >= cfg.max_steps:
+                    if cfg.max_steps is not None and step >= cfg.max_steps:
                         stop = f"max_steps ({cfg.max_steps}) reached"
                         break
                     if cfg.max_time_s is not None and time.perf_counter() - t0 > cfg.max_time_s:
@@ -638,6 +657,11 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
                             stop = f"converged at the final check ({stop})"
                     break
             if stop:
+                break
+            if report is None:
+                break  # no batches: the error below
+            if step == steps_before:  # an iterable that can be read only once: no further passes
+                stop = f"the data gave no batches in pass {epoch + 1} (it can be read only once)"
                 break
         if report is None:
             raise ValueError("lsc data: no batches")

@@ -382,7 +382,7 @@ class Trainer:
             t0 = time.perf_counter()
             if not self.quiet:
                 self.echo(f"LSC pre-training (target radius {lc.get('target', 1.0)}) ...")
-            bar = LSCProgressBar(int(lc.get("max_steps", 2000)), disable=self.quiet)
+            bar = LSCProgressBar(lc.get("max_steps"), disable=self.quiet)
 
             def progress(step, rec):
                 bar(step, rec)
