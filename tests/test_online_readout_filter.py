@@ -108,3 +108,20 @@ def test_readout_filter_refuses_what_it_does_not_cover():
     assert learner.backend == "reference"
     assert "readout-filtered" in learner.exactness()[0][2] and "biased" not in learner.exactness()[0][2]
     assert "biased" in OnlineLearner(leaky).exactness()[0][2]
+
+
+def test_in_a_deep_stack_the_top_layer_is_exact_and_lower_ones_stay_biased():
+    from test_online_exact import deep_spiking_model
+
+    torch.manual_seed(3)
+    model = RecurrentStack(deep_spiking_model().cells, LeakyReadout(6, 2, tau=5.0, learn_tau=True))
+    x, tgt = torch.rand(20, 3, 4), torch.randn(20, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=True)
+    for n in ref:
+        if not n.startswith("cells.0"):
+            assert rel(est[n], ref[n]) < 1e-10, n
+    assert rel(est["cells.0.weight"], ref["cells.0.weight"]) > 1e-3
+    assert cos(est["cells.0.weight"], ref["cells.0.weight"]) > 0.5
+    how = [h for _, _, h in OnlineLearner(model, readout_filter=True).exactness()]
+    assert "biased" in how[0] and "readout-filtered" in how[1]
