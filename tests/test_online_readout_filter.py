@@ -104,6 +104,10 @@ def test_readout_filter_refuses_what_it_does_not_cover():
     linear = RecurrentStack([LIF(4, 6, surrogate=SURR)], LeakyReadout(6, 2))
     with pytest.raises(ValueError, match="leaky readout"):
         OnlineLearner(linear, readout_filter=True)
+    from spikerec.layers.lru import LRU
+
+    with pytest.raises(ValueError, match="LIF or ALIF layer"):  # its output map mixes the neurons
+        OnlineLearner(RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=5.0)), readout_filter=True)
     learner = OnlineLearner(leaky, readout_filter=True)
     assert learner.backend == "reference"
     assert "readout-filtered" in learner.exactness()[0][2] and "biased" not in learner.exactness()[0][2]

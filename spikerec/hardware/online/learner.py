@@ -239,7 +239,7 @@ class OnlineLearner:
             :meth:`supported_backends` lists what runs here. A model switched to training mode
             with dropout in the middle of a stream continues on the reference path (which applies
             the dropout).
-        readout_filter: carry readout-filtered eligibility traces in the traced layer directly
+        readout_filter: carry readout-filtered eligibility traces in the LIF or ALIF layer directly
             under a leaky readout (:mod:`.readout_filter`; Bellec et al. 2020, Methods), which
             makes that layer's gradient exact where its own traces are (no lateral weights).
             Needs rule ``full``/``snap1``, mode ``stream`` and the reference path (``auto`` then
@@ -308,8 +308,8 @@ class OnlineLearner:
             why = "backend 'reference' or 'auto' (the compiled paths carry no filtered traces)"
         elif len(self.tracers) < 2 or type(self.tracers[-1]).__name__ != "ReadoutTrace":
             why = "a leaky readout (LeakyReadout with tau) as the last layer"
-        elif isinstance(self.tracers[-2], GenericTrace):
-            why = (f"a traced layer (LIF, ALIF, ...) under the readout, got "
+        elif getattr(getattr(self.tracers[-2], "online_kind", None), "tag", None) not in ("lif", "alif"):
+            why = (f"a LIF or ALIF layer (a per-neuron spike map) under the readout, got "
                    f"{type(self.tracers[-2].cell).__name__}")
         if why is not None:
             raise ValueError(f"OnlineLearner: readout_filter=True needs {why}")

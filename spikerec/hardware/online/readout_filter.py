@@ -1,5 +1,5 @@
-"""Readout-filtered eligibility traces: exact online gradients of the layer under a leaky readout
-(Bellec et al. 2020, "A solution to the learning dilemma for recurrent networks of spiking
+"""Readout-filtered eligibility traces: exact online gradients of the LIF or ALIF layer under a
+leaky readout (Bellec et al. 2020, "A solution to the learning dilemma for recurrent networks of spiking
 neurons", Nat. Commun. 11:3625, Methods: the learning signal of leaky output neurons and the
 filtered eligibility trace).
 
