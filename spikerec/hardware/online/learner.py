@@ -242,8 +242,9 @@ class OnlineLearner:
         readout_filter: carry readout-filtered eligibility traces in the LIF or ALIF layer directly
             under a leaky readout (:mod:`.readout_filter`; Bellec et al. 2020, Methods), which
             makes that layer's gradient exact where its own traces are (no lateral weights).
-            Needs rule ``full``/``snap1``, mode ``stream`` and the reference path (``auto`` then
-            takes it; ``compiled`` is an error), and no active dropout.
+            Needs rule ``full``/``snap1`` and the reference path (``auto`` then takes it;
+            ``compiled`` is an error), and no active dropout; ``chunked`` and ``parallel`` blocks
+            then run step by step (the same sums as ``stream``).
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None, *,
@@ -302,8 +303,6 @@ class OnlineLearner:
         why = None
         if self.rule not in ("full", "snap1"):
             why = f"rule 'full' or 'snap1' (got {self.rule!r})"
-        elif self.mode != "stream":
-            why = f"mode 'stream' (got {self.mode!r})"
         elif self.backend == "compiled":
             why = "backend 'reference' or 'auto' (the compiled paths carry no filtered traces)"
         elif len(self.tracers) < 2 or type(self.tracers[-1]).__name__ != "ReadoutTrace":
@@ -1008,9 +1007,10 @@ class OnlineLearner:
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)
-        if drop is not None and drop.training:
+        if (drop is not None and drop.training) or self._filter is not None:
             total = None
-            for k in range(K):  # active dropout: step by step so the masks match the stream form
+            # step by step: active dropout (so the masks match the stream form), readout-filtered traces
+            for k in range(K):
                 y_, l_ = self._stream([x[k]], [losses[k]])
                 if l_ is not None:
                     total = l_ if total is None else total + l_
