@@ -128,10 +128,10 @@ def test_readout_filter_refuses_what_it_does_not_cover():
     linear = RecurrentStack([LIF(4, 6, surrogate=SURR)], LeakyReadout(6, 2))
     with pytest.raises(ValueError, match="leaky readout"):
         OnlineLearner(linear, readout_filter=True)
-    from spikerec.layers.lru import LRU
+    from spikerec.layers.gru import GRU
 
-    with pytest.raises(ValueError, match="LIF or ALIF layer"):  # its output map mixes the neurons
-        OnlineLearner(RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=5.0)), readout_filter=True)
+    with pytest.raises(ValueError, match="LIF, ALIF or LRU layer"):
+        OnlineLearner(RecurrentStack([GRU(4, 5)], LeakyReadout(5, 2, tau=5.0)), readout_filter=True)
     learner = OnlineLearner(leaky, readout_filter=True)
     assert learner.backend == "reference"
     assert "readout-filtered" in learner.exactness()[0][2] and "biased" not in learner.exactness()[0][2]
@@ -153,3 +153,21 @@ def test_in_a_deep_stack_the_top_layer_is_exact_and_lower_ones_stay_biased():
     assert cos(est["cells.0.weight"], ref["cells.0.weight"]) > 0.5
     how = [h for _, _, h in OnlineLearner(model, readout_filter=True).exactness()]
     assert "biased" in how[0] and "readout-filtered" in how[1]
+
+
+@pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 5)])
+def test_lru_under_a_leaky_readout_equals_bptt(mode, chunk):
+    """The LRU's output map is linear: its traces, state and input are filtered; every parameter
+    (``nu``, ``theta``, ``gamma``, ``B``, ``C``, ``D``) equals BPTT, per-output taus included."""
+    from spikerec.layers.lru import LRU
+
+    torch.manual_seed(7)
+    model = RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=torch.tensor([5.0, 2.0]), learn_tau=True))
+    x, tgt = torch.randn(16, 3, 4), torch.randn(16, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=True, mode=mode, chunk=chunk)
+    plain = online_grads(model, x, tgt, mse_loss, mode=mode, chunk=chunk)
+    for n in ref:
+        assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
+        assert rel(est[n], ref[n]) < 1e-10, n
+    assert rel(plain["cells.0.B_re"], ref["cells.0.B_re"]) > 1e-3

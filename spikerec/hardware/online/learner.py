@@ -44,8 +44,8 @@ readout -> every parameter equals BPTT except those upstream of the recurrent la
 layers -> the last recurrent layer and everything downstream are exact, earlier layers are
 biased (only their future error terms are missing; thesis Sec. 4.3.2). A *leaky*
 readout is itself a traced recurrent layer, so it becomes the exact "last" layer; with
-``readout_filter=True`` the layer directly under it is exact too (:mod:`.readout_filter`). Cells without
-eligibility traces (a GRU, any other cell that follows the cell protocol) learn with their
+``readout_filter=True`` the LIF, ALIF or LRU layer directly under it is exact too
+(:mod:`.readout_filter`). Cells without eligibility traces (a GRU, any other cell that follows the cell protocol) learn with their
 immediate partials only (1-step truncation; SnAp-1 of Menick et al. 2021 would keep a diagonal
 trace): an approximation.
 """
@@ -64,7 +64,7 @@ from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .subnormal import flush_subnormals, with_flushed_subnormals
 from .kinds import online_trace
-from .readout_filter import ReadoutFilter
+from .readout_filter import LinearOutputFilter, ReadoutFilter
 from .traces_base import GenericTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import LIFTrace
 
@@ -239,8 +239,8 @@ class OnlineLearner:
             :meth:`supported_backends` lists what runs here. A model switched to training mode
             with dropout in the middle of a stream continues on the reference path (which applies
             the dropout).
-        readout_filter: carry readout-filtered eligibility traces in the LIF or ALIF layer directly
-            under a leaky readout (:mod:`.readout_filter`; Bellec et al. 2020, Methods), which
+        readout_filter: carry readout-filtered eligibility traces in the LIF, ALIF or LRU layer
+            directly under a leaky readout (:mod:`.readout_filter`; Bellec et al. 2020, Methods), which
             makes that layer's gradient exact where its own traces are (no lateral weights).
             Needs rule ``full``/``snap1`` and the reference path (``auto`` then takes it;
             ``compiled`` is an error), and no active dropout; ``chunked`` and ``parallel`` blocks
@@ -307,12 +307,12 @@ class OnlineLearner:
             why = "backend 'reference' or 'auto' (the compiled paths carry no filtered traces)"
         elif len(self.tracers) < 2 or type(self.tracers[-1]).__name__ != "ReadoutTrace":
             why = "a leaky readout (LeakyReadout with tau) as the last layer"
-        elif getattr(getattr(self.tracers[-2], "online_kind", None), "tag", None) not in ("lif", "alif"):
-            why = (f"a LIF or ALIF layer (a per-neuron spike map) under the readout, got "
-                   f"{type(self.tracers[-2].cell).__name__}")
+        elif getattr(getattr(self.tracers[-2], "online_kind", None), "tag", None) not in ("lif", "alif", "lru"):
+            why = f"a LIF, ALIF or LRU layer under the readout, got {type(self.tracers[-2].cell).__name__}"
         if why is not None:
             raise ValueError(f"OnlineLearner: readout_filter=True needs {why}")
-        return ReadoutFilter(self.tracers[-2], self.tracers[-1].cell)
+        tr = self.tracers[-2]
+        return (LinearOutputFilter if tr.online_kind.tag == "lru" else ReadoutFilter)(tr, self.tracers[-1].cell)
 
     @staticmethod
     def supported_backends(device="cpu") -> tuple[str, ...]:

@@ -1,7 +1,7 @@
-"""Readout-filtered eligibility traces: exact online gradients of the LIF or ALIF layer under a
-leaky readout (Bellec et al. 2020, "A solution to the learning dilemma for recurrent networks of spiking
-neurons", Nat. Commun. 11:3625, Methods: the learning signal of leaky output neurons and the
-filtered eligibility trace).
+"""Readout-filtered eligibility traces: exact online gradients of the LIF, ALIF or LRU layer
+under a leaky readout (Bellec et al. 2020, "A solution to the learning dilemma for recurrent
+networks of spiking neurons", Nat. Commun. 11:3625, Methods: the learning signal of leaky
+output neurons and the filtered eligibility trace).
 
 A leaky readout ``y_t = alpha y_{t-1} + W z_t + b`` is a linear diagonal filter, so a hidden
 spike ``z_s`` reaches every later output: ``d y_t / d z_s = alpha^(t-s) W``. With ``delta_t =
@@ -102,3 +102,46 @@ class ReadoutFilter:
                 else:
                     G = (u * zbar).sum(0)
                     ts.add(n, G if tr.params[n].numel() == G.numel() else G.sum())
+
+
+class LinearOutputFilter(ReadoutFilter):
+    """The same sums for a layer whose output map is linear in its input and state (the LRU,
+    ``o = Re(C h) + D x``): ``psi`` is then constant, so the layer's traces themselves are filtered,
+    ``ebar^d_t = alpha_d ebar^d_{t-1} + eps_t``, and ``G += (d o / d s)^T u^d_t . ebar^d_t``; the
+    output map's own parameters get ``d (u^d_t . o(xbar^d_t, sbar^d_t)) / d theta`` with the filtered
+    input and state. Memory per distinct decay: one copy of the layer's traces, state and input."""
+
+    def step(self, ts: TraceState, P: Partials, x_in, new, delta) -> None:
+        tr = self.tr
+        names = tr.vec_names(P)
+        readers = tr.mat_readers(P)
+        cur = {"x": x_in, **{f"s{f}": v for f, v in enumerate(new)}}
+        if names and ts.vec.get(_STACK) is not None:
+            cur["vec"] = ts.vec[_STACK]  # [B, N, k, m]
+        for base in {b for b, _, _ in readers}:
+            if base in ts.mat:
+                cur[f"mat/{base}"] = ts.mat[base]  # [N, B, k, H]
+        out_params = {n: p for n, p in tr.cell.named_parameters() if p.requires_grad and n not in tr.traced}
+        W = self.readout.weight.detach()
+        for j, (a, m) in enumerate(self.groups(x_in.dtype)):
+            bars = {}
+            for key, v in cur.items():  # the stored traces are updated in place by the next step: copy
+                old = ts.filt.get(f"{j}/{key}")
+                bars[key] = ts.filt[f"{j}/{key}"] = v.clone() if old is None else old * a + v
+            if delta is None:
+                continue
+            u = (delta * m) @ W  # [B, layer outputs]
+            fields = [bars[f"s{f}"].detach().requires_grad_() for f in range(len(new))]
+            o = tr.output(bars["x"], type(new)(*fields))
+            grads = torch.autograd.grad(o, fields + list(out_params.values()), u, allow_unused=True)
+            gbar = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+            if "vec" in bars:
+                Gv = (gbar.unsqueeze(-1) * bars["vec"]).sum(dim=(0, 2))
+                for i, n in enumerate(names):
+                    ts.add(n, Gv[:, i])
+            for base, r, M in readers:
+                if f"mat/{base}" in bars:
+                    ts.add(r, torch.einsum("bnf,nbfh->nh", _mat_contract_g(gbar, M), bars[f"mat/{base}"]))
+            for n, g in zip(out_params, grads[len(fields):]):
+                if g is not None:
+                    ts.add(n, g)
