@@ -43,8 +43,9 @@ Exactness (float64, see :meth:`OnlineLearner.exactness`): one recurrent layer wi
 readout -> every parameter equals BPTT except those upstream of the recurrent layer; several
 layers -> the last recurrent layer and everything downstream are exact, earlier layers are
 biased (only their future error terms are missing; thesis Sec. 4.3.2). A *leaky*
-readout is itself a traced recurrent layer, so it becomes the exact "last" layer. Cells without
-eligibility traces (a GRU, any other cell that follows the cell protocol) learn with their
+readout is itself a traced recurrent layer, so it becomes the exact "last" layer; with
+``readout_filter=True`` the LIF, ALIF or LRU layer directly under it is exact too
+(:mod:`.readout_filter`). Cells without eligibility traces (a GRU, any other cell that follows the cell protocol) learn with their
 immediate partials only (1-step truncation; SnAp-1 of Menick et al. 2021 would keep a diagonal
 trace): an approximation.
 """
@@ -63,6 +64,7 @@ from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .subnormal import flush_subnormals, with_flushed_subnormals
 from .kinds import online_trace
+from .readout_filter import LinearOutputFilter, ReadoutFilter
 from .traces_base import GenericTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import LIFTrace
 
@@ -237,10 +239,17 @@ class OnlineLearner:
             :meth:`supported_backends` lists what runs here. A model switched to training mode
             with dropout in the middle of a stream continues on the reference path (which applies
             the dropout).
+        readout_filter: carry readout-filtered eligibility traces in the LIF, ALIF or LRU layer
+            directly under a leaky readout (:mod:`.readout_filter`; Bellec et al. 2020, Methods), which
+            makes that layer's gradient exact where its own traces are (no lateral weights).
+            Needs rule ``full``/``snap1`` and the reference path (``auto`` then takes it;
+            ``compiled`` is an error), and no active dropout; ``chunked`` and ``parallel`` blocks
+            then run step by step (the same sums as ``stream``).
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None, *,
-                 loss: Callable | None = None, optimizer=None, update_every=None, backend: str = "auto"):
+                 loss: Callable | None = None, optimizer=None, update_every=None, backend: str = "auto",
+                 readout_filter: bool = False):
         if rule not in RULES:
             raise ValueError(f"OnlineLearner: rule must be one of {RULES}, got {rule!r}")
         if mode not in MODES:
@@ -264,6 +273,9 @@ class OnlineLearner:
         self.backend = backend
         self.loss, self.optimizer, self.update_every = loss, optimizer, update_every
         self.tracers = [] if rule == "bptt" else [online_trace(c, rule, i) for i, c in enumerate(model.layers)]
+        self._filter = self._readout_filter() if readout_filter else None
+        if self._filter is not None and backend == "auto":
+            self.backend = backend = "reference"  # the compiled paths carry no filtered traces
         self.states = None  # no stream yet
         self.steps = 0  # steps of the current stream
         self.since_update = 0
@@ -284,6 +296,23 @@ class OnlineLearner:
                 raise RuntimeError(f"OnlineLearner: backend 'compiled' on {dev.type} needs "
                                    f"{'Triton' if dev.type == 'cuda' else 'numba'} (pip install 'spikerec[fast]'); "
                                    f"use backend='auto' or 'reference'")
+
+    def _readout_filter(self) -> ReadoutFilter:
+        """The filtered traces of the layer under the leaky readout (``readout_filter=True``), or
+        an error naming what is missing."""
+        why = None
+        if self.rule not in ("full", "snap1"):
+            why = f"rule 'full' or 'snap1' (got {self.rule!r})"
+        elif self.backend == "compiled":
+            why = "backend 'reference' or 'auto' (the compiled paths carry no filtered traces)"
+        elif len(self.tracers) < 2 or type(self.tracers[-1]).__name__ != "ReadoutTrace":
+            why = "a leaky readout (LeakyReadout with tau) as the last layer"
+        elif getattr(getattr(self.tracers[-2], "online_kind", None), "tag", None) not in ("lif", "alif", "lru"):
+            why = f"a LIF, ALIF or LRU layer under the readout, got {type(self.tracers[-2].cell).__name__}"
+        if why is not None:
+            raise ValueError(f"OnlineLearner: readout_filter=True needs {why}")
+        tr = self.tracers[-2]
+        return (LinearOutputFilter if tr.online_kind.tag == "lru" else ReadoutFilter)(tr, self.tracers[-1].cell)
 
     @staticmethod
     def supported_backends(device="cpu") -> tuple[str, ...]:
@@ -321,7 +350,8 @@ class OnlineLearner:
         Traced cells (LRU, LIF/ALIF without lateral weights, the leaky readout) are exact within the
         layer; lateral weights get the e-prop approximation (paths between neurons dropped; Bellec
         et al. 2020); other cells (GRU, ...) use 1-step truncation. Errors reaching a
-        layer from above are spatial only, so every layer below the last recurrent one is biased.
+        layer from above are spatial only, so every layer below the last recurrent one is biased,
+        except the layer directly under a leaky readout with ``readout_filter=True``.
         """
         if self.rule == "bptt":
             return [(i, type(c).__name__, "BPTT (autograd through time)") for i, c in enumerate(self.model.layers)]
@@ -339,7 +369,9 @@ class OnlineLearner:
                 how = tr.online_kind.exactness
                 if getattr(tr.cell, "recurrent_weight", None) is not None:
                     how = "e-prop traces (approximation: lateral paths between neurons dropped)"
-            if stateful[i] and any(stateful[i + 1:]):
+            if self._filter is not None and tr is self._filter.tr:
+                how += "; readout-filtered traces: the leaky readout's errors of every later step reach it"
+            elif stateful[i] and any(stateful[i + 1:]):
                 how += "; the layer's gradient is biased: errors from the recurrent layers above arrive through the current step only"
             out.append((i, kind, how))
         return out
@@ -422,6 +454,7 @@ class OnlineLearner:
             for ts in self._traces:
                 ts.vec.clear()
                 ts.mat.clear()
+                ts.filt.clear()
             self.steps = 0
         else:
             self.states = [type(s)(*(torch.where(mask.view(-1, *([1] * (f.dim() - 1))), i, f) for f, i in zip(s, si)))
@@ -444,6 +477,7 @@ class OnlineLearner:
             for ts in self._traces:
                 ts.vec.clear()
                 ts.mat.clear()
+                ts.filt.clear()
         else:
             self._zero_traces(mask)
         self._gen += 1
@@ -560,6 +594,8 @@ class OnlineLearner:
                 tensors[f"trace_mat/{l}/{_key(n)}"] = v
             for n, v in ts.G.items():
                 tensors[f"acc/{l}/{n}"] = v
+            for n, v in ts.filt.items():
+                tensors[f"trace_filt/{l}/{n}"] = v
         names = {p: n for n, p in self.model.named_parameters()}
         for p, v in self.spatial.items():
             tensors[f"spatial/{names[p]}"] = v
@@ -603,10 +639,10 @@ class OnlineLearner:
         named = dict(self.model.named_parameters())
         for key, v in tensors.items():
             kind, _, rest = key.partition("/")
-            if kind in ("trace_vec", "trace_mat", "acc"):
+            if kind in ("trace_vec", "trace_mat", "acc", "trace_filt"):
                 l, _, n = rest.partition("/")
                 ts = self._traces[int(l)]
-                d = {"trace_vec": ts.vec, "trace_mat": ts.mat, "acc": ts.G}[kind]
+                d = {"trace_vec": ts.vec, "trace_mat": ts.mat, "acc": ts.G, "trace_filt": ts.filt}[kind]
                 d[_unkey(n)] = v.clone()
             elif kind in ("pending", "block_start", "fused_lif"):
                 continue
@@ -659,6 +695,8 @@ class OnlineLearner:
                 v.mul_(keep.view(-1, *([1] * (v.dim() - 1))).to(v.dtype))
             for n, v in ts.mat.items():  # [N, B, k, H]
                 v.mul_(keep.view(1, -1, *([1] * (v.dim() - 2))).to(v.dtype))
+            for n, v in ts.filt.items():  # [B, ...]
+                v.mul_(keep.view(-1, *([1] * (v.dim() - 1))).to(v.dtype))
 
     def _check_nan(self, x_t, name):
         """Raise for NaN in the step input ``x_t`` (``name`` ``None``: the current step's)."""
@@ -763,6 +801,8 @@ class OnlineLearner:
         for tr in self.tracers:
             if isinstance(tr, GenericTrace):
                 self.frozen |= tr.frozen
+        if self._filter is not None:  # their spatial partials are replaced by the filtered ones
+            self.frozen |= {id(p) for p in self._filter.tr.cell.parameters()}
         self.kernel = None
         self._fast_kinds = None
         self._fused = {}
@@ -881,15 +921,25 @@ class OnlineLearner:
                     continue
                 ref = next(v for v in lst if v is not None)
                 gs[i][k] = torch.stack([v if v is not None else torch.zeros_like(ref) for v in lst], -1)
+        filt = self._filter
+        if filt is not None and self._dropout is not None and self._dropout.training:
+            raise ValueError("OnlineLearner: readout_filter=True does not support active dropout "
+                             "(call model.eval() or drop the filter)")
         with torch.no_grad():
             for i in traced:
                 tr, ts = self.tracers[i], self.traces[i]
                 if not tr.traced:
                     continue
-                for recs, g in zip(all_recs, gs[i]):
+                filtered = filt is not None and tr is filt.tr
+                for k, (recs, g) in enumerate(zip(all_recs, gs[i])):
                     x_in, prev, new = recs[i]
-                    P = tr.partials(x_in, prev, type(new)(*(v.detach() for v in new)))
-                    stream_step(ts, P, g, self.kernel)
+                    new = type(new)(*(v.detach() for v in new))
+                    P = tr.partials(x_in, prev, new)
+                    stream_step(ts, P, None if filtered else g, self.kernel)
+                    if filtered:  # the readout's learning signal d l_t / d y_t, through the filtered traces
+                        d = gs[len(self.tracers) - 1][k]
+                        with torch.enable_grad():
+                            filt.step(ts, P, x_in, new, None if d is None else d[..., 0])
         return y.detach(), (None if total is None else total.detach())
 
     def _closure(self, target_t, step_no):
@@ -957,9 +1007,10 @@ class OnlineLearner:
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)
-        if drop is not None and drop.training:
+        if (drop is not None and drop.training) or self._filter is not None:
             total = None
-            for k in range(K):  # active dropout: step by step so the masks match the stream form
+            # step by step: active dropout (so the masks match the stream form), readout-filtered traces
+            for k in range(K):
                 y_, l_ = self._stream([x[k]], [losses[k]])
                 if l_ is not None:
                     total = l_ if total is None else total + l_

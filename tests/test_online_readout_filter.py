@@ -1,0 +1,173 @@
+"""Readout-filtered eligibility traces (``readout_filter=True``): the layer under a leaky readout
+learns with the exact BPTT gradient (float64), per-output time constants included."""
+import pytest
+import torch
+
+from spikerec.hardware.online import OnlineLearner, mse_loss, mse_step_loss
+from spikerec.layers import ALIF, LIF, LeakyReadout
+from spikerec.models import RecurrentStack
+
+from online_helpers import _fp64_one_thread, bptt_grads, cos, named, online_grads, rel  # noqa: F401
+
+SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
+CONFIGS = [
+    ("lif", dict(reset="subtract", detach_reset=False, learn_threshold=True, tau_mem=5.0)),
+    ("lif", dict(reset="zero", detach_reset=True, learn_threshold=True, tau_mem=5.0)),
+    ("lif", dict(reset="subtract", tau_syn=3.0, tau_mem=5.0, detach_reset=False, learn_threshold=True)),
+    ("alif", dict(recurrent=False, detach_reset=False, tau_mem=5.0, tau_adapt=10.0, b=0.5, beta=0.5)),
+]
+
+
+def leaky_model(kind, kw, H=4, N=6, tau=(6.0, 3.0)):
+    cell = (LIF if kind == "lif" else ALIF)(H, N, surrogate=SURR, **kw)
+    with torch.no_grad():
+        cell.weight.mul_(3.0)
+    return RecurrentStack([cell], LeakyReadout(N, len(tau), tau=torch.tensor(tau), learn_tau=True))
+
+
+@pytest.mark.parametrize("kind,kw", CONFIGS)
+def test_layer_under_a_leaky_readout_equals_bptt(kind, kw):
+    """Every parameter (weights, bias, time constants, threshold, ALIF's b and beta) equals BPTT;
+    without the filter the hidden layer is biased (the test is not vacuous)."""
+    torch.manual_seed(1)
+    model = leaky_model(kind, kw)
+    x, tgt = torch.rand(25, 3, 4), torch.randn(25, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=True)
+    plain = online_grads(model, x, tgt, mse_loss)
+    for n in ref:
+        assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
+        assert rel(est[n], ref[n]) < 1e-10, n
+    assert rel(plain["cells.0.weight"], ref["cells.0.weight"]) > 0.1
+
+
+@pytest.mark.parametrize("mode,chunk", [("chunked", 4), ("parallel", None)])
+def test_chunked_and_parallel_modes_equal_bptt(mode, chunk):
+    torch.manual_seed(5)
+    model = leaky_model(*CONFIGS[3])
+    x, tgt = torch.rand(14, 3, 4), torch.randn(14, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=True, mode=mode, chunk=chunk)
+    for n in ref:
+        assert rel(est[n], ref[n]) < 1e-10, n
+
+
+def test_chunked_step_api_equals_bptt():
+    torch.manual_seed(6)
+    model = leaky_model(*CONFIGS[1])
+    x, t = torch.rand(11, 2, 4), torch.randn(11, 2, 2)
+    ref = bptt_grads(model, x, t, mse_loss)
+    model.zero_grad()
+    learner = OnlineLearner(model, mode="chunked", chunk=3, loss=mse_step_loss, readout_filter=True)
+    for k in range(x.shape[0]):
+        learner.step(x[k], t[k])
+    learner.update()
+    for n, p in named(model):
+        assert rel(p.grad, ref[n]) < 1e-10, n
+
+
+def test_step_api_and_reset_equal_bptt_of_each_sequence():
+    """``step`` over two sequences with a (masked) reset between them: the sum of their BPTT
+    gradients, so the filtered traces are cleared at the boundary."""
+    torch.manual_seed(2)
+    model = leaky_model(*CONFIGS[3], tau=(4.0, 4.0))
+    xs, ts = [torch.rand(12, 2, 4) for _ in range(2)], [torch.randn(12, 2, 2) for _ in range(2)]
+    refs = [bptt_grads(model, x, t, mse_loss) for x, t in zip(xs, ts)]
+    model.zero_grad()
+    learner = OnlineLearner(model, loss=mse_step_loss, readout_filter=True)
+    for j, (x, t) in enumerate(zip(xs, ts)):
+        for k in range(x.shape[0]):
+            learner.step(x[k], t[k])
+        learner.reset(torch.ones(2, dtype=torch.bool) if j == 0 else None)
+    learner.update()
+    for n, p in named(model):
+        assert rel(p.grad, refs[0][n] + refs[1][n]) < 1e-10, n
+
+
+def test_a_checkpoint_carries_the_filtered_traces():
+    """A stream saved and restored mid-sequence into a fresh learner gives the uninterrupted gradient."""
+    torch.manual_seed(4)
+    model = leaky_model(*CONFIGS[0])
+    x, t = torch.rand(10, 2, 4), torch.randn(10, 2, 2)
+    ref = bptt_grads(model, x, t, mse_loss)
+    model.zero_grad()
+    first = OnlineLearner(model, loss=mse_step_loss, readout_filter=True)
+    for k in range(5):
+        first.step(x[k], t[k])
+    tensors, meta = first.state_tensors()
+    assert any(key.startswith("trace_filt/") for key in tensors)
+    second = OnlineLearner(model, loss=mse_step_loss, readout_filter=True)
+    second.load_state_tensors(tensors, meta)
+    for k in range(5, 10):
+        second.step(x[k], t[k])
+    second.update()
+    for n, p in named(model):
+        assert rel(p.grad, ref[n]) < 1e-10, n
+
+
+def test_lateral_weights_stay_an_approximation():
+    """With lateral weights the neurons interact: the filter does not make the traces exact
+    (e-prop), though the estimate stays aligned with BPTT."""
+    torch.manual_seed(3)
+    model = leaky_model("alif", dict(recurrent=True, tau_mem=5.0, tau_adapt=10.0, b=0.5, beta=0.5))
+    with torch.no_grad():
+        model.cells[0].recurrent_weight.mul_(2.0)
+    x, tgt = torch.rand(20, 3, 4), torch.randn(20, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=True)
+    assert rel(est["readout.weight"], ref["readout.weight"]) < 1e-10
+    assert rel(est["cells.0.weight"], ref["cells.0.weight"]) > 1e-3
+    assert cos(est["cells.0.weight"], ref["cells.0.weight"]) > 0.5
+
+
+def test_readout_filter_refuses_what_it_does_not_cover():
+    leaky = leaky_model(*CONFIGS[0])
+    for kw, what in ((dict(rule="trunc1"), "rule 'full'"), (dict(backend="compiled"), "backend 'reference'")):
+        with pytest.raises(ValueError, match=what):
+            OnlineLearner(leaky, readout_filter=True, **kw)
+    linear = RecurrentStack([LIF(4, 6, surrogate=SURR)], LeakyReadout(6, 2))
+    with pytest.raises(ValueError, match="leaky readout"):
+        OnlineLearner(linear, readout_filter=True)
+    from spikerec.layers.gru import GRU
+
+    with pytest.raises(ValueError, match="LIF, ALIF or LRU layer"):
+        OnlineLearner(RecurrentStack([GRU(4, 5)], LeakyReadout(5, 2, tau=5.0)), readout_filter=True)
+    learner = OnlineLearner(leaky, readout_filter=True)
+    assert learner.backend == "reference"
+    assert "readout-filtered" in learner.exactness()[0][2] and "biased" not in learner.exactness()[0][2]
+    assert "biased" in OnlineLearner(leaky).exactness()[0][2]
+
+
+def test_in_a_deep_stack_the_top_layer_is_exact_and_lower_ones_stay_biased():
+    from test_online_exact import deep_spiking_model
+
+    torch.manual_seed(3)
+    model = RecurrentStack(deep_spiking_model().cells, LeakyReadout(6, 2, tau=5.0, learn_tau=True))
+    x, tgt = torch.rand(20, 3, 4), torch.randn(20, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=True)
+    for n in ref:
+        if not n.startswith("cells.0"):
+            assert rel(est[n], ref[n]) < 1e-10, n
+    assert rel(est["cells.0.weight"], ref["cells.0.weight"]) > 1e-3
+    assert cos(est["cells.0.weight"], ref["cells.0.weight"]) > 0.5
+    how = [h for _, _, h in OnlineLearner(model, readout_filter=True).exactness()]
+    assert "biased" in how[0] and "readout-filtered" in how[1]
+
+
+@pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 5)])
+def test_lru_under_a_leaky_readout_equals_bptt(mode, chunk):
+    """The LRU's output map is linear: its traces, state and input are filtered; every parameter
+    (``nu``, ``theta``, ``gamma``, ``B``, ``C``, ``D``) equals BPTT, per-output taus included."""
+    from spikerec.layers.lru import LRU
+
+    torch.manual_seed(7)
+    model = RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=torch.tensor([5.0, 2.0]), learn_tau=True))
+    x, tgt = torch.randn(16, 3, 4), torch.randn(16, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=True, mode=mode, chunk=chunk)
+    plain = online_grads(model, x, tgt, mse_loss, mode=mode, chunk=chunk)
+    for n in ref:
+        assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
+        assert rel(est[n], ref[n]) < 1e-10, n
+    assert rel(plain["cells.0.B_re"], ref["cells.0.B_re"]) > 1e-3
