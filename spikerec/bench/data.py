@@ -12,7 +12,6 @@ Goals (2 cores): cold < 30 s, cached < 2 s.
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ..options import ArgumentParser, real_number, whole_number
 
 
 def _cpu_name() -> str:
@@ -39,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     from spikerec.data.shd_file import read_shd
     from spikerec.data.shd_synth import write_shd_like
 
-    p = argparse.ArgumentParser(prog="spikerec bench data", description="SHD-sized binning, cold and cached")
-    p.add_argument("--samples", type=int, default=8156)
-    p.add_argument("--mean-spikes", type=float, default=6000)
+    p = ArgumentParser(prog="spikerec bench data", description="SHD-sized binning, cold and cached")
+    p.add_argument("--samples", type=whole_number(1), default=8156)
+    p.add_argument("--mean-spikes", type=real_number(0, inclusive=False), default=6000)
     p.add_argument("--preset", default="zenke100")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=whole_number(1), default=2)
     p.add_argument("--file", default=None, help="use this SHD-format file instead of a synthetic one")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)

@@ -45,6 +45,7 @@ import warnings
 import torch
 
 from ..atomic import atomic_write_text
+from ..options import ArgumentParser, whole_number
 from .lif_peers import held_tensors, neuron_contenders, saved_bytes
 
 
@@ -184,14 +185,14 @@ def _print(title, best, rates, saved, ref, unit_ref_name):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="spikerec bench lif", description=__doc__,
+    ap = ArgumentParser(prog="spikerec bench lif", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--T", type=int, default=500)
-    ap.add_argument("--B", type=int, default=16)
-    ap.add_argument("--N", type=int, default=512)
-    ap.add_argument("--alif-n", type=int, default=512, help="recurrent units of the ALIF part")
-    ap.add_argument("--reps", type=int, default=5, help="timed rounds (the minimum is reported)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--T", type=whole_number(1), default=500)
+    ap.add_argument("--B", type=whole_number(1), default=16)
+    ap.add_argument("--N", type=whole_number(1), default=512)
+    ap.add_argument("--alif-n", type=whole_number(1), default=512, help="recurrent units of the ALIF part")
+    ap.add_argument("--reps", type=whole_number(1), default=5, help="timed rounds (the minimum is reported)")
+    ap.add_argument("--threads", type=whole_number(1), default=os.cpu_count() or 1)
     ap.add_argument("--libs", default="snntorch,norse,spikingjelly", help="peers to include (comma list)")
     ap.add_argument("--parts", default="neuron,layer,alif", help="which parts to run (comma list)")
     ap.add_argument("--json", help="also write the results to this JSON file")
@@ -199,8 +200,6 @@ def main(argv=None) -> int:
                     help="cuda: the GPU bench (spikerec.bench.lif_cuda): the published setup and --sizes")
     ap.add_argument("--sizes", default="512,4096,16384", help="--device cuda: layer widths N (comma list)")
     a = ap.parse_args(argv)
-    if a.reps < 1 or a.T < 1 or a.B < 1 or a.N < 1 or a.alif_n < 1:
-        ap.error("--T, --B, --N, --alif-n and --reps must be >= 1")
     warnings.filterwarnings("ignore")
     torch.set_num_threads(a.threads)
     libs = set(filter(None, a.libs.split(",")))

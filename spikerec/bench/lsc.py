@@ -10,13 +10,13 @@ radii over the batch within ``eps`` of the target) or at ``--budget`` seconds.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import subprocess
 import time
 
 import torch
+from ..options import ArgumentParser, real_number, whole_number
 
 __all__ = ["main", "run"]
 
@@ -81,24 +81,24 @@ def run(width=256, channels=700, steps=100, batch=8, rate=0.05, method="auto", n
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="spikerec bench lsc", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--channels", type=int, default=700)
-    ap.add_argument("--steps", type=int, default=100, help="time bins T of the input")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--rate", type=float, default=0.05, help="spike probability per bin and channel")
+    ap = ArgumentParser(prog="spikerec bench lsc", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--width", type=whole_number(1), default=256)
+    ap.add_argument("--channels", type=whole_number(1), default=700)
+    ap.add_argument("--steps", type=whole_number(1), default=100, help="time bins T of the input")
+    ap.add_argument("--batch", type=whole_number(1), default=8)
+    ap.add_argument("--rate", type=real_number(0, inclusive=False), default=0.05, help="spike probability per bin and channel")
     ap.add_argument("--method", default="auto", choices=["auto", "exact", "arnoldi", "gelfand"])
-    ap.add_argument("--n-iter", type=int, default=32)
-    ap.add_argument("--budget", type=float, default=300.0, help="seconds allowed for the full pre-training")
-    ap.add_argument("--target", type=float, default=1.0)
-    ap.add_argument("--eps", type=float, default=0.02)
+    ap.add_argument("--n-iter", type=whole_number(1), default=32)
+    ap.add_argument("--budget", type=real_number(0, inclusive=False), default=300.0, help="seconds allowed for the full pre-training")
+    ap.add_argument("--target", type=real_number(0, inclusive=False), default=1.0)
+    ap.add_argument("--eps", type=real_number(0, inclusive=False), default=0.02)
     ap.add_argument("--no-shuffle", action="store_true",
                     help="pre-train without the per-step weight shuffling (not the paper's method; for comparison)")
     ap.add_argument("--state", default="replay", choices=["replay", "carry"],
                     help="replay the state under the current weights (default) or carry it across updates "
                          "(the official code)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--threads", type=whole_number(1), default=None, help="torch threads (default: torch's choice)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     if a.threads:

@@ -55,6 +55,7 @@ import time
 
 from ..atomic import atomic_path
 from ..hardware.online.memory import _MALLINFO2, alloc_in_use
+from ..options import ArgumentParser, whole_number
 
 __all__ = ["main", "run_one", "alloc_in_use"]
 
@@ -330,20 +331,20 @@ def _machine(device: str = "cpu") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="spikerec bench online", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="spikerec bench online", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small T and networks")
     ap.add_argument("--nets", default="lru,alif", help="comma list of lru, alif, lif")
     ap.add_argument("--methods", default="stream,chunked,bptt")
-    ap.add_argument("--chunk", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--chunk", type=whole_number(1), default=64)
+    ap.add_argument("--repeat", type=whole_number(1), default=2)
     ap.add_argument("--T", default=None, help="comma list of sequence lengths (overrides the preset)")
-    ap.add_argument("--processes", type=int, default=1,
+    ap.add_argument("--processes", type=whole_number(1), default=1,
                     help="fresh processes per (net, T); each method's time is its best over them and the "
                          "range is printed (the BPTT reference moves by 10-30%% from one process to another)")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where the model, input and "
                     "learner run (on CUDA the online learner's matrix traces use the Triton kernel)")
-    ap.add_argument("--batch", type=int, default=None, help="batch size (overrides the preset)")
-    ap.add_argument("--hidden", type=int, default=None,
+    ap.add_argument("--batch", type=whole_number(1), default=None, help="batch size (overrides the preset)")
+    ap.add_argument("--hidden", type=whole_number(1), default=None,
                     help="input features and state size of each layer (overrides the preset)")
     ap.add_argument("--trace-kernel", default=None, metavar="N,B,H",
                     help="instead: time the matrix-trace step alone (fused kernel, torch reference, a copy of the "

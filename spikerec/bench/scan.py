@@ -29,7 +29,6 @@ warm-up round is reported (the loops use fewer rounds at large ``T``).
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import time
@@ -37,6 +36,7 @@ import time
 import torch
 
 from ..scan import linear_scan, scan_loop
+from ..options import ArgumentParser, whole_number
 
 
 def _sync(device: torch.device) -> None:
@@ -165,16 +165,16 @@ DTYPES = {"complex64": torch.complex64, "float32": torch.float32, "complex128": 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="spikerec bench scan", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="spikerec bench scan", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes (B=4, C=256, T in 256, 1024)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default cpu)")
     p.add_argument("--dtype", default="complex64,float32", help="comma-separated: complex64, float32, complex128, float64")
     p.add_argument("--T", default=None, help="comma-separated sequence lengths (default 1024,4096,16384)")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--channels", type=int, default=1536)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--backward-max-t", type=int, default=4096, help="time forward+backward only up to this T")
+    p.add_argument("--batch", type=whole_number(1), default=8)
+    p.add_argument("--channels", type=whole_number(1), default=1536)
+    p.add_argument("--repeats", type=whole_number(1), default=5)
+    p.add_argument("--threads", type=whole_number(1), default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--backward-max-t", type=whole_number(0), default=4096, help="time forward+backward only up to this T")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if args.threads:
