@@ -1,5 +1,5 @@
 """``spikerec bench online --processes N``: each method keeps its best time over the processes."""
-from spikerec.bench.online import _best_over_processes, main
+from spikerec.bench.online import _best_over_processes
 
 
 def _row(method, s, peak=1.0, T=100):
@@ -19,5 +19,7 @@ def test_best_over_processes_takes_each_methods_best_and_range():
 
 
 def test_processes_must_be_positive(capsys):
-    assert main(["--processes", "0", "--quick"]) == 2
-    assert "--processes must be >= 1" in capsys.readouterr().err
+    from spikerec.cli import main as cli_main
+
+    assert cli_main(["bench", "online", "--processes", "0", "--quick"]) == 2
+    assert "argument --processes: must be >= 1, got 0" in capsys.readouterr().err

@@ -410,9 +410,6 @@ def main(argv: list[str] | None = None) -> int:
           f"numba threads: {os.environ.get('NUMBA_NUM_THREADS', os.environ.get('SPIKEREC_BENCH_THREADS', '1'))}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
     rows = []
-    if args.processes < 1:
-        print(f"spikerec bench online: --processes must be >= 1, got {args.processes}", file=sys.stderr)
-        return 2
     header = f"{'net':<5} {'T':>5} {'method':<16} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
     if args.processes > 1:
         header += f"  s/seq over {args.processes} processes"
