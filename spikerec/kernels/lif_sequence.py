@@ -109,7 +109,6 @@ class LIFSequence(torch.autograd.Function):
     def forward(ctx, I, v0, i0, alpha, alpha_s, thr, w_rec, surrogate, reset, detach_reset, impl="auto"):
         if impl not in IMPLS:
             raise ValueError(f"LIF kernel: impl must be one of {IMPLS}, got {impl!r}")
-        syn = i0 is not None
         form = _triton_form(impl, I, w_rec, surrogate, (alpha, alpha_s, thr))
         ctx.triton = form
         ctx.numba = False
