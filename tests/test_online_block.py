@@ -50,6 +50,7 @@ def traces_of(lr):
 def run_steps(model, x, tgt, closed, resets=(), mode="chunked", chunk=4, **kw):
     """``closed``: the compiled backend (the chunked mode's no-autograd block), else the reference."""
     model.zero_grad()
+    kw.setdefault("readout_filter", False)  # the block form itself (with the filter, blocks run step by step)
     lr = OnlineLearner(model, loss=mse_step_loss, mode=mode, chunk=chunk if mode == "chunked" else None,
                        backend="auto" if closed else "reference", **kw)
     ys, ls = [], []

@@ -99,13 +99,17 @@ def test_modes_agree(K):
 
 
 def test_leaky_readout_is_exact_last_layer():
-    """A leaky readout is a traced recurrent layer: exact, and the cells below become biased."""
+    """A leaky readout is a traced recurrent layer: exact; the cell below is exact with the
+    readout-filtered traces (the default) and biased without them."""
     torch.manual_seed(2)
     T, B = 25, 3
     cell = spiking_cell("lif", 4, 6, tau_mem=5.0)
     model = RecurrentStack([cell], LeakyReadout(6, 2, tau=5.0, learn_tau=True))
     x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
-    ref, est = bptt_grads(model, x, tgt, mse_loss), online_grads(model, x, tgt, mse_loss)
+    ref, filtered = bptt_grads(model, x, tgt, mse_loss), online_grads(model, x, tgt, mse_loss)
+    for n in ref:
+        assert rel(filtered[n], ref[n]) < 1e-10, n
+    est = online_grads(model, x, tgt, mse_loss, readout_filter=False)
     for n in ("readout.weight", "readout.bias", "readout.log_tau"):
         assert rel(est[n], ref[n]) < 1e-10, n
     assert rel(est["cells.0.weight"], ref["cells.0.weight"]) > 1e-3

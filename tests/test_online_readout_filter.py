@@ -34,17 +34,20 @@ def test_layer_under_a_leaky_readout_equals_bptt(kind, kw):
     x, tgt = torch.rand(25, 3, 4), torch.randn(25, 3, 2)
     ref = bptt_grads(model, x, tgt, mse_loss)
     est = online_grads(model, x, tgt, mse_loss, readout_filter=True)
-    plain = online_grads(model, x, tgt, mse_loss)
+    plain = online_grads(model, x, tgt, mse_loss, readout_filter=False)
     for n in ref:
         assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
         assert rel(est[n], ref[n]) < 1e-10, n
     assert rel(plain["cells.0.weight"], ref["cells.0.weight"]) > 0.1
 
 
+@pytest.mark.parametrize("kind,kw", CONFIGS)
 @pytest.mark.parametrize("mode,chunk", [("chunked", 4), ("parallel", None)])
-def test_chunked_and_parallel_modes_equal_bptt(mode, chunk):
+def test_chunked_and_parallel_modes_equal_bptt(mode, chunk, kind, kw):
+    """The block form: the readout's errors of the block's later steps through the reverse filter,
+    the filtered traces carried across blocks (14 steps: a partial last block)."""
     torch.manual_seed(5)
-    model = leaky_model(*CONFIGS[3])
+    model = leaky_model(kind, kw)
     x, tgt = torch.rand(14, 3, 4), torch.randn(14, 3, 2)
     ref = bptt_grads(model, x, tgt, mse_loss)
     est = online_grads(model, x, tgt, mse_loss, readout_filter=True, mode=mode, chunk=chunk)
@@ -52,15 +55,20 @@ def test_chunked_and_parallel_modes_equal_bptt(mode, chunk):
         assert rel(est[n], ref[n]) < 1e-10, n
 
 
+def some_steps_loss(y, target, t):
+    """The MSE at the steps not divisible by 4 (steps without a loss inside the blocks)."""
+    return None if t % 4 == 0 else mse_loss(y, target, t)
+
+
 def test_chunked_step_api_equals_bptt():
     torch.manual_seed(6)
     model = leaky_model(*CONFIGS[1])
     x, t = torch.rand(11, 2, 4), torch.randn(11, 2, 2)
-    ref = bptt_grads(model, x, t, mse_loss)
+    ref = bptt_grads(model, x, t, some_steps_loss)
     model.zero_grad()
     learner = OnlineLearner(model, mode="chunked", chunk=3, loss=mse_step_loss, readout_filter=True)
     for k in range(x.shape[0]):
-        learner.step(x[k], t[k])
+        learner.step(x[k], None if k % 4 == 0 else t[k])
     learner.update()
     for n, p in named(model):
         assert rel(p.grad, ref[n]) < 1e-10, n
@@ -122,9 +130,10 @@ def test_lateral_weights_stay_an_approximation():
 
 def test_readout_filter_refuses_what_it_does_not_cover():
     leaky = leaky_model(*CONFIGS[0])
-    for kw, what in ((dict(rule="trunc1"), "rule 'full'"), (dict(backend="compiled"), "backend 'reference'")):
-        with pytest.raises(ValueError, match=what):
-            OnlineLearner(leaky, readout_filter=True, **kw)
+    with pytest.raises(ValueError, match="rule 'full'"):
+        OnlineLearner(leaky, readout_filter=True, rule="trunc1")
+    with pytest.raises(ValueError, match="readout_filter must be None, True or False"):
+        OnlineLearner(leaky, readout_filter="yes")
     linear = RecurrentStack([LIF(4, 6, surrogate=SURR)], LeakyReadout(6, 2))
     with pytest.raises(ValueError, match="leaky readout"):
         OnlineLearner(linear, readout_filter=True)
@@ -132,10 +141,13 @@ def test_readout_filter_refuses_what_it_does_not_cover():
 
     with pytest.raises(ValueError, match="LIF, ALIF or LRU layer"):
         OnlineLearner(RecurrentStack([GRU(4, 5)], LeakyReadout(5, 2, tau=5.0)), readout_filter=True)
-    learner = OnlineLearner(leaky, readout_filter=True)
-    assert learner.backend == "reference"
-    assert "readout-filtered" in learner.exactness()[0][2] and "biased" not in learner.exactness()[0][2]
-    assert "biased" in OnlineLearner(leaky).exactness()[0][2]
+    for kw in (dict(readout_filter=True), {}):  # on by default where it applies
+        how = OnlineLearner(leaky, **kw).exactness()[0][2]
+        assert "readout-filtered" in how and "biased" not in how
+    assert "biased" in OnlineLearner(leaky, readout_filter=False).exactness()[0][2]
+    # where it does not apply, the default leaves it off and says why the layer is biased
+    dropped = RecurrentStack([LIF(4, 6, surrogate=SURR)], LeakyReadout(6, 2, tau=5.0), dropout=0.2)
+    assert "readout-filtered" not in OnlineLearner(dropped).exactness()[0][2]
 
 
 def test_in_a_deep_stack_the_top_layer_is_exact_and_lower_ones_stay_biased():
@@ -166,8 +178,122 @@ def test_lru_under_a_leaky_readout_equals_bptt(mode, chunk):
     x, tgt = torch.randn(16, 3, 4), torch.randn(16, 3, 2)
     ref = bptt_grads(model, x, tgt, mse_loss)
     est = online_grads(model, x, tgt, mse_loss, readout_filter=True, mode=mode, chunk=chunk)
-    plain = online_grads(model, x, tgt, mse_loss, mode=mode, chunk=chunk)
+    plain = online_grads(model, x, tgt, mse_loss, mode=mode, chunk=chunk, readout_filter=False)
     for n in ref:
         assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
         assert rel(est[n], ref[n]) < 1e-10, n
     assert rel(plain["cells.0.B_re"], ref["cells.0.B_re"]) > 1e-3
+
+
+COMPILED = [CONFIGS[0], CONFIGS[1], CONFIGS[3], ("lru", {})]
+
+
+def compiled_model(kind, kw):
+    if kind == "lru":
+        from spikerec.layers.lru import LRU
+
+        return RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=torch.tensor([5.0, 2.0]), learn_tau=True))
+    return leaky_model(kind, kw)
+
+
+@pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 4)])
+@pytest.mark.parametrize("kind,kw", COMPILED)
+def test_compiled_paths_carry_the_filtered_traces(kind, kw, mode, chunk, monkeypatch):
+    """``backend="compiled"`` with the filter on by default (the compiled stream step; the chunked
+    blocks with the filtered traces carried across them): every parameter equals BPTT."""
+    if "compiled" not in OnlineLearner.supported_backends("cpu"):
+        pytest.skip("numba is not installed")
+    torch.manual_seed(11)
+    model = compiled_model(kind, kw)
+    x = torch.rand(13, 3, 4) if kind != "lru" else torch.randn(13, 3, 4)
+    tgt = torch.randn(13, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    from spikerec.hardware.online import learner as learner_module
+
+    blocks = []
+    real = learner_module.closed_form_block
+    monkeypatch.setattr(learner_module, "closed_form_block", lambda *a, **k: blocks.append(1) or real(*a, **k))
+    learner = OnlineLearner(model, mode=mode, chunk=chunk, backend="compiled")
+    assert learner._filter is not None
+    model.zero_grad()
+    learner.backward(x, tgt, mse_loss)
+    assert (learner._fast_kinds is not None) == (mode == "stream")  # the compiled stream step ran
+    assert len(blocks) == (4 if mode == "chunked" else 0)  # the compiled blocks ran
+    for n, p in named(model):
+        assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
+        assert rel(p.grad, ref[n]) < 1e-10, n
+
+
+def test_compiled_step_api_equals_bptt():
+    if "compiled" not in OnlineLearner.supported_backends("cpu"):
+        pytest.skip("numba is not installed")
+    torch.manual_seed(12)
+    model = leaky_model(*CONFIGS[3])
+    x, t = torch.rand(10, 2, 4), torch.randn(10, 2, 2)
+    ref = bptt_grads(model, x, t, mse_loss)
+    for mode, chunk in (("stream", None), ("chunked", 3)):
+        model.zero_grad()
+        learner = OnlineLearner(model, mode=mode, chunk=chunk, loss=mse_step_loss, backend="compiled")
+        for k in range(x.shape[0]):
+            learner.step(x[k], t[k])
+        learner.update()
+        for n, p in named(model):
+            assert rel(p.grad, ref[n]) < 1e-10, (mode, n)
+
+
+@pytest.mark.parametrize("kind", ["lif", "alif", "lru"])
+def test_compiled_paths_in_a_two_layer_stack(kind, monkeypatch):
+    """The compiled stream step and chunked block with two hidden layers of different parameters:
+    the top layer (under the readout) equals BPTT in every parameter, on the compiled paths as on
+    the reference; the lower layer keeps its documented bias, the same on both."""
+    if "compiled" not in OnlineLearner.supported_backends("cpu"):
+        pytest.skip("numba is not installed")
+    from spikerec.layers.lru import LRU
+
+    torch.manual_seed(21)
+    if kind == "lru":
+        cells = [LRU(4, 6), LRU(4, 6)]
+    else:
+        make = (lambda i, o, k: LIF(i, o, surrogate=SURR, tau_mem=4.0 + k, threshold=0.5 + 0.3 * k,
+                                    learn_threshold=True)) if kind == "lif" else \
+               (lambda i, o, k: ALIF(i, o, surrogate=SURR, recurrent=False, tau_mem=5.0, tau_adapt=8.0 + k,
+                                     b=0.3 + 0.4 * k, beta=0.5 + 0.5 * k))
+        cells = [make(4, 6, 0), make(6, 5, 1)]
+        for c in cells:
+            with torch.no_grad():
+                c.weight.mul_(3.0)
+    model = RecurrentStack(cells, LeakyReadout(cells[-1].output_size, 2, tau=torch.tensor([5.0, 2.0]), learn_tau=True))
+    x = torch.rand(13, 3, 4) if kind != "lru" else torch.randn(13, 3, 4)
+    tgt = torch.randn(13, 3, 2)
+    ref = bptt_grads(model, x, tgt, mse_loss)
+    reference = online_grads(model, x, tgt, mse_loss, backend="reference")
+    for mode, chunk in (("stream", None), ("chunked", 4)):
+        est = online_grads(model, x, tgt, mse_loss, backend="compiled", mode=mode, chunk=chunk)
+        for n in ref:
+            assert rel(est[n], reference[n]) < 1e-10, (mode, n)
+            if not n.startswith("cells.0"):
+                assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
+                assert rel(est[n], ref[n]) < 1e-10, (mode, n)
+    first = "cells.0.weight" if kind != "lru" else "cells.0.B_re"
+    assert rel(reference[first], ref[first]) > 1e-3
+
+
+@pytest.mark.parametrize("kind,kw", [CONFIGS[0], CONFIGS[3]])
+def test_written_spike_partials_equal_autograd(kind, kw):
+    """The compiled paths' spike-map partials (:func:`spikerec.hardware.online.spatial.spike_partials`)
+    equal the autograd ones of :meth:`ReadoutFilter.spike_partials`, per sample, fresh random states."""
+    from spikerec.hardware.online.spatial import fast_kinds, spike_partials
+
+    torch.manual_seed(31)
+    model = leaky_model(kind, kw)
+    learner = OnlineLearner(model, backend="reference")
+    tr = learner.tracers[0]
+    state = model.cells[0].initial_state(5)
+    new = type(state)(*(torch.randn_like(f) for f in state))
+    x = torch.rand(5, 4)
+    psi0, direct0 = learner._filter.spike_partials(x, new)
+    psi1, direct1 = spike_partials(learner, 0, fast_kinds(learner)[0], (x, state, new, None))
+    assert psi0.abs().sum() > 0 and torch.allclose(psi0, psi1, rtol=1e-12, atol=0)
+    assert direct0.keys() == direct1.keys() and direct0
+    for n in direct0:
+        assert torch.allclose(direct0[n], direct1[n], rtol=1e-12, atol=0), n

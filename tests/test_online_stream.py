@@ -260,8 +260,10 @@ def test_exactness_names_the_layers_biased_by_the_layers_above():
     how = [h for _, _, h in OnlineLearner(two).exactness()]
     assert "biased" in how[0] and "biased" not in how[1] and how[2] == "stateless (exact)"
     leaky = RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=3.0))
-    how = [h for _, _, h in OnlineLearner(leaky).exactness()]
+    how = [h for _, _, h in OnlineLearner(leaky, readout_filter=False).exactness()]
     assert "biased" in how[0] and "biased" not in how[1]
+    how = [h for _, _, h in OnlineLearner(leaky).exactness()]  # the readout-filtered traces, by default
+    assert "biased" not in how[0] and "readout-filtered" in how[0]
     gru = RecurrentStack([GRU(4, 5)], LeakyReadout(5, 2))
     assert OnlineLearner(gru, rule="spatial").exactness()[0][2] == "spatial only (recurrent paths cut)"
     x, tgt = torch.randn(7, 3, 4), torch.randn(7, 3, 2)

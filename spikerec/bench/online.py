@@ -12,10 +12,17 @@ of a per-step MSE loss is computed by
 * ``chunked``: :meth:`~spikerec.hardware.online.OnlineLearner.backward` in blocks of ``--chunk``,
   each block with no autograd call where the stack and the loss allow it (:mod:`.block`);
   ``chunked_ref``: with ``backend="reference"`` (the autograd block, the step-loop block scans);
+* ``stream_biased``, ``chunked_biased``: with ``--readout leaky``, the same with
+  ``readout_filter=False`` (the cheaper estimate, biased for the layer under the readout), to show
+  what the readout-filtered traces cost;
 * ``bptt``: autograd through the model's fast sequence path with the loss computed in one
   vectorised op, ``0.5 * ((y - target) ** 2).sum()``, with subnormal floats flushed to zero as
   in the online learner's steps (:mod:`spikerec.hardware.online.subnormal`; BPTT keeps no
   decaying traces, and its time did not change with it).
+
+``--readout linear,leaky`` runs every network with a linear readout and again with a leaky one
+(``tau`` 20 steps), on which the default learner carries readout-filtered traces
+(:mod:`spikerec.hardware.online.readout_filter`): the row's ``readout`` column says which.
 
 ``--device cuda`` runs the model, input and learner on the GPU (the online learner's matrix
 traces through its Triton kernel; the clock read after a device synchronisation, peak memory from
@@ -59,7 +66,9 @@ from ..options import ArgumentParser, whole_number
 
 __all__ = ["main", "run_one", "alloc_in_use"]
 
-_BACKEND = {"stream": "auto", "stream_ref": "reference", "chunked": "auto", "chunked_ref": "reference"}
+_BACKEND = {"stream": "auto", "stream_ref": "reference", "chunked": "auto", "chunked_ref": "reference",
+            "stream_biased": "auto", "chunked_biased": "auto"}
+READOUT_TAU = 20.0  # the leaky readout's time constant (steps), as the LIF layers' membrane
 SIZES = {"full": dict(T=(256, 1024, 4096), B=8, H=64, N=64), "quick": dict(T=(64, 128, 256), B=4, H=32, N=32)}
 
 
@@ -83,7 +92,7 @@ def _reset_hwm() -> bool:
         return False
 
 
-def _build(net: str, H: int, N: int):
+def _build(net: str, H: int, N: int, readout: str = "linear"):
     import torch
 
     from spikerec.layers import ALIF, LIF, LeakyReadout
@@ -101,7 +110,7 @@ def _build(net: str, H: int, N: int):
     else:
         cells = [ALIF(H, N), ALIF(N, N)]
         width = N
-    return RecurrentStack(cells, LeakyReadout(width, 10))
+    return RecurrentStack(cells, LeakyReadout(width, 10, tau=READOUT_TAU if readout == "leaky" else None))
 
 
 class _Peak:
@@ -176,7 +185,7 @@ class _CudaPeak:
 
 
 def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk: int, repeat: int,
-            device: str = "cpu") -> list[dict]:
+            device: str = "cpu", readout: str = "linear") -> list[dict]:
     """All ``methods`` for one configuration in this process, interleaved; returns one row each.
     On a CUDA ``device`` the clock is read after a device synchronisation and the peak memory is
     the CUDA allocator's."""
@@ -187,7 +196,7 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     from spikerec.hardware.online.subnormal import flush_subnormals
 
     torch.set_num_threads(int(os.environ.get("SPIKEREC_BENCH_THREADS", "1")))
-    model = _build(net, H, N).to(device)
+    model = _build(net, H, N, readout).to(device)
     g = torch.Generator().manual_seed(1)
     spiking = net in ("alif", "lif")
     x = (torch.rand(T, B, H, generator=g) < 0.2).float() if spiking else torch.randn(T, B, H, generator=g)
@@ -208,10 +217,11 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     def learner(m, fresh=False):
         lr = None if fresh else learners.get(m)
         if lr is None:
+            filt = False if m.endswith("_biased") else None
             if m.startswith("stream"):
-                lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, backend=_BACKEND[m])
+                lr = OnlineLearner(model, mode="stream", loss=mse_step_loss, backend=_BACKEND[m], readout_filter=filt)
             else:
-                lr = OnlineLearner(model, mode="chunked", chunk=chunk, backend=_BACKEND[m])
+                lr = OnlineLearner(model, mode="chunked", chunk=chunk, backend=_BACKEND[m], readout_filter=filt)
             if not fresh:
                 learners[m] = lr
         return lr
@@ -257,7 +267,7 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
             best[m] = min(best[m], dt)
     rows = []
     for m in methods:
-        rows.append({"net": net, "method": m, "T": T, "peak_mib": mem[m][0], "memory": mem[m][1],
+        rows.append({"net": net, "readout": readout, "method": m, "T": T, "peak_mib": mem[m][0], "memory": mem[m][1],
                      "seq_s": best[m], "step_ms": best[m] / T * 1e3,
                      "x_bptt": best[m] / best["bptt"] if "bptt" in best else None, "spike_rate": rate,
                      "device": device})
@@ -334,7 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="spikerec bench online", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small T and networks")
     ap.add_argument("--nets", default="lru,alif", help="comma list of lru, alif, lif")
-    ap.add_argument("--methods", default="stream,chunked,bptt")
+    ap.add_argument("--methods", default="stream,chunked,bptt",
+                    help="comma list of stream, stream_ref, chunked, chunked_ref, bptt and, with a leaky readout, "
+                         "stream_biased, chunked_biased (readout_filter=False)")
+    ap.add_argument("--readout", default="linear", help="comma list of linear, leaky: the readout of every network "
+                    "(leaky: tau 20 steps, the layer under it with readout-filtered traces)")
     ap.add_argument("--chunk", type=whole_number(1), default=64)
     ap.add_argument("--repeat", type=whole_number(1), default=2)
     ap.add_argument("--T", default=None, help="comma list of sequence lengths (overrides the preset)")
@@ -387,9 +401,18 @@ def main(argv: list[str] | None = None) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         if m not in _BACKEND and m != "bptt":
-            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_ref, chunked, chunked_ref "
-                  f"or bptt", file=sys.stderr)
+            print(f"spikerec bench online: unknown method '{m}'; expected stream, stream_ref, chunked, chunked_ref, "
+                  f"stream_biased, chunked_biased or bptt", file=sys.stderr)
             return 2
+    readouts = [r.strip() for r in args.readout.split(",") if r.strip()]
+    if not readouts or any(r not in ("linear", "leaky") for r in readouts):
+        print(f"spikerec bench online: --readout must be a comma list of linear, leaky, got {args.readout!r}",
+              file=sys.stderr)
+        return 2
+    if any(m.endswith("_biased") for m in methods) and readouts != ["leaky"]:
+        print("spikerec bench online: methods stream_biased and chunked_biased need --readout leaky "
+              "(the readout filter applies only under a leaky readout)", file=sys.stderr)
+        return 2
     if args.trace_kernel:
         try:
             N, B, H = (int(v) for v in args.trace_kernel.split(","))
@@ -410,14 +433,14 @@ def main(argv: list[str] | None = None) -> int:
           f"numba threads: {os.environ.get('NUMBA_NUM_THREADS', os.environ.get('SPIKEREC_BENCH_THREADS', '1'))}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
     rows = []
-    header = f"{'net':<5} {'T':>5} {'method':<16} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
+    header = f"{'net':<5} {'readout':<7} {'T':>5} {'method':<16} {'peak MiB':>9} {'s/seq':>8} {'ms/step':>8} {'x BPTT':>7}"
     if args.processes > 1:
         header += f"  s/seq over {args.processes} processes"
     print(header)
-    for net in nets:
+    for net, readout in ((n, r) for n in nets for r in readouts):
         for T in Ts:
             spec = dict(net=net, methods=methods, T=T, B=size["B"], H=size["H"], N=size["N"], chunk=args.chunk,
-                        repeat=args.repeat, device=args.device)
+                        repeat=args.repeat, device=args.device, readout=readout)
             # numba's parallel kernels (the LRU scan) get the same thread count as torch: an idle
             # pool of one worker per core competes with the measured thread on a loaded machine
             env = dict(os.environ)
@@ -430,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
                 res = subprocess.run([sys.executable, "-m", "spikerec.bench.online", "--child", json.dumps(spec)],
                                      capture_output=True, text=True, env=env)
                 if res.returncode != 0:
-                    print(f"{net:<5} {T:>5} failed: {res.stderr.strip().splitlines()[-1:]}")
+                    print(f"{net:<5} {readout:<7} {T:>5} failed: {res.stderr.strip().splitlines()[-1:]}")
                     break
                 runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
             else:
@@ -438,10 +461,10 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     ratio = f"{row['x_bptt']:>7.2f}" if row["x_bptt"] is not None else f"{'-':>7}"
                     spread = (f"  {row['seq_s_min']:.3f}-{row['seq_s_max']:.3f}" if args.processes > 1 else "")
-                    print(f"{net:<5} {T:>5} {row['method']:<16} {row['peak_mib']:>9.2f} "
+                    print(f"{net:<5} {readout:<7} {T:>5} {row['method']:<16} {row['peak_mib']:>9.2f} "
                           f"{row['seq_s']:>8.3f} {row['step_ms']:>8.3f} {ratio}{spread}", flush=True)
                 if rows and rows[-1].get("spike_rate") is not None:
-                    print(f"{net:<5} {T:>5} spike rate of the hidden layers (every method runs this network): "
+                    print(f"{net:<5} {readout:<7} {T:>5} spike rate of the hidden layers (every method runs this network): "
                           f"{rows[-1]['spike_rate']:.4f}", flush=True)
     if rows:
         print(f"peak memory: growth during the call, measured on the {rows[0]['memory']}; "

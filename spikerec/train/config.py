@@ -117,6 +117,7 @@ class OnlineSection:
     mode: str = "stream"
     chunk: _COUNT = 0                         # 0 = none
     stream: bool = False                      # one endless stream: sequences back to back, no resets (train/stream.py)
+    readout_filter: Literal["auto", "on", "off"] = "auto"  # readout-filtered traces under a leaky readout (auto: where they apply)
 
 
 #: the typed sections; ``[model]`` is free-form (checked against the cell constructors instead)

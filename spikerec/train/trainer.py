@@ -276,7 +276,8 @@ class Trainer:
                         "per_step" if getattr(self.train_set, "per_step_target", False) else "label")
                 self.stream_loss = StreamLoss(kind)
             self.learner = OnlineLearner(self.model, rule=oc["rule"], mode=oc["mode"], chunk=oc["chunk"] or None,
-                                         loss=self.stream_loss)
+                                         loss=self.stream_loss,
+                                         readout_filter={"auto": None, "on": True, "off": False}[oc["readout_filter"]])
         # state
         self.step, self.epoch, self.batch_in_epoch = 0, 0, 0
         self.running = [0.0, 0.0, 0.0, 0.0]

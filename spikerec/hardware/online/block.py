@@ -17,6 +17,9 @@ independent rows once the states are known, so:
 * reverse filter and contractions: :func:`.traces_base.chunk_contract` (a reverse linear scan
   for the LRU; the input-matrix contraction as one GEMM).
 
+Under a leaky readout with readout-filtered traces (:mod:`.readout_filter`) the layer below it
+takes the readout's errors of every later step of the block (``gbar``, a reverse filter of the
+block's output errors) and the filtered traces carried across blocks (:meth:`.ReadoutFilter.block`).
 It applies when every layer has a hand-written spatial backward (LRU, ALIF, plain LIF, leaky or
 linear readout; no active dropout) and the loss carries ``value_and_grad``; the result equals the
 autograd block of :meth:`OnlineLearner._block_batched` (tests/test_online_block.py, float64).
@@ -25,7 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, supported
+from .readout_filter import reverse_readout_filter
+from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, layer_errors, spike_partials, supported
+from .traces_base import stack_partials
 
 __all__ = ["block_supported", "closed_form_block"]
 
@@ -69,11 +74,22 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
             h = out
         y = h.reshape(K, B, *h.shape[1:])
         total, gy = block_loss(learner, y, vgs, block_vg)
-        gs = _spatial_backward(learner, kinds, recs, None if gy is None else gy.reshape(K * B, *gy.shape[2:]))
+        filt = learner._filter
+        fl = len(tracers) - 2 if filt is not None else None  # the layer under the leaky readout
+        gs = _spatial_backward(learner, kinds, recs, None if gy is None else gy.reshape(K * B, *gy.shape[2:]), fl)
+        gbar = None
+        if filt is not None and gy is not None:  # its errors: the readout's of the block's later steps
+            gbar = reverse_readout_filter(filt.readout.alpha().detach().to(gy.dtype), gy)
+            g_in = gbar.reshape(K * B, -1) @ filt.readout.weight.detach()
+            gs[fl] = layer_errors(learner, fl, kinds[fl], recs[fl], g_in, learner.spatial, below=False)[0]
         for l, (tr, kind) in enumerate(zip(tracers, kinds)):
             if kind == "readout" or not tr.traced:
                 continue
             h_in, prev, new, _ = recs[l]
+            if l == fl:  # before the traces are carried: the filtered traces meet them
+                P = stack_partials(tr.partials(h_in, prev, new), K, B)
+                with torch.enable_grad():
+                    filt.block(learner.traces[l], P, h_in, new, gbar, K, B, spike_partials(learner, l, kind, recs[l]))
             G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
             tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
     return None if total is None else total.detach()

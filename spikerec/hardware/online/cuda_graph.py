@@ -43,6 +43,7 @@ def graph_ready(learner, x_t, target_t) -> bool:
     return (x_t.is_cuda and target_t is not None
             and isinstance(target_t, torch.Tensor) and target_t.device == x_t.device
             and getattr(learner, "_fast_kinds", None) is not None
+            and getattr(learner, "_filter", None) is None  # (its filtered traces are not in the snapshot)
             and getattr(learner.loss, "value_and_grad", None) is not None
             and getattr(learner, "_graph_failures", 0) < MAX_FAILURES)
 

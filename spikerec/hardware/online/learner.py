@@ -64,7 +64,7 @@ from .fused_stack import FusedStack, any_nan, fused_supported
 from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
 from .subnormal import flush_subnormals, with_flushed_subnormals
 from .kinds import online_trace
-from .readout_filter import LinearOutputFilter, ReadoutFilter
+from .readout_filter import LinearOutputFilter, ReadoutFilter, reverse_readout_filter
 from .traces_base import GenericTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import LIFTrace
 
@@ -242,14 +242,16 @@ class OnlineLearner:
         readout_filter: carry readout-filtered eligibility traces in the LIF, ALIF or LRU layer
             directly under a leaky readout (:mod:`.readout_filter`; Bellec et al. 2020, Methods), which
             makes that layer's gradient exact where its own traces are (no lateral weights).
-            Needs rule ``full``/``snap1`` and the reference path (``auto`` then takes it;
-            ``compiled`` is an error), and no active dropout; ``chunked`` and ``parallel`` blocks
-            then run step by step (the same sums as ``stream``).
+            ``None`` (the default): on wherever it applies (rule ``full``/``snap1``, a leaky
+            readout over a LIF, ALIF or LRU layer, a model without dropout); ``True``: required
+            (an error says what is missing); ``False``: off, the cheaper estimate that is biased
+            for that layer. With the filter, ``chunked`` and ``parallel`` blocks carry the filtered
+            traces across blocks (the same sums as ``stream``: :meth:`.readout_filter.ReadoutFilter.block`).
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None, *,
                  loss: Callable | None = None, optimizer=None, update_every=None, backend: str = "auto",
-                 readout_filter: bool = False):
+                 readout_filter: bool | None = None):
         if rule not in RULES:
             raise ValueError(f"OnlineLearner: rule must be one of {RULES}, got {rule!r}")
         if mode not in MODES:
@@ -273,9 +275,9 @@ class OnlineLearner:
         self.backend = backend
         self.loss, self.optimizer, self.update_every = loss, optimizer, update_every
         self.tracers = [] if rule == "bptt" else [online_trace(c, rule, i) for i, c in enumerate(model.layers)]
-        self._filter = self._readout_filter() if readout_filter else None
-        if self._filter is not None and backend == "auto":
-            self.backend = backend = "reference"  # the compiled paths carry no filtered traces
+        if readout_filter not in (None, True, False):
+            raise ValueError(f"OnlineLearner: readout_filter must be None, True or False, got {readout_filter!r}")
+        self._filter = None if readout_filter is False else self._readout_filter(required=readout_filter is True)
         self.states = None  # no stream yet
         self.steps = 0  # steps of the current stream
         self.since_update = 0
@@ -297,20 +299,23 @@ class OnlineLearner:
                                    f"{'Triton' if dev.type == 'cuda' else 'numba'} (pip install 'spikerec[fast]'); "
                                    f"use backend='auto' or 'reference'")
 
-    def _readout_filter(self) -> ReadoutFilter:
-        """The filtered traces of the layer under the leaky readout (``readout_filter=True``), or
-        an error naming what is missing."""
+    def _readout_filter(self, required: bool) -> ReadoutFilter | None:
+        """The filtered traces of the layer under the leaky readout where they apply; else
+        ``None``, or with ``required`` (``readout_filter=True``) an error naming what is missing."""
         why = None
+        drop = getattr(self.model, "dropout", None)
         if self.rule not in ("full", "snap1"):
             why = f"rule 'full' or 'snap1' (got {self.rule!r})"
-        elif self.backend == "compiled":
-            why = "backend 'reference' or 'auto' (the compiled paths carry no filtered traces)"
         elif len(self.tracers) < 2 or type(self.tracers[-1]).__name__ != "ReadoutTrace":
             why = "a leaky readout (LeakyReadout with tau) as the last layer"
         elif getattr(getattr(self.tracers[-2], "online_kind", None), "tag", None) not in ("lif", "alif", "lru"):
             why = f"a LIF, ALIF or LRU layer under the readout, got {type(self.tracers[-2].cell).__name__}"
+        elif not required and drop is not None and getattr(drop, "p", 0.0) > 0:
+            why = "a model without dropout"  # (required: refused at the first step with dropout active)
         if why is not None:
-            raise ValueError(f"OnlineLearner: readout_filter=True needs {why}")
+            if required:
+                raise ValueError(f"OnlineLearner: readout_filter=True needs {why}")
+            return None
         tr = self.tracers[-2]
         return (LinearOutputFilter if tr.online_kind.tag == "lru" else ReadoutFilter)(tr, self.tracers[-1].cell)
 
@@ -695,8 +700,9 @@ class OnlineLearner:
                 v.mul_(keep.view(-1, *([1] * (v.dim() - 1))).to(v.dtype))
             for n, v in ts.mat.items():  # [N, B, k, H]
                 v.mul_(keep.view(1, -1, *([1] * (v.dim() - 2))).to(v.dtype))
-            for n, v in ts.filt.items():  # [B, ...]
-                v.mul_(keep.view(-1, *([1] * (v.dim() - 1))).to(v.dtype))
+            for n, v in ts.filt.items():  # [B, ...]; a filtered matrix trace (".../mat/...") [N, B, k, H]
+                d = 1 if "/mat/" in n else 0
+                v.mul_(keep.view(*([1] * d), -1, *([1] * (v.dim() - 1 - d))).to(v.dtype))
 
     def _check_nan(self, x_t, name):
         """Raise for NaN in the step input ``x_t`` (``name`` ``None``: the current step's)."""
@@ -1007,9 +1013,9 @@ class OnlineLearner:
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)
-        if (drop is not None and drop.training) or self._filter is not None:
+        if drop is not None and drop.training:
             total = None
-            # step by step: active dropout (so the masks match the stream form), readout-filtered traces
+            # step by step: active dropout (so the masks match the stream form)
             for k in range(K):
                 y_, l_ = self._stream([x[k]], [losses[k]])
                 if l_ is not None:
@@ -1059,13 +1065,16 @@ class OnlineLearner:
                 total = l_ if total is None else total + l_
         traced = [i for i, tr in enumerate(self.tracers) if not isinstance(tr, GenericTrace) and tr.traced]
         gs: dict[int, torch.Tensor | None] = {i: None for i in traced}
+        filt = self._filter
+        fl = len(self.tracers) - 2 if filt is not None else None  # the layer under the leaky readout
+        gbar = None
         if total is not None and total.requires_grad:
             inputs, index = [], []
             for i in traced:
                 for f, v in enumerate(recs[i][2]):
                     inputs.append(v)
                     index.append(i)
-            grads = torch.autograd.grad(total, inputs + self.params, allow_unused=True)
+            grads = torch.autograd.grad(total, inputs + self.params, allow_unused=True, retain_graph=filt is not None)
             n = len(inputs)
             self._add_spatial(grads[n:])
             for i in traced:
@@ -1075,13 +1084,36 @@ class OnlineLearner:
                 fields = [v if v is not None else torch.zeros_like(f) for v, f in zip(lst, recs[i][2])]
                 G = torch.stack(fields, -1)
                 gs[i] = G.reshape(K, B, *G.shape[1:])
+            gy = gs.get(len(self.tracers) - 1)
+            if filt is not None and gy is not None:  # the readout's errors of the block's later steps
+                gbar = reverse_readout_filter(filt.readout.alpha().detach().to(gy.dtype), gy[..., 0])
+                gs[fl] = self._filtered_block_errors(recs, fl, gbar, K, B)
         with torch.no_grad():
             for i in traced:
                 tr = self.tracers[i]
                 x_in, prev, new = recs[i]
-                P = stack_partials(tr.partials(x_in, prev, type(new)(*(v.detach() for v in new))), K, B)
+                new = type(new)(*(v.detach() for v in new))
+                P = stack_partials(tr.partials(x_in, prev, new), K, B)
+                if i == fl:  # before the traces are carried: the filtered traces meet them
+                    with torch.enable_grad():
+                        filt.block(self.traces[i], P, x_in, new, gbar, K, B)
                 chunk_contract(self.traces[i], P, gs[i], carry)
         return None if total is None else total.detach()
+
+    def _filtered_block_errors(self, recs, l, gbar, K, B):
+        """``d (gbar . y) / d s^l`` ``[K, B, N, k]`` of the layer ``l`` under the leaky readout,
+        and the same for its output-map parameters (added to its accumulators): the readout's
+        errors of every later step of the block, ``gbar`` (:func:`.readout_filter.reverse_readout_filter`)."""
+        tr, ts = self.tracers[l], self.traces[l]
+        fields = list(recs[l][2])
+        params = {n: p for n, p in tr.cell.named_parameters() if p.requires_grad}
+        y = recs[l + 1][2][0]  # the readout's state rows [K*B, outputs]
+        grads = torch.autograd.grad(y, fields + list(params.values()), gbar.reshape(K * B, -1), allow_unused=True)
+        for n, g in zip(params, grads[len(fields):]):
+            if g is not None:
+                ts.add(n, g)
+        G = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+        return G.reshape(K, B, *G.shape[1:])
 
     def _apply_saved_lif(self, rows, any_g: bool) -> None:
         """Apply deferred LIF matrix-trace steps saved by a learner that took the whole-stack step

@@ -23,9 +23,50 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .traces_base import _STACK, Partials, TraceState, _mat_contract_g
+from .traces_base import _STACK, Partials, TraceState, _mat_contract_g, _mtv, _reverse_filter
 
-__all__ = ["ReadoutFilter"]
+__all__ = ["ReadoutFilter", "LinearOutputFilter", "reverse_readout_filter"]
+
+
+def reverse_readout_filter(alpha: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+    """``gbar_t = gy_t + alpha gbar_{t+1}`` over a block ``gy [K, B, outputs]`` (``gbar_{K-1} =
+    gy_{K-1}``), per output with its own decay: the errors of the block's later steps that reach
+    the readout's state at step ``t``."""
+    out = gy.clone()
+    for t in range(gy.shape[0] - 2, -1, -1):
+        out[t].addcmul_(alpha, out[t + 1])
+    return out
+
+
+def _powers(a, K):
+    """``a^(K-1-s)`` for ``s = 0 .. K-1`` (``[K]``): the weight of step ``s`` in the block's
+    filtered sum at its last step."""
+    return a ** torch.arange(K - 1, -1, -1, dtype=a.dtype, device=a.device)
+
+
+def _weighted_traces(ts, P: Partials, names, readers, w):
+    """Per sample, ``sum_s w_s . eps_s`` over a block for the traces of a layer, without forming
+    them (the adjoint of the trace recursion, as :func:`.traces_base.chunk_contract`):
+    ``wt_s = w_s + J_{s+1}^T wt_{s+1}``, then ``sum_s wt_s . imm_s + (J_0^T wt_0) . eps_{t0-1}``.
+    ``w [K, B, N, k]``; returns ``({name: [B, N]}, {reader: [N, B, H]})``; the traces
+    before the block are read from ``ts`` (block layout: ``vec[name] [B, N, k]``, ``mat[base] [N,
+    B, k, H]``)."""
+    J = P.J
+    wt = _reverse_filter(J, w)
+    b0 = _mtv(J[0], wt[0])  # [B, N, k]: J_0^T wt_0
+    vec = {}
+    for n in names:
+        v = (wt * P.vec[n]).sum(dim=(0, 3))  # [B, N]
+        e = ts.vec.get(n)
+        vec[n] = v if e is None else v + (b0 * e).sum(-1)
+    mat = {}
+    for base, r, M in readers:
+        c, pre = P.mat[base]
+        a = (_mat_contract_g(wt, M) * c).sum(-1)  # [K, B, N]
+        v = torch.einsum("kbn,kbh->nbh", a, pre)
+        e = ts.mat.get(base)
+        mat[r] = v if e is None else v + torch.einsum("bnf,nbfh->nbh", _mat_contract_g(b0, M), e)
+    return vec, mat
 
 
 class _Output(nn.Module):
@@ -43,7 +84,8 @@ class _Output(nn.Module):
 
 class ReadoutFilter:
     """The filtered traces ``zbar^d`` of the traced layer ``tr`` directly under the leaky
-    ``readout`` (kept in ``TraceState.filt``, batch-first) and their contraction with the
+    ``readout`` (kept in ``TraceState.filt``: batch-first, a weight matrix's neuron-major ``[N, B,
+    H]`` under ``mat/``) and their contraction with the
     readout's learning signal."""
 
     def __init__(self, tr, readout):
@@ -69,11 +111,13 @@ class ReadoutFilter:
         direct = {n: g for n, g in zip(copies, grads[len(fields):]) if g is not None}
         return psi, direct
 
-    def step(self, ts: TraceState, P: Partials, x_in, new, delta) -> None:
+    def step(self, ts: TraceState, P: Partials, x_in, new, delta, partials=None) -> None:
         """One step, after the layer's traces have advanced to ``eps_t``: ``zbar <- alpha zbar +
-        d z_t / dp`` and (``delta [B, K]``, ``None`` without a loss) ``G += u . zbar``."""
+        d z_t / dp`` and (``delta [B, K]``, ``None`` without a loss) ``G += u . zbar``.
+        ``partials``: ``(psi, direct)`` when the caller has them (:func:`.spatial.spike_partials`),
+        else :meth:`spike_partials`."""
         tr = self.tr
-        psi, direct = self.spike_partials(x_in, new)
+        psi, direct = self.spike_partials(x_in, new) if partials is None else partials
         dz: dict[str, torch.Tensor] = {}
         names = tr.vec_names(P)
         e = ts.vec.get(_STACK)
@@ -83,8 +127,9 @@ class ReadoutFilter:
                 dz[n] = dzv[..., j]
         for base, r, M in tr.mat_readers(P):
             em = ts.mat.get(base)
-            if em is not None:  # [N, B, k, H]
-                dz[r] = torch.einsum("bnf,nbfh->bnh", _mat_contract_g(psi, M), em)
+            if em is not None:  # [N, B, k, H] -> neuron-major [N, B, H], elementwise
+                pn = _mat_contract_g(psi, M).transpose(0, 1).unsqueeze(-1)  # [N, B, k, 1]
+                dz[f"mat/{r}"] = pn[:, :, 0] * em[:, :, 0] if em.shape[2] == 1 else (pn * em).sum(2)
         for n, g in direct.items():
             dz[n] = dz[n] + g if n in dz else g
         W = self.readout.weight.detach()
@@ -93,15 +138,51 @@ class ReadoutFilter:
             for n, v in dz.items():
                 key = f"{j}/{n}"
                 old = ts.filt.get(key)
-                zbar = v if old is None else old * a + v
-                ts.filt[key] = zbar
-                if u is None:
-                    continue
-                if zbar.dim() == 3:  # a weight matrix [B, N, H]
-                    ts.add(n, torch.einsum("bn,bnh->nh", u, zbar))
-                else:
-                    G = (u * zbar).sum(0)
-                    ts.add(n, G if tr.params[n].numel() == G.numel() else G.sum())
+                ts.filt[key] = v.clone() if old is None else old.mul_(a).add_(v)
+            if u is not None:
+                self._contract(ts, j, u)
+
+    def _contract(self, ts: TraceState, j: int, u) -> None:
+        """``G += u . zbar^j`` for every filtered trace of decay group ``j`` (``u [B, N]``)."""
+        prefix = f"{j}/"
+        for key, zbar in ts.filt.items():
+            if not key.startswith(prefix):
+                continue
+            n = key[len(prefix):]
+            if n.startswith("mat/"):  # a weight matrix, neuron-major [N, B, H]
+                ts.add(n[4:], (zbar * u.t().unsqueeze(-1)).sum(1))
+            else:
+                G = (u * zbar).sum(0)
+                ts.add(n, G if self.tr.params[n].numel() == G.numel() else G.sum())
+
+    def block(self, ts: TraceState, P: Partials, x_rows, new_rows, gbar, K: int, B: int, partials=None) -> None:
+        """A block of ``K`` steps (chunked and parallel modes), before the layer's traces are
+        carried to its end: the errors of the block reach the filtered traces carried into it,
+        ``G += (alpha_d gbar_0 m_d) W . zbar^d_{t0-1}`` (``gbar [K, B, outputs]`` from
+        :func:`reverse_readout_filter`, ``None`` without a loss), then ``zbar^d`` advances to the
+        block's end, ``zbar^d_{t1} = alpha_d^K zbar^d_{t0-1} + sum_s alpha_d^(t1-s) dz_s``. The
+        errors inside the block reach the layer through its ordinary block contraction with
+        ``gbar`` as the readout's error."""
+        tr = self.tr
+        W = self.readout.weight.detach()
+        groups = self.groups(x_rows.dtype)
+        if gbar is not None:
+            for j, (a, m) in enumerate(groups):
+                self._contract(ts, j, ((a * gbar[0]) * m) @ W)
+        psi, direct = self.spike_partials(x_rows, new_rows) if partials is None else partials
+        psi = psi.reshape(K, B, *psi.shape[1:])
+        names, readers = tr.vec_names(P), tr.mat_readers(P)
+        for j, (a, m) in enumerate(groups):
+            cw = _powers(a, K)
+            vec, mat = _weighted_traces(ts, P, names, readers, cw.view(K, 1, 1, 1) * psi)
+            sums = {**vec, **{f"mat/{r}": v for r, v in mat.items()}}
+            for n, g in direct.items():
+                d = (cw.view(K, 1, 1) * g.reshape(K, B, -1)).sum(0)
+                sums[n] = sums[n] + d if n in sums else d
+            for n, v in sums.items():
+                key = f"{j}/{n}"
+                old = ts.filt.get(key)
+                ts.filt[key] = v if old is None else old * a ** K + v
 
 
 class LinearOutputFilter(ReadoutFilter):
@@ -111,7 +192,7 @@ class LinearOutputFilter(ReadoutFilter):
     output map's own parameters get ``d (u^d_t . o(xbar^d_t, sbar^d_t)) / d theta`` with the filtered
     input and state. Memory per distinct decay: one copy of the layer's traces, state and input."""
 
-    def step(self, ts: TraceState, P: Partials, x_in, new, delta) -> None:
+    def step(self, ts: TraceState, P: Partials, x_in, new, delta, partials=None) -> None:
         tr = self.tr
         names = tr.vec_names(P)
         readers = tr.mat_readers(P)
@@ -121,27 +202,65 @@ class LinearOutputFilter(ReadoutFilter):
         for base in {b for b, _, _ in readers}:
             if base in ts.mat:
                 cur[f"mat/{base}"] = ts.mat[base]  # [N, B, k, H]
-        out_params = {n: p for n, p in tr.cell.named_parameters() if p.requires_grad and n not in tr.traced}
         W = self.readout.weight.detach()
         for j, (a, m) in enumerate(self.groups(x_in.dtype)):
-            bars = {}
             for key, v in cur.items():  # the stored traces are updated in place by the next step: copy
                 old = ts.filt.get(f"{j}/{key}")
-                bars[key] = ts.filt[f"{j}/{key}"] = v.clone() if old is None else old * a + v
-            if delta is None:
-                continue
-            u = (delta * m) @ W  # [B, layer outputs]
-            fields = [bars[f"s{f}"].detach().requires_grad_() for f in range(len(new))]
-            o = tr.output(bars["x"], type(new)(*fields))
+                ts.filt[f"{j}/{key}"] = v.clone() if old is None else old * a + v
+            if delta is not None:
+                self._contract(ts, j, (delta * m) @ W, names, readers, type(new), len(new))
+
+    def _contract(self, ts: TraceState, j: int, u, names, readers, state_type, n_fields) -> None:
+        """``G += (d o / d s)^T u . ebar^j`` and the output map's gradient at the filtered input and
+        state of decay group ``j`` (``u [B, layer outputs]``)."""
+        tr = self.tr
+        bars = {key[len(f"{j}/"):]: v for key, v in ts.filt.items() if key.startswith(f"{j}/")}
+        if "x" not in bars:
+            return
+        out_params = {n: p for n, p in tr.cell.named_parameters() if p.requires_grad and n not in tr.traced}
+        fields = [bars[f"s{f}"].detach().requires_grad_() for f in range(n_fields)]
+        with torch.enable_grad():
+            o = tr.output(bars["x"], state_type(*fields))
             grads = torch.autograd.grad(o, fields + list(out_params.values()), u, allow_unused=True)
-            gbar = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
-            if "vec" in bars:
-                Gv = (gbar.unsqueeze(-1) * bars["vec"]).sum(dim=(0, 2))
-                for i, n in enumerate(names):
-                    ts.add(n, Gv[:, i])
-            for base, r, M in readers:
-                if f"mat/{base}" in bars:
-                    ts.add(r, torch.einsum("bnf,nbfh->nh", _mat_contract_g(gbar, M), bars[f"mat/{base}"]))
-            for n, g in zip(out_params, grads[len(fields):]):
-                if g is not None:
-                    ts.add(n, g)
+        gbar = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+        if "vec" in bars:
+            Gv = (gbar.unsqueeze(-1) * bars["vec"]).sum(dim=(0, 2))
+            for i, n in enumerate(names):
+                ts.add(n, Gv[:, i])
+        for base, r, M in readers:
+            if f"mat/{base}" in bars:
+                ts.add(r, torch.einsum("bnf,nbfh->nh", _mat_contract_g(gbar, M), bars[f"mat/{base}"]))
+        for n, g in zip(out_params, grads[len(fields):]):
+            if g is not None:
+                ts.add(n, g)
+
+    def block(self, ts: TraceState, P: Partials, x_rows, new_rows, gbar, K: int, B: int, partials=None) -> None:
+        """:meth:`ReadoutFilter.block` for the linear output map: the carried-in filtered input,
+        state and traces meet the block's errors, then advance to the block's end, each trace
+        field by the adjoint of the trace recursion (one reverse filter per field)."""
+        tr = self.tr
+        names, readers = tr.vec_names(P), tr.mat_readers(P)
+        W = self.readout.weight.detach()
+        groups = self.groups(x_rows.dtype)
+        state_type, n_fields = type(new_rows), len(new_rows)
+        if gbar is not None:
+            for j, (a, m) in enumerate(groups):
+                self._contract(ts, j, ((a * gbar[0]) * m) @ W, names, readers, state_type, n_fields)
+        k = tr.k
+        for j, (a, m) in enumerate(groups):
+            cw = _powers(a, K)
+            cur = {"x": (cw.view(K, 1, 1) * x_rows.reshape(K, B, -1)).sum(0)}
+            for f, v in enumerate(new_rows):
+                cur[f"s{f}"] = (cw.view(K, 1, 1) * v.reshape(K, B, -1)).sum(0)
+            per_field = []
+            for f in range(k):
+                w = torch.zeros((K, B, *P.J.shape[2:-1]), dtype=x_rows.dtype, device=x_rows.device)
+                w[..., f] = cw.view(K, 1, 1)
+                per_field.append(_weighted_traces(ts, P, names, [(b, b, None) for b in {b for b, _, _ in readers}], w))
+            if names:
+                cur["vec"] = torch.stack([torch.stack([vec[n] for n in names], -1) for vec, _ in per_field], 2)
+            for base in {b for b, _, _ in readers}:
+                cur[f"mat/{base}"] = torch.stack([mat[base] for _, mat in per_field], 2)
+            for key, v in cur.items():
+                old = ts.filt.get(f"{j}/{key}")
+                ts.filt[f"{j}/{key}"] = v if old is None else old * a ** K + v

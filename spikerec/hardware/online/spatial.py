@@ -33,7 +33,7 @@ from ...kernels.trace_numba import compiled_cpu
 from .kinds import compiled_tag
 from .traces_base import stream_step
 
-__all__ = ["supported", "fast_kinds", "fast_stream_step"]
+__all__ = ["supported", "fast_kinds", "fast_stream_step", "spike_partials"]
 
 
 def fast_kinds(learner) -> list[str]:
@@ -133,14 +133,21 @@ def fast_stream_step(learner, x_t, closure, value_and_grad=None):
             if loss.requires_grad:
                 (gy,) = torch.autograd.grad(loss, yl, allow_unused=True)
             loss = loss.detach()
+    filt = getattr(learner, "_filter", None)
+    skip = len(tracers) - 2 if filt is not None else None  # the layer under the leaky readout
     with torch.no_grad():
-        gs = _spatial_backward(learner, kinds, recs, gy)
+        gs = _spatial_backward(learner, kinds, recs, gy, skip)
         fused = _fused_flags(learner, x_t)
         for l, tr in enumerate(tracers):
             if kinds[l] == "readout" or not tr.traced:
                 continue
             x_in, prev, new, _ = recs[l]
-            if fused[l]:
+            if l == skip:  # its traces advance; its gradient comes through the filtered traces
+                P = tr.partials(x_in, prev, new)
+                stream_step(learner.traces[l], P, None, learner.kernel)
+                with torch.enable_grad():
+                    filt.step(learner.traces[l], P, x_in, new, gy, spike_partials(learner, l, kinds[l], recs[l]))
+            elif fused[l]:
                 tr.fused_stream_step(learner.traces[l], x_in, prev, new, gs[l])
             else:
                 stream_step(learner.traces[l], tr.partials(x_in, prev, new), gs[l], learner.kernel)
@@ -206,77 +213,104 @@ def _compiled_rows(*ts) -> bool:
     return compiled_cpu(*ts) and all(not t.requires_grad and t.dim() == 2 for t in ts)
 
 
-def _spatial_backward(learner, kinds, recs, gy):
+def _spatial_backward(learner, kinds, recs, gy, skip=None):
     """``g^l_t`` ``[B, N, k]`` per layer (``None`` without a loss) and the output-map gradients
-    added to ``learner.spatial``."""
+    added to ``learner.spatial``. Layer ``skip`` (the one under a readout filter) only passes the
+    error on to the layers below: its own gradient comes from the filtered traces."""
     n = len(kinds)
     gs = [None] * n
     if gy is None:
         return gs
-    sp = learner.spatial
     g_out = gy
     for l in range(n - 1, -1, -1):
-        tr, kind = learner.tracers[l], kinds[l]
-        c = tr.cell
-        h_in, prev, new, _ = recs[l]
-        if kind == "readout":
-            _acc_mm(sp, c.weight, g_out.t(), h_in)
-            if c.bias is not None:
-                _acc(sp, c.bias, g_out.sum(0))
-            g_out = g_out @ c.weight.detach()
-        elif kind == "leaky_readout":
-            gs[l] = g_out.unsqueeze(-1)
-            g_out = g_out @ c.weight.detach()
-        elif kind == "lru":
-            Ci, Bi = _lru_interleaved(tr, g_out.dtype)
-            g = g_out @ Ci  # [rows, 2N]: (Re, Im) of g per neuron, side by side
-            _acc_mm(sp, c.C_re, g_out.t(), new.x_re)
-            _acc_mm(sp, c.C_im, g_out.t(), new.x_im, -1.0)
-            D = c.D.detach()
-            if D.dim() == 1:
-                _acc(sp, c.D, (g_out * h_in).sum(0))
-                gu = g_out * D
-            else:
-                _acc_mm(sp, c.D, g_out.t(), h_in)
-                gu = g_out @ D
-            gs[l] = g.view(g.shape[0], -1, 2)
-            if l > 0:
-                g_out = torch.addmm(gu, g, Bi)
-        elif kind == "lif":  # z = H(v - thr): d l / d v = gz psi, d l / d thr = -gz psi
-            learn_thr = c.threshold.requires_grad
-            comp = None
-            if _compiled_rows(g_out, new.v):
-                k = tr.consts(g_out.dtype)
-                sc = k.get("spatial")  # the surrogate's code and the threshold row, once per sequence
-                if sc is None:
-                    N = new.v.shape[-1]
-                    sc = k["spatial"] = (surrogate_code(c.surrogate), k["thr"].expand(N).contiguous().numpy())
-                comp = lif_spatial_numba(g_out, new.v, sc[1], sc[0], learn_thr)
-            if comp is not None:  # one compiled pass (a surrogate with an inline form)
-                gp, s_thr = comp
-            else:
-                gp = g_out * c.surrogate.derivative(new.v - c.threshold.detach())
-                s_thr = gp.sum(0) if learn_thr else None
-            if learn_thr:
-                _acc(sp, c.threshold, s_thr, -1.0)
-            gs[l] = gp.unsqueeze(-1)
-            if l > 0:
-                g_out = gp @ c.weight.detach()
-        else:  # alif
-            b, beta = c.b.detach(), c.beta.detach()
-            comp = (alif_spatial_numba(g_out, new.v, new.a, b, beta, c.surrogate)
-                    if _compiled_rows(g_out, new.v, new.a) else None)
-            if comp is not None:  # one compiled pass (a surrogate with an inline form)
-                gp, gs[l], s_b, s_beta = comp
-                _acc(sp, c.b, s_b, -1.0)
-                _acc(sp, c.beta, s_beta, -1.0)
-            else:
-                gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
-                _acc(sp, c.b, gp.sum(0), -1.0)
-                _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
-                gl = gs[l] = torch.empty((*gp.shape, 2), dtype=gp.dtype, device=gp.device)
-                gl[..., 0] = gp
-                torch.mul(gp, -beta, out=gl[..., 1])
-            if l > 0:
-                g_out = gp @ c.weight.detach()
+        g, g_out = layer_errors(learner, l, kinds[l], recs[l], g_out, learner.spatial if l != skip else {})
+        gs[l] = g if l != skip else None
     return gs
+
+
+def layer_errors(learner, l, kind, rec, g_out, sp, below: bool = True):
+    """One layer of the spatial backward: from the error ``g_out`` at its output, its state error
+    ``g^l`` ``[rows, N, k]`` (``None`` for a linear readout) and the error at its input (``None``
+    for the first layer or without ``below``); its output-map gradients are added to ``sp``."""
+    tr = learner.tracers[l]
+    below = below and l > 0
+    c = tr.cell
+    h_in, prev, new, _ = rec
+    g = None
+    if kind == "readout":
+        _acc_mm(sp, c.weight, g_out.t(), h_in)
+        if c.bias is not None:
+            _acc(sp, c.bias, g_out.sum(0))
+        return None, g_out @ c.weight.detach()
+    if kind == "leaky_readout":
+        return g_out.unsqueeze(-1), g_out @ c.weight.detach()
+    if kind == "lru":
+        Ci, Bi = _lru_interleaved(tr, g_out.dtype)
+        g = g_out @ Ci  # [rows, 2N]: (Re, Im) of g per neuron, side by side
+        _acc_mm(sp, c.C_re, g_out.t(), new.x_re)
+        _acc_mm(sp, c.C_im, g_out.t(), new.x_im, -1.0)
+        D = c.D.detach()
+        if D.dim() == 1:
+            _acc(sp, c.D, (g_out * h_in).sum(0))
+            gu = g_out * D
+        else:
+            _acc_mm(sp, c.D, g_out.t(), h_in)
+            gu = g_out @ D
+        return g.view(g.shape[0], -1, 2), (torch.addmm(gu, g, Bi) if below else None)
+    if kind == "lif":  # z = H(v - thr): d l / d v = gz psi, d l / d thr = -gz psi
+        learn_thr = c.threshold.requires_grad
+        comp = None
+        if _compiled_rows(g_out, new.v):
+            k = tr.consts(g_out.dtype)
+            sc = k.get("spatial")  # the surrogate's code and the threshold row, once per sequence
+            if sc is None:
+                N = new.v.shape[-1]
+                sc = k["spatial"] = (surrogate_code(c.surrogate), k["thr"].expand(N).contiguous().numpy())
+            comp = lif_spatial_numba(g_out, new.v, sc[1], sc[0], learn_thr)
+        if comp is not None:  # one compiled pass (a surrogate with an inline form)
+            gp, s_thr = comp
+        else:
+            gp = g_out * c.surrogate.derivative(new.v - c.threshold.detach())
+            s_thr = gp.sum(0) if learn_thr else None
+        if learn_thr:
+            _acc(sp, c.threshold, s_thr, -1.0)
+        return gp.unsqueeze(-1), (gp @ c.weight.detach() if below else None)
+    # alif
+    b, beta = c.b.detach(), c.beta.detach()
+    comp = (alif_spatial_numba(g_out, new.v, new.a, b, beta, c.surrogate)
+            if _compiled_rows(g_out, new.v, new.a) else None)
+    if comp is not None:  # one compiled pass (a surrogate with an inline form)
+        gp, g, s_b, s_beta = comp
+        _acc(sp, c.b, s_b, -1.0)
+        _acc(sp, c.beta, s_beta, -1.0)
+    else:
+        gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
+        _acc(sp, c.b, gp.sum(0), -1.0)
+        _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
+        g = torch.empty((*gp.shape, 2), dtype=gp.dtype, device=gp.device)
+        g[..., 0] = gp
+        torch.mul(gp, -beta, out=g[..., 1])
+    return g, (gp @ c.weight.detach() if below else None)
+
+
+def spike_partials(learner, l, kind, rec):
+    """Per sample, ``psi = d z / d s`` ``[rows, N, k]`` and ``{name: d z / d p [rows, N]}`` of the
+    spike map of a LIF or ALIF layer (the forms of :meth:`.readout_filter.ReadoutFilter.spike_partials`
+    without autograd): ``psi`` is :func:`layer_errors` with a unit error; a LIF's threshold and
+    ALIF's ``b`` enter ``z = H(v - theta)`` as ``-1`` and ALIF's ``beta`` as ``-a``. ``None`` for
+    another kind (the LRU's filter needs none)."""
+    if kind not in ("lif", "alif"):
+        return None
+    v = rec[2].v
+    psi, _ = layer_errors(learner, l, kind, rec, torch.ones_like(v), {}, below=False)
+    c = learner.tracers[l].cell
+    gp = psi[..., 0]
+    direct = {}
+    if kind == "lif" and c.threshold.requires_grad:
+        direct["threshold"] = -gp
+    if kind == "alif":
+        if c.b.requires_grad:
+            direct["b"] = -gp
+        if c.beta.requires_grad:
+            direct["beta"] = -gp * rec[2].a
+    return psi, direct

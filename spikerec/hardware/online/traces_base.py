@@ -204,7 +204,7 @@ class TraceState:
         self.mat: dict[str, torch.Tensor] = {}
         self.G: dict[str, torch.Tensor] = {}
         self._stacked = None  # (array, its rows): the per-neuron traces as rows of one array
-        self.filt: dict[str, torch.Tensor] = {}  # readout-filtered traces, batch-first (:mod:`.readout_filter`)
+        self.filt: dict[str, torch.Tensor] = {}  # readout-filtered traces ("mat/...": [N, B, ...], else batch-first; :mod:`.readout_filter`)
 
     def set_carried(self, names, E: torch.Tensor) -> None:
         """Store the traces ``vec[names[j]] = E[j]`` (``E [m, ...]``, written by one compiled
