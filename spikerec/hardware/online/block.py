@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .readout_filter import reverse_readout_filter
-from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, layer_errors, spike_partials, supported
+from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, filter_forms, layer_errors, supported
 from .traces_base import stack_partials
 
 __all__ = ["block_supported", "closed_form_block"]
@@ -89,7 +89,7 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
             if l == fl:  # before the traces are carried: the filtered traces meet them
                 P = stack_partials(tr.partials(h_in, prev, new), K, B)
                 with torch.enable_grad():
-                    filt.block(learner.traces[l], P, h_in, new, gbar, K, B, spike_partials(learner, l, kind, recs[l]))
+                    filt.block(learner.traces[l], P, h_in, new, gbar, K, B, **filter_forms(learner, l, kind, recs[l]))
             G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
             tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
     return None if total is None else total.detach()

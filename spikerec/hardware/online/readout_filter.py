@@ -93,9 +93,15 @@ class ReadoutFilter:
         self._out = _Output(tr)
 
     def groups(self, dtype):
-        """``[(alpha_d, m_d [K])]``: the distinct decays of the readout and their outputs."""
-        alpha = self.readout.alpha().detach().to(dtype)
-        return [(a, (alpha == a).to(dtype)) for a in torch.unique(alpha)]
+        """``[(alpha_d, m_d [K])]``: the distinct decays of the readout and their outputs (kept
+        until the readout's time constants change)."""
+        tau = self.readout.log_tau
+        key = (id(tau), tau._version, dtype, tau.device)
+        cached = self.__dict__.get("_groups")
+        if cached is None or cached[0] != key:
+            alpha = self.readout.alpha().detach().to(dtype)
+            cached = self._groups = (key, [(a, (alpha == a).to(dtype)) for a in torch.unique(alpha)])
+        return cached[1]
 
     def spike_partials(self, x_in, new):
         """``psi [B, N, k] = d z / d s`` and ``{name: d z / d p [B, N]}`` for the parameters the
@@ -192,7 +198,10 @@ class LinearOutputFilter(ReadoutFilter):
     output map's own parameters get ``d (u^d_t . o(xbar^d_t, sbar^d_t)) / d theta`` with the filtered
     input and state. Memory per distinct decay: one copy of the layer's traces, state and input."""
 
-    def step(self, ts: TraceState, P: Partials, x_in, new, delta, partials=None) -> None:
+    def step(self, ts: TraceState, P: Partials, x_in, new, delta, output_errors=None) -> None:
+        """One step (as :meth:`ReadoutFilter.step`). ``output_errors(x, s, u)``: ``(d o / d s)^T u``
+        ``[B, N, k]`` with the output map's gradients added, when the caller has it in closed form
+        (:func:`.spatial.layer_errors`); else autograd."""
         tr = self.tr
         names = tr.vec_names(P)
         readers = tr.mat_readers(P)
@@ -206,35 +215,43 @@ class LinearOutputFilter(ReadoutFilter):
         for j, (a, m) in enumerate(self.groups(x_in.dtype)):
             for key, v in cur.items():  # the stored traces are updated in place by the next step: copy
                 old = ts.filt.get(f"{j}/{key}")
-                ts.filt[f"{j}/{key}"] = v.clone() if old is None else old * a + v
+                ts.filt[f"{j}/{key}"] = v.clone() if old is None else old.mul_(a).add_(v)
             if delta is not None:
-                self._contract(ts, j, (delta * m) @ W, names, readers, type(new), len(new))
+                self._contract(ts, j, (delta * m) @ W, names, readers, type(new), len(new), output_errors)
 
-    def _contract(self, ts: TraceState, j: int, u, names, readers, state_type, n_fields) -> None:
+    def _contract(self, ts: TraceState, j: int, u, names, readers, state_type, n_fields, output_errors=None) -> None:
         """``G += (d o / d s)^T u . ebar^j`` and the output map's gradient at the filtered input and
         state of decay group ``j`` (``u [B, layer outputs]``)."""
         tr = self.tr
         bars = {key[len(f"{j}/"):]: v for key, v in ts.filt.items() if key.startswith(f"{j}/")}
         if "x" not in bars:
             return
-        out_params = {n: p for n, p in tr.cell.named_parameters() if p.requires_grad and n not in tr.traced}
-        fields = [bars[f"s{f}"].detach().requires_grad_() for f in range(n_fields)]
-        with torch.enable_grad():
-            o = tr.output(bars["x"], state_type(*fields))
-            grads = torch.autograd.grad(o, fields + list(out_params.values()), u, allow_unused=True)
-        gbar = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+        sbar = state_type(*(bars[f"s{f}"] for f in range(n_fields)))
+        if output_errors is not None:
+            gbar, grads = output_errors(bars["x"], sbar, u), ()
+        else:
+            out_params = {n: p for n, p in tr.cell.named_parameters() if p.requires_grad and n not in tr.traced}
+            fields = [f.detach().requires_grad_() for f in sbar]
+            with torch.enable_grad():
+                o = tr.output(bars["x"], state_type(*fields))
+                grads = torch.autograd.grad(o, fields + list(out_params.values()), u, allow_unused=True)
+            gbar = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+            grads = zip(out_params, grads[len(fields):])
         if "vec" in bars:
             Gv = (gbar.unsqueeze(-1) * bars["vec"]).sum(dim=(0, 2))
             for i, n in enumerate(names):
                 ts.add(n, Gv[:, i])
         for base, r, M in readers:
-            if f"mat/{base}" in bars:
-                ts.add(r, torch.einsum("bnf,nbfh->nh", _mat_contract_g(gbar, M), bars[f"mat/{base}"]))
-        for n, g in zip(out_params, grads[len(fields):]):
+            if f"mat/{base}" in bars:  # [N, B, k, H]: the batch+field reduction is one bmm per neuron
+                e = bars[f"mat/{base}"]
+                N_, B_, k_, H_ = e.shape
+                gn = _mat_contract_g(gbar, M).transpose(0, 1).reshape(N_, 1, B_ * k_)
+                ts.add(r, torch.bmm(gn, e.reshape(N_, B_ * k_, H_)).squeeze(1))
+        for n, g in grads:
             if g is not None:
                 ts.add(n, g)
 
-    def block(self, ts: TraceState, P: Partials, x_rows, new_rows, gbar, K: int, B: int, partials=None) -> None:
+    def block(self, ts: TraceState, P: Partials, x_rows, new_rows, gbar, K: int, B: int, output_errors=None) -> None:
         """:meth:`ReadoutFilter.block` for the linear output map: the carried-in filtered input,
         state and traces meet the block's errors, then advance to the block's end, each trace
         field by the adjoint of the trace recursion (one reverse filter per field)."""
@@ -245,7 +262,7 @@ class LinearOutputFilter(ReadoutFilter):
         state_type, n_fields = type(new_rows), len(new_rows)
         if gbar is not None:
             for j, (a, m) in enumerate(groups):
-                self._contract(ts, j, ((a * gbar[0]) * m) @ W, names, readers, state_type, n_fields)
+                self._contract(ts, j, ((a * gbar[0]) * m) @ W, names, readers, state_type, n_fields, output_errors)
         k = tr.k
         for j, (a, m) in enumerate(groups):
             cw = _powers(a, K)

@@ -33,7 +33,7 @@ from ...kernels.trace_numba import compiled_cpu
 from .kinds import compiled_tag
 from .traces_base import stream_step
 
-__all__ = ["supported", "fast_kinds", "fast_stream_step", "spike_partials"]
+__all__ = ["supported", "fast_kinds", "fast_stream_step", "spike_partials", "filter_forms"]
 
 
 def fast_kinds(learner) -> list[str]:
@@ -146,7 +146,7 @@ def fast_stream_step(learner, x_t, closure, value_and_grad=None):
                 P = tr.partials(x_in, prev, new)
                 stream_step(learner.traces[l], P, None, learner.kernel)
                 with torch.enable_grad():
-                    filt.step(learner.traces[l], P, x_in, new, gy, spike_partials(learner, l, kinds[l], recs[l]))
+                    filt.step(learner.traces[l], P, x_in, new, gy, **filter_forms(learner, l, kinds[l], recs[l]))
             elif fused[l]:
                 tr.fused_stream_step(learner.traces[l], x_in, prev, new, gs[l])
             else:
@@ -314,3 +314,13 @@ def spike_partials(learner, l, kind, rec):
         if c.beta.requires_grad:
             direct["beta"] = -gp * rec[2].a
     return psi, direct
+
+
+def filter_forms(learner, l, kind, rec) -> dict:
+    """The written-out partials the readout filter of layer ``l`` takes on the compiled paths: the
+    spike map's (``partials``, :func:`spike_partials`) or the LRU's output errors at the filtered
+    input and state (``output_errors``, :func:`layer_errors` with the filter's error ``u``)."""
+    if kind == "lru":
+        return {"output_errors": lambda xb, sb, u: layer_errors(learner, l, kind, (xb, None, sb, None), u,
+                                                                learner.spatial, below=False)[0]}
+    return {"partials": spike_partials(learner, l, kind, rec)}
