@@ -42,14 +42,19 @@ def peak_growth(model, T, B, H, seed, loss=None):
 
 
 @pytest.mark.skipif(alloc_in_use() is None, reason="needs glibc's mallinfo2")
-@pytest.mark.parametrize("net", ["lru_alif", "lif", "lif_mse"])
+@pytest.mark.parametrize("net", ["lru_alif", "lif", "lif_mse", "alif_leaky"])
 def test_stream_peak_allocator_memory_is_flat_in_T(net):
     """The LRU/ALIF stack, and a LIF stack whose matrix traces are applied in windows of steps
     (the windows' buffers are the same size at any T), also with the package's MSE (its readout,
-    loss and gradient in one compiled call)."""
+    loss and gradient in one compiled call), and an ALIF layer under a leaky readout (with the
+    readout-filtered traces, per-output taus: two filtered copies)."""
     torch.manual_seed(0)
     loss = mse_step_loss if net == "lif_mse" else None
-    if net.startswith("lif"):
+    if net == "alif_leaky":
+        model = RecurrentStack([ALIF(32, 48, recurrent=False)],
+                               LeakyReadout(48, 3, tau=torch.tensor([5.0, 5.0, 20.0])))
+        assert OnlineLearner(model)._filter is not None
+    elif net.startswith("lif"):
         model = RecurrentStack([LIF(32, 48, recurrent=True), LIF(48, 48)], LeakyReadout(48, 3))
     else:
         lru = LRU(32, 48)
