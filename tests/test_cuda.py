@@ -54,25 +54,26 @@ def test_scan_triton_on_cuda_matches_torch(cplx, rev):
     torch.testing.assert_close(got.cpu(), ref, rtol=1e-11, atol=1e-11)
 
 
-def _mixed_stack():
+def _mixed_stack(readout_tau=None):
     from spikerec.layers import ALIF, LIF, LeakyReadout
     from spikerec.layers.lru import LRU
     from spikerec.models import RecurrentStack
 
     lru = LRU(3, 6)
     cells = [lru, ALIF(lru.output_size, 5, tau_mem=5.0, tau_adapt=10.0, b=0.3, beta=0.5), LIF(5, 4, tau_mem=5.0)]
-    return RecurrentStack(cells, LeakyReadout(4, 2)).double()
+    return RecurrentStack(cells, LeakyReadout(4, 2, tau=readout_tau)).double()
 
 
+@pytest.mark.parametrize("readout_tau", [None, (4.0, 6.0)])
 @pytest.mark.parametrize("mode", ["stream", "chunked"])
-def test_online_learner_on_cuda_equals_cpu(mode):
+def test_online_learner_on_cuda_equals_cpu(mode, readout_tau):
     """The learner on a CUDA device (Triton matrix traces in stream mode, torch block scans in
     chunked mode) gives the CPU learner's gradient, stepped through a stream with a reset of one
-    sample in the middle."""
+    sample in the middle; under a leaky readout with the readout-filtered traces too."""
     from spikerec.hardware.online import OnlineLearner, mse_step_loss
 
     g = _gen()
-    model = _mixed_stack()
+    model = _mixed_stack(None if readout_tau is None else torch.tensor(readout_tau))
     T, B = 23, 3
     x = torch.rand(T, B, 3, dtype=F64, generator=g) * 3
     tgt = torch.randn(T, B, 2, dtype=F64, generator=g)
