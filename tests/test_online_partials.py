@@ -218,3 +218,114 @@ def test_compiled_forward_steps_equal_the_neuron_steps(kind, kw):
     else:
         assert torch.equal(out, ref_out.detach()) and 0 < float(out.sum()) < out.numel()
     assert any(b.fn is fn for b in neurons.backends_of(kind).values())
+
+
+def weight_partials(step, params, state, x, name):
+    """``d s_t[b, n] / d W[n, h]`` as ``[B, N, k, H]`` for the matrix ``name`` of ``params`` (one
+    ``torch.func.jvp`` of the step per column ``h``; exact where each neuron reads its own row only)."""
+    from torch.func import jvp
+
+    W = getattr(params, name).detach()
+    cols = []
+    for h in range(W.shape[1]):
+        tangent = torch.zeros_like(W)
+        tangent[:, h] = 1
+        _, out = jvp(lambda w: tuple(step(params._replace(**{name: w}), state, x)), (W,), (tangent,))
+        cols.append(torch.stack(out, -1))
+    return torch.stack(cols, -1)
+
+
+@pytest.mark.parametrize("detach,recurrent", [(True, False), (False, False), (True, True), (False, True)])
+def test_compiled_alif_trace_step_equals_derived_partials(detach, recurrent):
+    """The compiled ALIF trace step (a registered backend of the kind) on fresh random traces: the
+    per-neuron traces become ``J eps + imm``, the input and lateral matrix traces ``J eps + d s_t / d W``,
+    and ``G += sum_b g . eps``, with ``J``, ``imm`` and ``d s_t / d W`` derived with ``torch.func.jvp``
+    over ``spikerec.neurons.alif.step`` (float64, fresh random states, parameters and traces, with and
+    without the reset's gradient, with a lateral self-connection)."""
+    pytest.importorskip("numba")
+    from spikerec.kernels.alif_online import alif_trace_step_numba
+    from spikerec.surrogate import heaviside
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    B, H, N = 5, 4, 6
+    cell = ALIF(H, N, tau_mem=5.0, zero_diagonal=False, detach_reset=detach, recurrent=recurrent, bias=True,
+                tau_adapt=10.0, b=0.5, beta=0.5, surrogate=SURR)
+    with torch.no_grad():
+        for n, p in cell.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+        if recurrent:
+            cell.recurrent_weight.copy_(torch.diag(torch.randn(N)))
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    x, prev = torch.rand(B, H) * 2, random_state(cell, B)
+    names, cols, cn, Rd = tr.fused_setup(torch.float64)
+    u = prev.v - (cn[5] + cn[6] * prev.a)
+    ev0, ew0, g = torch.randn(B, N, 2, len(names)), torch.randn(N, B, 2, H), torch.randn(B, N, 2)
+    er0 = torch.randn(N, B, 2, N) if recurrent else None
+    ev, ew, er = ev0.clone(), ew0.clone(), (er0.clone() if recurrent else None)
+    G_vec, G_w, G_r = torch.zeros(5, N), torch.zeros(N, H), (torch.zeros(N, N) if recurrent else None)
+    alif_trace_step_numba(prev.v, prev.a, cell.surrogate.derivative(u), heaviside(u), x, g, cn, cols, ev, ew, er,
+                          G_vec, G_w, G_r, Rd, detach)
+
+    step = lambda p, s, x_: _alif.step(p, s, x_, cell.options())[1]  # noqa: E731
+    J, vec = derived_partials(step, cell.params(), prev, x, tuple(names))
+    assert float(J[..., 1, 0].abs().sum()) > 0, "the membrane enters the adaptation's Jacobian"
+    for j, name in enumerate(names):
+        want = torch.einsum("bnij,bnj->bni", J, ev0[..., j]) + vec[name]
+        assert torch.allclose(ev[..., j], want, rtol=1e-12, atol=1e-12), name
+        assert torch.allclose(G_vec[cols[j]], (g * want).sum((0, 2)), rtol=1e-12, atol=1e-12), name
+    mats = [("weight", ew0, ew, G_w)] + ([("recurrent_weight", er0, er, G_r)] if recurrent else [])
+    for name, e0, e, G in mats:
+        imm = weight_partials(step, cell.params(), prev, x, name).detach()  # [B, N, 2, H]
+        want = torch.einsum("bnij,nbjh->nbih", J, e0) + imm.permute(1, 0, 2, 3)
+        assert float(imm.abs().sum()) > 0
+        assert torch.allclose(e, want, rtol=1e-12, atol=1e-12), name
+        assert torch.allclose(G, torch.einsum("bni,nbih->nh", g, want), rtol=1e-12, atol=1e-12), name
+    assert any(b.fn is alif_trace_step_numba for b in neurons.backends_of("alif").values())
+
+
+@pytest.mark.parametrize("kind", ["lif", "alif"])
+@pytest.mark.parametrize("surrogate", ["fast_sigmoid", "atan"])
+def test_compiled_spatial_backward_equals_the_output_gradient(kind, surrogate):
+    """The compiled spatial backward of a layer's spikes (a registered backend of the kind) equals
+    the gradient of ``sum(g_out * spikerec.neurons.<kind>.output(...))`` by autograd through the
+    definition, in the state and the threshold's parameters (float64, fresh random states, parameters
+    and output errors)."""
+    pytest.importorskip("numba")
+    from spikerec.kernels.alif_online import alif_spatial_numba
+    from spikerec.kernels.lif_online import lif_spatial_numba
+    from spikerec.kernels.lif_sequence_numba import surrogate_code
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    R, H, N = 7, 4, 6
+    sur = {"name": surrogate, "slope": 3.0, "scale": 0.7}
+    cls, mod = MODULE[kind]
+    cell = cls(H, N, tau_mem=5.0, surrogate=sur, **({"learn_threshold": True} if kind == "lif" else
+                                                     {"tau_adapt": 10.0, "b": 0.5, "beta": 0.5}))
+    state = type(cell.initial_state(R))(*(torch.randn(R, N) * 0.5 + 0.6 for _ in cell.initial_state(R)))
+    gout = torch.randn(R, N)
+    state = type(state)(*(f.requires_grad_() for f in state))
+    params = cell.params()
+    thr_names = ("threshold",) if kind == "lif" else ("b", "beta")
+    thr = {n: (getattr(params, n).detach().expand(N) + 0.1 * torch.randn(N)).requires_grad_() for n in thr_names}
+    params = params._replace(**thr)
+    z = mod.output(params, state, cell.options())
+    assert 0 < float(z.detach().sum()) < z.numel()
+    want = torch.autograd.grad((gout * z).sum(), [*state, *thr.values()])
+    if kind == "lif":
+        code = surrogate_code(cell.surrogate)
+        gp, s = lif_spatial_numba(gout, state.v.detach(), thr["threshold"].detach().numpy(), code, True)
+        assert torch.allclose(gp, want[0], rtol=1e-12, atol=1e-13)
+        assert torch.allclose(-s, want[1], rtol=1e-12, atol=1e-12)
+        fn = lif_spatial_numba
+    else:
+        gp, gl, s_gp, s_gpa = alif_spatial_numba(gout, state.v.detach(), state.a.detach(), thr["b"].detach(),
+                                                 thr["beta"].detach(), cell.surrogate)
+        assert torch.allclose(gl[..., 0], want[0], rtol=1e-12, atol=1e-13)
+        assert torch.allclose(gl[..., 1], want[1], rtol=1e-12, atol=1e-13)
+        assert torch.equal(gp, gl[..., 0])
+        assert torch.allclose(-s_gp, want[2], rtol=1e-12, atol=1e-12)
+        assert torch.allclose(-s_gpa, want[3], rtol=1e-12, atol=1e-12)
+        fn = alif_spatial_numba
+    assert any(b.fn is fn for b in neurons.backends_of(kind).values())
