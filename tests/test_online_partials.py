@@ -329,3 +329,135 @@ def test_compiled_spatial_backward_equals_the_output_gradient(kind, surrogate):
         assert torch.allclose(-s_gpa, want[3], rtol=1e-12, atol=1e-12)
         fn = alif_spatial_numba
     assert any(b.fn is fn for b in neurons.backends_of(kind).values())
+
+
+BLOCK_CASES = (
+    [("lif", dict(reset=r, detach_reset=d, recurrent=rec, learn_threshold=True, bias=True,
+                  surrogate=SURR if d else {"name": "atan", "slope": 2.0, "scale": 0.7}))
+     for r, d, rec in (("subtract", False, True), ("zero", True, False), ("none", True, True), ("subtract", True, False))]
+    + [("alif", dict(detach_reset=d, recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5,
+                     surrogate=SURR if d else {"name": "atan", "slope": 2.0, "scale": 0.7}))
+       for d, rec in ((False, True), (True, False))]
+    + [("lru", {})])
+BLOCK_KERNELS = {"lif": ("spikerec.kernels.lif_online", "_lif_block_vec"),
+                 "alif": ("spikerec.hardware.online.traces_lif", "alif_block_numba"),
+                 "lru": ("spikerec.hardware.online.traces_lru", "lru_block_traces_numba")}
+STATE_PARAMS = {"lif": {"weight", "log_tau_mem", "threshold", "bias"},
+                "alif": {"weight", "log_tau_mem", "log_tau_adapt", "b", "beta", "bias"},
+                "lru": {"nu_log", "theta_log", "gamma_log", "B_re", "B_im"}}
+
+
+def block_cell(kind, kw, H, N):
+    """A layer of ``kind`` with heterogeneous per-neuron parameters and diagonal lateral weights
+    (where the layer's online partials are exact), its definition's module and its step's options."""
+    from spikerec.layers import LRU
+    from spikerec.neurons import lru as _lru
+
+    if kind == "lru":
+        return LRU(H, N), _lru, None
+    cls, mod = MODULE[kind]
+    cell = cls(H, N, tau_mem=5.0, zero_diagonal=False, **kw)
+    with torch.no_grad():
+        for n, p in cell.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+        if cell.recurrent_weight is not None:
+            cell.recurrent_weight.copy_(torch.diag(torch.randn(N)))
+    return cell, mod, cell.options()
+
+
+@pytest.mark.parametrize("kind,kw", BLOCK_CASES)
+def test_compiled_block_equals_the_derived_recursion(kind, kw, monkeypatch):
+    """The chunked block's compiled contraction (``block_contract`` of the kind's trace, a registered
+    backend) over two blocks of K steps, the second taking the traces the first carried, equals the
+    recursion ``eps_t = J_t eps_{t-1} + imm_t``, ``dL/dp = sum_t g_t . eps_t`` run step by step with
+    ``J_t``, ``imm_t`` and the matrices' ``d s_t / d W`` derived with ``torch.func.jvp`` over
+    ``spikerec.neurons.<kind>.step`` (float64, fresh random states, inputs, parameters and errors):
+    the gradients of every traced parameter and the carried traces."""
+    pytest.importorskip("numba")
+    import importlib
+
+    from spikerec.hardware.online.traces_base import TraceState
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    K, B, H, N = 3, 4, 3, 5
+    cell, mod, opts = block_cell(kind, kw, H, N)
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    tr.fast = True  # the closed-form block scans, as the compiled chunked path sets
+    owner, attr = BLOCK_KERNELS[kind]
+    owner = importlib.import_module(owner)
+    real, calls = getattr(owner, attr), []
+    monkeypatch.setattr(owner, attr, lambda *a: calls.append(1) or real(*a))
+    params = type(cell.params())(*(None if p is None else p.detach() for p in cell.params()))
+    step = (lambda p, s, x_: mod.step(p, s, x_)[1]) if kind == "lru" else (lambda p, s, x_: mod.step(p, s, x_, opts)[1])
+    s = random_state(cell, B)
+    xs = torch.rand(2 * K, B, H) * 2
+    states = [s]
+    for t in range(2 * K):
+        states.append(type(s)(*(f.detach() for f in step(params, states[-1], xs[t]))))
+    k_fields = len(s)
+    G = torch.randn(2 * K, B, N, k_fields)
+    ts = TraceState(tr)
+    for blk in range(2):
+        rows = range(blk * K, blk * K + K)
+        cat = lambda ss: type(s)(*(torch.cat([st[f] for st in ss]) for f in range(k_fields)))  # noqa: E731
+        prev, new = cat([states[t] for t in rows]), cat([states[t + 1] for t in rows])
+        tr.block_contract(ts, xs[blk * K:blk * K + K].reshape(K * B, H), prev, new, G[blk * K:blk * K + K], True, K, B)
+    assert len(calls) == 2, "the compiled block ran"
+    got = ts.take()
+    assert STATE_PARAMS[kind] <= set(got), sorted(got)
+    eps, want = {}, {n: 0 for n in got}
+    vec_names = tuple(n for n in got if getattr(params, n).dim() == 1)
+    for t in range(2 * K):
+        J, imm = derived_partials(step, params, states[t], xs[t], vec_names)
+        for n in got:
+            i = imm[n] if n in vec_names else weight_partials(step, params, states[t], xs[t], n)  # [B, N, k(, H)]
+            e = eps.get(n)
+            eps[n] = i if e is None else (torch.einsum("bnij,bnj...->bni...", J, e) + i)
+            want[n] = want[n] + torch.einsum("bni,bni...->n...", G[t], eps[n])
+    assert all(float(want[n].abs().sum()) > 0 for n in got if n not in vec_names)
+    for n in got:
+        assert torch.allclose(got[n], want[n].reshape(got[n].shape), rtol=1e-10, atol=1e-11), n
+    for n in vec_names:
+        assert torch.allclose(ts.vec[n].reshape(eps[n].shape), eps[n], rtol=1e-10, atol=1e-11), n
+    for n, e in ts.mat.items():
+        assert torch.allclose(e, eps[n].permute(1, 0, 2, 3), rtol=1e-10, atol=1e-11), n
+    assert ts.mat, "the matrix traces were carried"
+    entry = type(tr).block_contract
+    assert any(b.fn is entry for b in neurons.backends_of(kind).values())
+
+
+@pytest.mark.parametrize("kind,kw", [("lif", dict(reset=r, surrogate=SURR)) for r in ("subtract", "zero", "none")]
+                         + [("lru", {})])
+def test_compiled_block_scan_equals_the_step_loop(kind, kw, monkeypatch):
+    """The chunked block's compiled scan of the states (``scan_block`` of the kind's trace, a
+    registered backend) equals a loop of ``spikerec.neurons.<kind>.step`` (float64, fresh random
+    states, inputs and parameters): the states before each step, after each step and the last one."""
+    pytest.importorskip("numba")
+    from spikerec.kernels import lif_sequence_numba_kernels
+    from spikerec.hardware.online import traces_lru
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    K, B, H, N = 6, 3, 4, 5
+    cell, mod, opts = block_cell(kind, dict(kw, recurrent=False) if kind == "lif" else kw, H, N)
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    owner, attr = ((lif_sequence_numba_kernels, "fwd_serial") if kind == "lif" else (traces_lru, "lru_block_scan_numba"))
+    real, calls = getattr(owner, attr), []
+    monkeypatch.setattr(owner, attr, lambda *a: calls.append(1) or real(*a))
+    s = random_state(cell, B)
+    xs = torch.rand(K, B, H) * 2
+    prev, last, new = tr.scan_block(xs, s, with_new=True)
+    assert calls, "the compiled scan ran"
+    params = cell.params()
+    for t in range(K):
+        for f in range(len(s)):
+            assert torch.allclose(prev[f].view(K, B, N)[t], s[f].detach(), rtol=1e-13, atol=1e-13), (t, f)
+        s = (mod.step(params, s, xs[t]) if kind == "lru" else mod.step(params, s, xs[t], opts))[1]
+        for f in range(len(s)):
+            assert torch.allclose(new[f].view(K, B, N)[t], s[f].detach(), rtol=1e-13, atol=1e-13), (t, f)
+    for a, b in zip(last, s):
+        assert torch.allclose(a, b.detach(), rtol=1e-13, atol=1e-13)
+    entry = type(tr).scan_block
+    assert any(b.fn is entry for b in neurons.backends_of(kind).values())
