@@ -22,8 +22,8 @@ ROOT = Path(spikerec.__file__).parent
 TESTS = Path(__file__).parent
 
 # Compiled functions that no registered backend reaches yet, by the test that runs each against its
-# torch form: the kernels of the online learner's whole-stack stream step and the matrix eligibility
-# trace that every kind shares. Kept short: such a kernel belongs in a backend.
+# torch form: the backward kernels of the online learner's whole-stack stream step. Kept short: such
+# a kernel belongs in a backend.
 NOT_YET_REACHED = {
     "tests/test_online_fused.py::test_fused_spiking_equals_reference_with_resets": [
         "spikerec.kernels.lif_online._lif_bwd", "spikerec.kernels.alif_online._alif_bwd"],
@@ -32,9 +32,6 @@ NOT_YET_REACHED = {
     "tests/test_online_fused.py::test_fused_mse_is_one_compiled_call": [
         "spikerec.kernels.readout_online._readout_mse", "spikerec.kernels.readout_online._mse",
         "spikerec.kernels.readout_online._any_nan"],
-    "tests/test_online_stream.py::test_numba_kernel_matches_torch_reference": ["spikerec.kernels.trace_numba._mat_trace"],
-    "tests/test_online_triton.py::test_triton_kernel_matches_torch_under_interpreter": [
-        "spikerec.kernels.trace_triton._mat_trace_kernel"],
 }
 
 

@@ -355,6 +355,9 @@ def block_cell(kind, kw, H, N):
 
     if kind == "lru":
         return LRU(H, N), _lru, None
+    if kind == "readout":
+        cell = LeakyReadout(H, N, **kw)
+        return cell, _readout, cell.options()
     cls, mod = MODULE[kind]
     cell = cls(H, N, tau_mem=5.0, zero_diagonal=False, **kw)
     with torch.no_grad():
@@ -461,3 +464,67 @@ def test_compiled_block_scan_equals_the_step_loop(kind, kw, monkeypatch):
         assert torch.allclose(a, b.detach(), rtol=1e-13, atol=1e-13)
     entry = type(tr).scan_block
     assert any(b.fn is entry for b in neurons.backends_of(kind).values())
+
+
+MATRIX_TRACE_CASES = [BLOCK_CASES[0], BLOCK_CASES[4], ("lru", {}), ("readout", dict(tau=4.0))]
+
+
+@pytest.mark.parametrize("kind,kw", MATRIX_TRACE_CASES)
+def test_compiled_matrix_trace_equals_the_derived_recursion(kind, kw):
+    """The stream step's compiled matrix trace (``mat_trace_step_numba``, a registered backend of the
+    kinds, one and two states per neuron, one and two readers of a trace) over T steps of
+    :func:`~spikerec.hardware.online.traces_base.stream_step` equals the recursion ``eps_t = J_t
+    eps_{t-1} + d s_t / d W``, ``dL/dW = sum_t g_t . eps_t`` with ``J_t`` and ``d s_t / d W``
+    derived with ``torch.func.jvp`` over ``spikerec.neurons.<kind>.step`` (float64, fresh random
+    states, inputs, parameters and errors): every traced parameter's gradient and the traces. The
+    Triton form runs the same check in ``tests/test_online_triton.py``."""
+    pytest.importorskip("numba")
+    from spikerec.kernels import trace_numba
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    matrix_trace_against_derived(kind, kw, trace_numba.mat_trace_step_numba)
+    assert any(b.fn is trace_numba.mat_trace_step_numba for b in neurons.backends_of(kind).values())
+
+
+def matrix_trace_against_derived(kind, kw, matrix_trace):
+    """The check of :func:`test_compiled_matrix_trace_equals_the_derived_recursion` for the matrix
+    trace step ``matrix_trace`` (a ``kernel`` of ``stream_step``)."""
+    from spikerec.hardware.online.traces_base import TraceState, stream_step
+
+    T, B, H, N = 4, 3, 4, 5
+    cell, mod, opts = block_cell(kind, kw, H, N)
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    calls = []
+    kernel = lambda *a: calls.append(1) or matrix_trace(*a)  # noqa: E731
+    params = type(cell.params())(*(None if p is None else p.detach() for p in cell.params()))
+    step = (lambda p, s, x_: mod.step(p, s, x_, opts)[1]) if opts is not None else (lambda p, s, x_: mod.step(p, s, x_)[1])
+    s = random_state(cell, B)
+    xs = torch.rand(T, B, H) * 2
+    G = torch.randn(T, B, N, len(s))
+    ts = TraceState(tr)
+    states = [s]
+    for t in range(T):
+        new = type(s)(*(f.detach() for f in step(params, s, xs[t])))
+        stream_step(ts, tr.partials(xs[t], s, new), G[t], kernel=kernel)
+        s = new
+        states.append(s)
+    assert calls, "the compiled matrix trace ran"
+    got = ts.take()
+    mats = {n for n in got if getattr(params, n).dim() == 2}
+    assert mats >= {"lru": {"B_re", "B_im"}}.get(kind, {"weight"}), sorted(got)
+    eps, want = {}, {n: 0 for n in got}
+    vec_names = tuple(n for n in got if n not in mats)
+    for t in range(T):
+        J, imm = derived_partials(step, params, states[t], xs[t], vec_names)
+        for n in got:
+            i = imm[n] if n in vec_names else weight_partials(step, params, states[t], xs[t], n)
+            e = eps.get(n)
+            eps[n] = i if e is None else (torch.einsum("bnij,bnj...->bni...", J, e) + i)
+            want[n] = want[n] + torch.einsum("bni,bni...->n...", G[t], eps[n])
+    for n in got:
+        assert torch.allclose(got[n], want[n].reshape(got[n].shape), rtol=1e-10, atol=1e-11), n
+    for n in mats:
+        assert float(want[n].abs().sum()) > 0, n
+        if n in ts.mat:
+            assert torch.allclose(ts.mat[n], eps[n].permute(1, 0, 2, 3), rtol=1e-10, atol=1e-11), n
