@@ -24,7 +24,7 @@ JIT_PREFIXES = ("numba.", "nb.", "_nb.", "triton.")
 
 def is_jit(decorator) -> bool:
     """``@njit``, ``@jit``, ``@numba.njit(...)``, ``@_nb.njit``, ``@triton.jit`` and the like."""
-    name = ast.unparse(decorator.func if isinstance(decorator, ast.Call) else decorator)
+    name = ".".join(_chain(decorator.func if isinstance(decorator, ast.Call) else decorator) or ())
     return name in ("njit", "jit") or (name.startswith(JIT_PREFIXES) and name.rsplit(".", 1)[-1] in ("njit", "jit"))
 
 

@@ -7,6 +7,7 @@ with its name and module."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import pkgutil
 from pathlib import Path
@@ -52,19 +53,26 @@ def backends() -> list[neurons.Backend]:
     return [b for kind in neurons.KINDS for b in neurons.backends_of(kind).values()]
 
 
+@functools.lru_cache(maxsize=None)
+def nodes_in(path: str) -> frozenset[str]:
+    """The pytest nodes that ``path`` defines: ``path::test_x`` and ``path::TestClass::test_x``."""
+    file = TESTS.parent / path
+    if not file.is_file():
+        return frozenset()
+    out = set()
+    for n in ast.parse(file.read_text()).body:
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("test"):
+            out.add(f"{path}::{n.name}")
+        elif isinstance(n, ast.ClassDef):
+            out.update(f"{path}::{n.name}::{m.name}" for m in n.body
+                       if isinstance(m, ast.FunctionDef) and m.name.startswith("test"))
+    return frozenset(out)
+
+
+
 def node_defined(node_id: str) -> bool:
     """Whether the pytest node ``tests/<file>.py::<name>`` (or ``::<Class>::<name>``) is defined."""
-    path, *names = node_id.split("::")
-    file = TESTS.parent / path
-    if not file.is_file() or not names:
-        return False
-    body = ast.parse(file.read_text()).body
-    for i, name in enumerate(names):
-        found = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
-        if not found or (i < len(names) - 1 and not isinstance(found[0], ast.ClassDef)):
-            return False
-        body = found[0].body
-    return isinstance(found[0], ast.FunctionDef) and name.startswith("test")
+    return node_id in nodes_in(node_id.split("::")[0])
 
 
 def test_the_scan_finds_the_compiled_functions(graph):
