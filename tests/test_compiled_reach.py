@@ -6,10 +6,11 @@ definition runs. A compiled function added without a registered backend that rea
 with its name and module."""
 from __future__ import annotations
 
-import ast
 import functools
 import importlib
 import pkgutil
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,31 +55,75 @@ def backends() -> list[neurons.Backend]:
 
 
 @functools.lru_cache(maxsize=None)
-def nodes_in(path: str) -> frozenset[str]:
-    """The pytest nodes that ``path`` defines: ``path::test_x`` and ``path::TestClass::test_x``."""
+def source_of(path: str) -> str:
     file = TESTS.parent / path
-    if not file.is_file():
-        return frozenset()
-    out = set()
-    for n in ast.parse(file.read_text()).body:
-        if isinstance(n, ast.FunctionDef) and n.name.startswith("test"):
-            out.add(f"{path}::{n.name}")
-        elif isinstance(n, ast.ClassDef):
-            out.update(f"{path}::{n.name}::{m.name}" for m in n.body
-                       if isinstance(m, ast.FunctionDef) and m.name.startswith("test"))
-    return frozenset(out)
-
+    return file.read_text() if file.is_file() else ""
 
 
 def node_defined(node_id: str) -> bool:
-    """Whether the pytest node ``tests/<file>.py::<name>`` (or ``::<Class>::<name>``) is defined."""
-    return node_id in nodes_in(node_id.split("::")[0])
+    """Whether the pytest node ``tests/<file>.py::test_x`` (or ``::TestClass::test_x``) is defined."""
+    path, *names = node_id.split("::")
+    text = source_of(path)
+    if len(names) == 1:
+        return names[0].startswith("test") and re.search(rf"^def {re.escape(names[0])}\(", text, re.M) is not None
+    if len(names) == 2:
+        cls = re.search(rf"^class {re.escape(names[0])}\b.*?(?=^\S|\Z)", text, re.M | re.S)
+        return cls is not None and re.search(rf"^    def {re.escape(names[1])}\(", cls.group(0), re.M) is not None
+    return False
 
 
 def test_the_scan_finds_the_compiled_functions(graph):
     assert len(graph.compiled) > 50, "the scan found too few compiled functions"
     assert any(".kernels.lif_triton." in q for q in graph.compiled) and any("_online." in q for q in graph.compiled)
     assert "spikerec.kernels.surrogate_numba.sd_typed" in graph.compiled
+
+
+def compiled_types() -> tuple[type, ...]:
+    """The run-time types of compiled functions: numba's dispatchers and Triton's JIT functions
+    (interpreted ones too), where these compilers import."""
+    out = []
+    try:
+        from numba.core.dispatcher import Dispatcher
+
+        out.append(Dispatcher)
+    except Exception:  # numba missing or broken
+        pass
+    try:
+        from triton.runtime.jit import KernelInterface
+
+        out.append(KernelInterface)
+    except Exception:  # triton missing or broken
+        pass
+    return tuple(out)
+
+
+def test_the_scan_finds_every_compiled_object_at_run_time(graph, backends):
+    """The static scan and the imported package agree: every numba dispatcher and Triton JIT function
+    that a module of the package holds is one the scan lists (so none escapes the check by being made
+    another way than a decorator), and each listed function of an imported module is such an object.
+    Checks the compilers that import; skips without either."""
+    types = compiled_types()
+    if not types:
+        pytest.skip("neither numba nor Triton imports")
+    found = set()
+    for name, mod in list(sys.modules.items()):
+        if not (name == "spikerec" or name.startswith("spikerec.")):
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, types):
+                fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None)
+                if fn is not None and fn.__module__.startswith("spikerec."):
+                    found.add(f"{fn.__module__}.{fn.__qualname__}")
+    missing = sorted(found - set(graph.compiled))
+    assert not missing, f"compiled at run time but not found by the scan: {missing}"
+    listed = 0
+    for q in graph.compiled:  # those of the imported modules (a compiler's modules import where it does)
+        m, _, f = q.rpartition(".")
+        obj = getattr(sys.modules.get(m), f, None)
+        if obj is not None:
+            assert isinstance(obj, types), f"{q} is listed as compiled but is a {type(obj)}"
+            listed += 1
+    assert listed and found
 
 
 def test_every_compiled_function_is_reached_from_a_registered_backend(graph, backends):
