@@ -23,11 +23,6 @@ from call_graph import CallGraph
 ROOT = Path(spikerec.__file__).parent
 TESTS = Path(__file__).parent
 
-# Compiled functions that no registered backend reaches yet, by the test that runs each against its
-# torch form (empty: every compiled function is reached). Kept short: such a kernel belongs in a backend.
-NOT_YET_REACHED: dict[str, list[str]] = {}
-
-
 @pytest.fixture(scope="module")
 def graph() -> CallGraph:
     return CallGraph(ROOT)
@@ -118,20 +113,13 @@ def test_the_scan_finds_every_compiled_object_at_run_time(graph, backends):
 
 
 def test_every_compiled_function_is_reached_from_a_registered_backend(graph, backends):
-    reached: dict[str, list[str]] = {}
-    for b in backends:
+    reached: set[str] = set()
+    for b in backends:  # each backend on its own: what it reaches, not what all of them reach together
         entry = graph.entry_of(b.fn)
         assert entry, f"{b.kind}/{b.name}: its callable {b.fn!r} is not found in the package's source"
-        for q in graph.reached_from([entry]) & set(graph.compiled):
-            reached.setdefault(q, []).append(f"{b.kind}/{b.name}")
-    pending = {q for qs in NOT_YET_REACHED.values() for q in qs}
-    unreached = [q for q in graph.compiled if q not in reached and q not in pending]
+        reached |= graph.reached_from([entry])
+    unreached = [q for q in graph.compiled if q not in reached]
     assert not unreached, "compiled functions that no registered backend reaches (module.function): " + ", ".join(unreached)
-    stale = sorted(pending & reached.keys())
-    assert not stale, f"reached from a registered backend now, remove from NOT_YET_REACHED: {stale}"
-    assert pending <= set(graph.compiled), sorted(pending - set(graph.compiled))
-    missing = [t for t in NOT_YET_REACHED if not node_defined(t)]
-    assert not missing, f"NOT_YET_REACHED names tests that do not exist: {missing}"
 
 
 def test_every_registered_backend_names_an_existing_equality_test(backends):
