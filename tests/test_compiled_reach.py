@@ -1,79 +1,35 @@
-"""Every compiled function of the package (numba ``@njit``/``@jit``, ``@triton.jit``) is reachable
-from a registered backend of a neuron kind: its module is imported, directly or through other
-modules of the package, by the module of a backend registered with
-:func:`spikerec.neurons.register_backend` (whose equality test then runs it), and the function
-itself is used (called or imported) somewhere in the package. A compiled function added without
-a registered backend that reaches it, or left unused, fails here."""
+"""Every compiled function of the package (numba ``@njit``/``@jit``, ``@triton.jit``) is reached, in the
+package's static call graph (:mod:`call_graph`), from the callable of a backend registered with
+:func:`spikerec.neurons.register_backend`, and every registered backend names an equality test that
+exists: so each compiled function lies on a path that some equality test against a neuron kind's
+definition runs. A compiled function added without a registered backend that reaches it fails here,
+with its name and module."""
 from __future__ import annotations
 
-import ast
+import functools
 import importlib
 import pkgutil
+import re
+import sys
 from pathlib import Path
+
+import pytest
 
 import spikerec
 from spikerec import neurons
 
+from call_graph import CallGraph
+
 ROOT = Path(spikerec.__file__).parent
-# Compiled modules that serve every kind alike and so belong to no kind's backend, each with the test
-# that runs it against its torch reference (kept short: a kind's kernel belongs in a backend).
-KIND_INDEPENDENT = {
-    "spikerec.kernels.trace_triton": "tests/test_online_triton.py::test_triton_kernel_matches_torch_under_interpreter",
-}
-JIT_PREFIXES = ("numba.", "nb.", "_nb.", "triton.")
+TESTS = Path(__file__).parent
+
+@pytest.fixture(scope="module")
+def graph() -> CallGraph:
+    return CallGraph(ROOT)
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-SOURCES = {module_name(p): p for p in ROOT.rglob("*.py")}
-TREES = {m: ast.parse(p.read_text(), str(p)) for m, p in SOURCES.items()}
-
-
-def is_jit(decorator) -> bool:
-    name = ast.unparse(decorator.func if isinstance(decorator, ast.Call) else decorator)
-    return name in ("njit", "jit") or (name.startswith(JIT_PREFIXES) and name.rsplit(".", 1)[-1] in ("njit", "jit"))
-
-
-def compiled_functions() -> dict[str, list[str]]:
-    out = {}
-    for m, tree in TREES.items():
-        names = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and any(map(is_jit, n.decorator_list))]
-        if names:
-            out[m] = names
-    return out
-
-
-def imports_of(m: str) -> set[str]:
-    """The package's modules that ``m`` imports anywhere in its source (function-level imports too)."""
-    pkg = m if SOURCES[m].name == "__init__.py" else m.rpartition(".")[0]
-    out = set()
-    for n in ast.walk(TREES[m]):
-        if isinstance(n, ast.Import):
-            out.update(a.name for a in n.names)
-        elif isinstance(n, ast.ImportFrom):
-            base = pkg
-            for _ in range(max(n.level - 1, 0)):
-                base = base.rpartition(".")[0]
-            base = (base + "." + n.module if n.module else base) if n.level else n.module
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in n.names)
-    return {x for x in out if x in SOURCES}
-
-
-def reached_from(start: str) -> set[str]:
-    seen, todo = {start}, [start]
-    while todo:
-        for x in imports_of(todo.pop()):
-            if x not in seen:
-                seen.add(x)
-                todo.append(x)
-    return seen
-
-
-def registered_backend_modules() -> dict[str, list[str]]:
+@pytest.fixture(scope="module")
+def backends() -> list[neurons.Backend]:
     for info in pkgutil.walk_packages(spikerec.__path__, "spikerec."):
         if info.name.endswith("__main__"):
             continue
@@ -81,28 +37,110 @@ def registered_backend_modules() -> dict[str, list[str]]:
             importlib.import_module(info.name)
         except ImportError:
             pass
-    out: dict[str, list[str]] = {}
-    for kind, backends in neurons.BACKENDS.items():
-        for b in backends.values():
-            owner = getattr(b.fn, "__self__", None)
-            m = owner.__module__ if isinstance(owner, type) else b.fn.__module__
-            out.setdefault(m, []).append(f"{kind}: {b.name}")
-    return out
+    return [b for kind in neurons.KINDS for b in neurons.backends_of(kind).values()]
 
 
-def test_every_compiled_function_is_reached_from_a_registered_backend_and_used():
-    compiled = compiled_functions()
-    assert sum(map(len, compiled.values())) > 50, "the scan found too few compiled functions"
-    assert any("triton" in m for m in compiled) and any("online" in m for m in compiled)
-    backends = registered_backend_modules()
-    reach = {m: reached_from(m) for m in backends if m in SOURCES}
-    unreached = [m for m in compiled if not any(m in r for r in reach.values()) and m not in KIND_INDEPENDENT]
-    assert not unreached, f"compiled kernels whose module no registered backend reaches: {unreached}"
-    for m, test in KIND_INDEPENDENT.items():
-        path, name = test.split("::")
-        assert m in compiled and f"def {name}(" in (ROOT.parent / path).read_text(), (m, test)
-    texts = {m: p.read_text() for m, p in SOURCES.items()}
-    unused = [f"{m}.{f}" for m, names in compiled.items() for f in names
-              if texts[m].count(f + "(") + texts[m].count(f + "[") < 2
-              and not any(f in t for other, t in texts.items() if other != m)]
-    assert not unused, f"compiled functions that nothing calls: {unused}"
+@functools.lru_cache(maxsize=None)
+def source_of(path: str) -> str:
+    file = TESTS.parent / path
+    return file.read_text() if file.is_file() else ""
+
+
+def node_defined(node_id: str) -> bool:
+    """Whether the pytest node ``tests/<file>.py::test_x`` (or ``::TestClass::test_x``) is defined."""
+    path, *names = node_id.split("::")
+    text = source_of(path)
+    if len(names) == 1:
+        return names[0].startswith("test") and re.search(rf"^def {re.escape(names[0])}\(", text, re.M) is not None
+    if len(names) == 2:
+        cls = re.search(rf"^class {re.escape(names[0])}\b.*?(?=^\S|\Z)", text, re.M | re.S)
+        return cls is not None and re.search(rf"^    def {re.escape(names[1])}\(", cls.group(0), re.M) is not None
+    return False
+
+
+def test_the_scan_finds_the_compiled_functions(graph):
+    assert len(graph.compiled) > 50, "the scan found too few compiled functions"
+    assert any(".kernels.lif_triton." in q for q in graph.compiled) and any("_online." in q for q in graph.compiled)
+    assert "spikerec.kernels.surrogate_numba.sd_typed" in graph.compiled
+
+
+def compiled_types() -> tuple[type, ...]:
+    """The run-time types of compiled functions: numba's dispatchers and Triton's JIT functions
+    (interpreted ones too), where these compilers import."""
+    out = []
+    try:
+        from numba.core.dispatcher import Dispatcher
+
+        out.append(Dispatcher)
+    except Exception:  # numba missing or broken
+        pass
+    try:
+        from triton.runtime.jit import KernelInterface
+
+        out.append(KernelInterface)
+    except Exception:  # triton missing or broken
+        pass
+    return tuple(out)
+
+
+def test_the_scan_finds_every_compiled_object_at_run_time(graph, backends):
+    """The static scan and the imported package agree: every numba dispatcher and Triton JIT function
+    that a module of the package holds is one the scan lists (so none escapes the check by being made
+    another way than a decorator), and each listed function of an imported module is such an object.
+    Checks the compilers that import; skips without either."""
+    types = compiled_types()
+    if not types:
+        pytest.skip("neither numba nor Triton imports")
+    found = set()
+    for name, mod in list(sys.modules.items()):
+        if not (name == "spikerec" or name.startswith("spikerec.")):
+            continue
+        for obj in vars(mod).values():
+            if isinstance(obj, types):
+                fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None)
+                if fn is not None and fn.__module__.startswith("spikerec."):
+                    found.add(f"{fn.__module__}.{fn.__qualname__}")
+    missing = sorted(found - set(graph.compiled))
+    assert not missing, f"compiled at run time but not found by the scan: {missing}"
+    listed = 0
+    for q in graph.compiled:  # those of the imported modules (a compiler's modules import where it does)
+        m, _, f = q.rpartition(".")
+        obj = getattr(sys.modules.get(m), f, None)
+        if obj is not None:
+            assert isinstance(obj, types), f"{q} is listed as compiled but is a {type(obj)}"
+            listed += 1
+    assert listed and found
+
+
+def test_every_compiled_function_is_reached_from_a_registered_backend(graph, backends):
+    reached: set[str] = set()
+    for b in backends:  # each backend on its own: what it reaches, not what all of them reach together
+        entry = graph.entry_of(b.fn)
+        assert entry, f"{b.kind}/{b.name}: its callable {b.fn!r} is not found in the package's source"
+        reached |= graph.reached_from([entry])
+    unreached = [q for q in graph.compiled if q not in reached]
+    assert not unreached, "compiled functions that no registered backend reaches (module.function): " + ", ".join(unreached)
+
+
+def test_every_registered_backend_names_an_existing_equality_test(backends):
+    assert {b.kind for b in backends} == set(neurons.KINDS)
+    missing = [f"{b.kind}/{b.name}: {b.test}" for b in backends if not node_defined(b.test)]
+    assert not missing, f"backends whose equality test does not exist: {missing}"
+
+
+def test_the_call_graph_follows_imports_aliases_modules_and_methods(graph):
+    """The graph's rules on known paths: a function-level import of a module returned as a value
+    (``alif_sequence_numba._kernels``), an autograd Function's ``apply`` (its forward and backward),
+    ``from . import x as y`` aliases, and no path where there is none."""
+    alif_layer = graph.reached_from(["spikerec.layers.alif.ALIF.forward"])
+    assert {"spikerec.kernels.alif_sequence_numba_kernels.fwd_steps",
+            "spikerec.kernels.alif_sequence_numba_kernels.bwd_steps",
+            "spikerec.kernels.alif_sequence.ALIFSequence.backward"} <= alif_layer
+    lif_fn = graph.reached_from(["spikerec.kernels.lif_sequence.LIFSequence"])
+    assert "spikerec.kernels.lif_sequence_numba_kernels.bwd" in lif_fn
+    assert "spikerec.kernels.lif_triton._lif_bwd" in lif_fn
+    assert "spikerec.kernels.lif_online._lif_bwd" not in lif_fn
+    step = graph.reached_from(["spikerec.kernels.lif_online.lif_step_numba"])
+    assert {"spikerec.kernels.lif_online._lif_fwd", "spikerec.kernels.surrogate_numba.sd_typed"} <= step
+    assert not any(".lif_sequence_numba_kernels." in q for q in step)
+    assert graph.reached_from(["spikerec.neurons.lif.step"]).isdisjoint(graph.compiled)

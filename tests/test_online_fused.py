@@ -501,3 +501,62 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
                 assert torch.equal(got[n], want[n]), n
             else:
                 assert torch.allclose(got[n], want[n], rtol=1e-10, atol=1e-11), n
+
+
+WHOLE_STACK_LAYERS = {
+    "lif_subtract": lambda H, N: LIF(H, N, tau_mem=4.0, threshold=0.5, learn_threshold=True, detach_reset=False),
+    "lif_zero_atan": lambda H, N: LIF(H, N, tau_mem=4.0, threshold=0.5, learn_threshold=True, reset="zero",
+                                      surrogate="atan"),
+    "lif_none": lambda H, N: LIF(H, N, tau_mem=4.0, threshold=0.5, reset="none"),
+    "alif": lambda H, N: ALIF(H, N, tau_mem=3.0, tau_adapt=15.0, b=0.2, beta=0.6, recurrent=False),
+    "alif_atan_nodetach": lambda H, N: ALIF(H, N, tau_mem=3.0, tau_adapt=15.0, b=0.2, beta=0.6, recurrent=False,
+                                            surrogate="atan", detach_reset=False),
+    "lru": lambda H, N: LRU(H, N),
+    "lru_matD": lambda H, N: LRU(H, N, output_size=4),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(WHOLE_STACK_LAYERS))
+@pytest.mark.parametrize("loss", [mse_step_loss, user_loss])
+def test_whole_stack_step_equals_bptt_through_the_neuron_steps(layer, loss):
+    """The whole-stack compiled stream step (``FusedStack.step``, a registered backend of the LIF,
+    ALIF, LRU and readout kinds) on one layer without lateral weights under a linear readout, where
+    exact online learning is BPTT, gives the gradients of autograd through the loop of the model's
+    ``step`` (``spikerec.neurons.<kind>.step`` of each layer), and its outputs and losses: float64,
+    fresh random networks and inputs, every reset, both inline surrogates, the closed-form MSE and a
+    loss without one."""
+    from spikerec import neurons
+    from spikerec.hardware.online.fused_stack import FusedStack
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    T, B, H, N, K = 10, 3, 5, 6, 3
+    cell = WHOLE_STACK_LAYERS[layer](H, N)
+    if not layer.startswith("lru"):
+        with torch.no_grad():
+            cell.weight.mul_(3.0)  # spikes at every layer
+    model = RecurrentStack([cell], LeakyReadout(cell.output_size, K))
+    x, tgt = torch.rand(T, B, H) * 2, torch.randn(T, B, K)
+    model.zero_grad()
+    lr = OnlineLearner(model, loss=loss, backend="compiled")
+    outs = [lr.step(x[t], tgt[t]) for t in range(T)]
+    assert lr._fused_stack is not None, "the whole-stack step ran"
+    lr.update()
+    got = {n: p.grad.clone() for n, p in named(model) if p.grad is not None}
+    model.zero_grad()
+    states = model.initial_state(B, x.device, x.dtype)
+    total = 0.0
+    for t in range(T):
+        y, states = model.step(x[t], states)
+        l_t = loss(y, tgt[t])
+        assert torch.allclose(outs[t][0], y.detach(), rtol=1e-12, atol=1e-12), t
+        assert torch.allclose(outs[t][1], l_t.detach(), rtol=1e-12, atol=1e-12), t
+        total = total + l_t
+    ps = [(n, p) for n, p in named(model) if n in got]
+    want = dict(zip([n for n, _ in ps], torch.autograd.grad(total, [p for _, p in ps])))
+    assert set(got) == {n for n, p in named(model) if p.requires_grad}
+    for n in got:
+        assert torch.allclose(got[n], want[n], rtol=1e-9, atol=1e-11), (n, (got[n] - want[n]).abs().max())
+    assert float(got["cells.0.weight" if "cells.0.weight" in got else "cells.0.B_re"].abs().sum()) > 0
+    kind = {"lif": "lif", "ali": "alif", "lru": "lru"}[layer[:3]]
+    for k in (kind, "readout"):
+        assert any(b.fn is FusedStack.step for b in neurons.backends_of(k).values()), k

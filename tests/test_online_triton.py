@@ -1,4 +1,5 @@
-"""The fused Triton trace kernel == the torch path, on the CPU under TRITON_INTERPRET=1.
+"""The fused Triton trace kernel == the torch path and the trace recursion on the step's derived
+partials, on the CPU under TRITON_INTERPRET=1.
 
 The interpreter must be switched on before triton is imported, so the checks run in a
 fresh interpreter process."""
@@ -7,10 +8,14 @@ import subprocess
 import sys
 import textwrap
 
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
     r"""
@@ -62,13 +67,19 @@ SCRIPT = textwrap.dedent(
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     for n in grads[1]:
         assert torch.allclose(grads[0][n], grads[1][n], rtol=1e-10, atol=1e-12), n
+    # the stream step with the Triton matrix trace == the trace recursion on the step's torch.func partials
+    import sys
+    sys.path[:0] = [os.environ["ROOT"], os.path.join(os.environ["ROOT"], "tests")]
+    from tests.test_online_partials import MATRIX_TRACE_CASES, matrix_trace_against_derived
+    for kind, kw in MATRIX_TRACE_CASES:
+        matrix_trace_against_derived(kind, kw, mat_trace_step)
     print("TRITON-OK", len(cells))
     """
 )
 
 
 def test_triton_kernel_matches_torch_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", SEED=str(int(torch.randint(0, 10_000, ()))))
+    env = dict(os.environ, TRITON_INTERPRET="1", SEED=str(int(torch.randint(0, 10_000, ()))), ROOT=str(ROOT))
     res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "TRITON-OK" in res.stdout

@@ -31,6 +31,7 @@ SCRIPT = textwrap.dedent(
     from spikerec.kernels.alif_sequence import ALIFSequence
     from spikerec.kernels import surrogate_triton
     from spikerec.surrogate import SURROGATES
+    from tests.surrogate_triton_probe import derivative
 
     # 1. the layers through the Triton kernels == autograd through the one definition's step (float64)
     for reset, tau_syn, detach in itertools.product(["subtract", "zero", "none"], [None, 4.0], [True, False]):
@@ -53,7 +54,7 @@ SCRIPT = textwrap.dedent(
         if surrogate_triton.triton_form(sur, warn=False) is None:
             assert name == "multi_gaussian", name
             continue
-        got = surrogate_triton.derivative(sur, x)
+        got = derivative(sur, x)
         torch.testing.assert_close(got, sur.derivative(x), rtol=1e-12, atol=1e-14, msg=name)
 
     # 3. float32 (tl.dot in IEEE float32) and bfloat16 inputs with a float32 state, against the torch loop

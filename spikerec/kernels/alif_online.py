@@ -384,6 +384,9 @@ def alif_spatial_numba(gout, v, a, bb, beta, sur):
     return torch.from_numpy(gp), torch.from_numpy(gl), s[0], s[1]
 
 
+neurons.register_backend("alif", "kernels.alif_online (compiled spatial backward of the spikes)", alif_spatial_numba,
+                         test="tests/test_online_partials.py::test_compiled_spatial_backward_equals_the_output_gradient")
+
 
 def alif_block_numba(v0, a0, sur, cn, cols, Rd, detach_reset, G, carry, ev_in):
     """:func:`_alif_block` on torch tensors (``[K, B, N]`` states, the cell's surrogate ``sur``,
@@ -517,6 +520,10 @@ def alif_trace_step_numba(v0, a0, psi, zp, x, g, cn, cols, ev, ew, er, G_vec, G_
                 dummy4 if ew is None else ew.numpy(), dummy4 if er is None else er.numpy(), ew is not None,
                 er is not None, G_vec.numpy(), z2 if G_w is None else G_w.numpy(), z2 if G_r is None else G_r.numpy(),
                 z1 if Rd is None else Rd.numpy(), Rd is not None, bool(detach_reset))
+
+
+neurons.register_backend("alif", "kernels.alif_online (compiled trace step of online learning)", alif_trace_step_numba,
+                         test="tests/test_online_partials.py::test_compiled_alif_trace_step_equals_derived_partials")
 
 
 def alif_partials_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset):

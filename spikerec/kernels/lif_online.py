@@ -232,6 +232,10 @@ def lif_spatial_numba(gout, v, thr, sur: tuple, want_sum: bool):
     return gp, (torch.from_numpy(sums.astype(vn.dtype)) if want_sum else None)
 
 
+neurons.register_backend("lif", "kernels.lif_online (compiled spatial backward of the spikes)", lif_spatial_numba,
+                         test="tests/test_online_partials.py::test_compiled_spatial_backward_equals_the_output_gradient")
+
+
 def lif_partials_numba(v0, consts):
     """The partials of a plain LIF layer at the previous membranes ``v0 [B, N]`` as the chunked
     block's compiled pass computes them (``_lif_block_vec`` on a block of one step, without a loss

@@ -78,26 +78,3 @@ def surrogate_derivative(x, c_ptr, CODE: tl.constexpr):
     else:  # single exponential: scale exp(-|x| / width) / (2 width)
         out = scale * tl.exp(-tl.abs(x) / p) / (2.0 * p)
     return out.to(x.dtype)
-
-
-@triton.jit
-def _derivative_kernel(x_ptr, out_ptr, M, c_ptr, CODE: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < M
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + offs, surrogate_derivative(x, c_ptr, CODE), mask=mask)
-
-
-def derivative(sur: Surrogate, x):
-    """``sur.derivative(x)`` through the Triton form (for tests: one launch over a contiguous ``x``)."""
-    import torch
-
-    form = triton_form(sur)
-    if form is None:
-        raise ValueError(f"surrogate {sur.name!r} has no Triton form")
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    M = x.numel()
-    _derivative_kernel[(triton.cdiv(M, 256),)](x, out, M, surrogate_constants(form, x.dtype, x.device),
-                                               CODE=form[0], BLOCK=256)
-    return out

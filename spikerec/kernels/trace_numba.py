@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import neurons
+
 try:  # numba is optional
     import numba as _nb
 
@@ -151,6 +153,12 @@ def mat_trace_step_numba(eps, J, c, x, gs):
     if not use_g:
         return [None] * len(gs)
     return [G1, G2] if len(gs) == 2 and two else ([G1] if len(gs) == 1 else [G1, None])
+
+
+for _kind in ("lif", "alif", "readout", "lru"):  # the matrix trace of every kind with one or two states per neuron
+    neurons.register_backend(_kind, "kernels.trace_numba (compiled matrix trace of the online stream step)",
+                             mat_trace_step_numba,
+                             test="tests/test_online_partials.py::test_compiled_matrix_trace_equals_the_derived_recursion")
 
 
 if _HAVE_NUMBA:

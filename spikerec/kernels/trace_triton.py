@@ -18,7 +18,8 @@ atomics. The state update itself stays in the autograd graph (the spatial backwa
 it); per-neuron traces are ``[B, N, k]`` and stay in torch.
 
 On the CPU the kernel runs under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported);
-:func:`mat_trace_step_torch` is the reference it is tested against.
+:func:`mat_trace_step_torch` is the reference it is tested against, and the stream step with it
+the trace recursion on the partials derived from each kind's step.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import os
 
 import torch
 
+from .. import neurons
 from .trace_numba import mat_trace_step_torch
 
 __all__ = ["triton_available", "mat_trace_step"]
@@ -138,3 +140,9 @@ def mat_trace_step(eps, J, c, x, gs):
     if not use_g:
         return [None] * len(gs)
     return [G1, G2] if two else [G1]
+
+
+for _kind in ("lif", "alif", "readout", "lru"):  # the matrix trace of every kind with one or two states per neuron
+    neurons.register_backend(_kind, "kernels.trace_triton (Triton matrix trace of the online stream step, CUDA)",
+                             mat_trace_step,
+                             test="tests/test_online_triton.py::test_triton_kernel_matches_torch_under_interpreter")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ... import neurons
 from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
 from ...kernels.lif_online import lif_block_mat_numba, lif_block_workspace
@@ -487,3 +488,9 @@ class FusedStack:
             self.lany = self.lany or use_g
             if self.lfill == LIF_DEFER:
                 self.flush_lif()
+
+
+for _kind in ("lif", "alif", "lru", "readout"):  # the layers and the readout of the whole-stack step
+    neurons.register_backend(_kind, "online_whole_stack (compiled whole-stack stream step, FusedStack.step)",
+                             FusedStack.step,
+                             test="tests/test_online_fused.py::test_whole_stack_step_equals_bptt_through_the_neuron_steps")

@@ -621,3 +621,10 @@ _TEST = "tests/test_online_partials.py::test_hand_written_partials_equal_derived
 neurons.register_backend("lif", "online_partials", LIFTrace.partials, test=_TEST)
 neurons.register_backend("alif", "online_partials", ALIFTrace.partials, test=_TEST)
 neurons.register_backend("readout", "online_partials", ReadoutTrace.partials, test=_TEST)
+_BLOCK_TEST = "tests/test_online_partials.py::test_compiled_block_equals_the_derived_recursion"
+neurons.register_backend("lif", "online_block (compiled chunked block, LIFTrace.block_contract)", LIFTrace.block_contract,
+                         test=_BLOCK_TEST)
+neurons.register_backend("alif", "online_block (compiled chunked block, ALIFTrace.block_contract)",
+                         ALIFTrace.block_contract, test=_BLOCK_TEST)
+neurons.register_backend("lif", "online_block_scan (compiled block scan, LIFTrace.scan_block)", LIFTrace.scan_block,
+                         test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ... import neurons
 from ...kernels import scan_numba
 from ...neurons import lru as _lru
 from ...scan import linear_scan
@@ -416,3 +417,9 @@ class LRUTrace(LayerTrace):
         if "B_im" in self.traced:
             out.append(("B_re", "B_im", self.shared["B_im"][1]))
         return out
+
+
+neurons.register_backend("lru", "online_block (compiled chunked block, LRUTrace.block_contract)", LRUTrace.block_contract,
+                         test="tests/test_online_partials.py::test_compiled_block_equals_the_derived_recursion")
+neurons.register_backend("lru", "online_block_scan (compiled block scan, LRUTrace.scan_block)", LRUTrace.scan_block,
+                         test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")
