@@ -25,6 +25,17 @@ def leaky_model(kind, kw, H=4, N=6, tau=(6.0, 3.0)):
     return RecurrentStack([cell], LeakyReadout(N, len(tau), tau=torch.tensor(tau), learn_tau=True))
 
 
+COMPILED = [CONFIGS[0], CONFIGS[1], CONFIGS[3], ("lru", {})]
+
+
+def compiled_model(kind, kw):
+    if kind == "lru":
+        from spikerec.layers.lru import LRU
+
+        return RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=torch.tensor([5.0, 2.0]), learn_tau=True))
+    return leaky_model(kind, kw)
+
+
 @pytest.mark.parametrize("kind,kw", CONFIGS)
 def test_layer_under_a_leaky_readout_equals_bptt(kind, kw):
     """Every parameter (weights, bias, time constants, threshold, ALIF's b and beta) equals BPTT;
@@ -60,13 +71,16 @@ def some_steps_loss(y, target, t):
     return None if t % 4 == 0 else mse_loss(y, target, t)
 
 
-def test_chunked_step_api_equals_bptt():
+@pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 3)])
+@pytest.mark.parametrize("kind,kw", CONFIGS + [("lru", {})])
+def test_step_api_equals_bptt(kind, kw, mode, chunk):
+    """``step`` one step at a time (steps without a target among them), every kind, both modes."""
     torch.manual_seed(6)
-    model = leaky_model(*CONFIGS[1])
+    model = compiled_model(kind, kw)
     x, t = torch.rand(11, 2, 4), torch.randn(11, 2, 2)
     ref = bptt_grads(model, x, t, some_steps_loss)
     model.zero_grad()
-    learner = OnlineLearner(model, mode="chunked", chunk=3, loss=mse_step_loss, readout_filter=True)
+    learner = OnlineLearner(model, mode=mode, chunk=chunk, loss=mse_step_loss, readout_filter=True)
     for k in range(x.shape[0]):
         learner.step(x[k], None if k % 4 == 0 else t[k])
     learner.update()
@@ -183,17 +197,6 @@ def test_lru_under_a_leaky_readout_equals_bptt(mode, chunk):
         assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
         assert rel(est[n], ref[n]) < 1e-10, n
     assert rel(plain["cells.0.B_re"], ref["cells.0.B_re"]) > 1e-3
-
-
-COMPILED = [CONFIGS[0], CONFIGS[1], CONFIGS[3], ("lru", {})]
-
-
-def compiled_model(kind, kw):
-    if kind == "lru":
-        from spikerec.layers.lru import LRU
-
-        return RecurrentStack([LRU(4, 6)], LeakyReadout(4, 2, tau=torch.tensor([5.0, 2.0]), learn_tau=True))
-    return leaky_model(kind, kw)
 
 
 @pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 4)])
