@@ -23,3 +23,22 @@ def test_processes_must_be_positive(capsys):
 
     assert cli_main(["bench", "online", "--processes", "0", "--quick"]) == 2
     assert "argument --processes: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_readout_option_is_checked(capsys):
+    from spikerec.cli import main as cli_main
+
+    assert cli_main(["bench", "online", "--readout", "leaky,round", "--quick"]) == 2
+    assert "--readout must be a comma list of linear, leaky, got 'leaky,round'" in capsys.readouterr().err
+    assert cli_main(["bench", "online", "--methods", "stream_biased", "--quick"]) == 2
+    assert "need --readout leaky" in capsys.readouterr().err
+
+
+def test_leaky_readout_rows_in_one_process():
+    """One (net, T) with the leaky readout: the filtered and the cheaper methods run side by side."""
+    from spikerec.bench.online import run_one
+
+    rows = run_one("lif", ["stream", "stream_biased", "bptt"], T=8, B=2, H=4, N=4, chunk=4, repeat=1,
+                   readout="leaky")
+    assert [r["method"] for r in rows] == ["stream", "stream_biased", "bptt"]
+    assert all(r["readout"] == "leaky" and r["seq_s"] > 0 for r in rows)
