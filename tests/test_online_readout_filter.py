@@ -300,3 +300,19 @@ def test_written_spike_partials_equal_autograd(kind, kw):
     assert direct0.keys() == direct1.keys() and direct0
     for n in direct0:
         assert torch.allclose(direct0[n], direct1[n], rtol=1e-12, atol=0), n
+
+
+def test_a_checkpoint_resumes_only_with_the_same_filter_setting():
+    """A stream saved without the filtered traces cannot continue with them (their past is
+    missing), nor the reverse: the error names the setting to pass."""
+    torch.manual_seed(8)
+    model = leaky_model(*CONFIGS[0])
+    x, t = torch.rand(4, 2, 4), torch.randn(4, 2, 2)
+    for saved_on in (False, True):
+        first = OnlineLearner(model, loss=mse_step_loss, readout_filter=saved_on)
+        for k in range(4):
+            first.step(x[k], t[k])
+        tensors, meta = first.state_tensors()
+        with pytest.raises(ValueError, match=f"saved with readout_filter={saved_on}"):
+            OnlineLearner(model, loss=mse_step_loss, readout_filter=not saved_on).load_state_tensors(tensors, meta)
+        OnlineLearner(model, loss=mse_step_loss, readout_filter=saved_on).load_state_tensors(tensors, meta)

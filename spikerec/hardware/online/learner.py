@@ -578,6 +578,7 @@ class OnlineLearner:
         tensors: dict[str, torch.Tensor] = {}
         meta = {"rule": self.rule, "mode": self.mode, "chunk": self.chunk, "steps": self.steps,
                 "since_update": self.since_update, "started": self.states is not None,
+                "readout_filter": self._filter is not None,
                 "target_shape": None if self._target_shape is None else list(self._target_shape)}
         if self.states is None:
             return tensors, meta
@@ -622,6 +623,15 @@ class OnlineLearner:
             if meta.get(k) != getattr(self, k):
                 raise ValueError(f"OnlineLearner checkpoint: {k} is {meta.get(k)!r}, this learner has "
                                  f"{getattr(self, k)!r}")
+        # (earlier versions wrote no flag: filtered traces were stored only with the filter on)
+        saved = meta.get("readout_filter", any(key.startswith("trace_filt/") for key in tensors))
+        if meta["started"] and bool(saved) != (self._filter is not None):
+            raise ValueError(f"OnlineLearner checkpoint: the stream was saved with readout_filter={bool(saved)}, this "
+                             f"learner has it {'on' if self._filter is not None else 'off'}; make the learner with "
+                             f"readout_filter={bool(saved)} to resume it (the filtered traces carry the stream's past)")
+        if any(key.startswith("trace_filt/") and "/mat/" not in key and v.dim() == 3 for key, v in tensors.items()):
+            raise ValueError("OnlineLearner checkpoint: filtered weight traces stored batch-first by an earlier "
+                             "version; resume the stream with that version")
         self.steps, self.since_update = int(meta["steps"]), int(meta["since_update"])
         self._target_shape = None if meta["target_shape"] is None else tuple(meta["target_shape"])
         if not meta["started"]:
