@@ -244,14 +244,20 @@ def test_compiled_step_api_equals_bptt():
             assert rel(p.grad, ref[n]) < 1e-10, (mode, n)
 
 
+@pytest.mark.parametrize("torch_rows", [False, True])
 @pytest.mark.parametrize("kind", ["lif", "alif", "lru"])
-def test_compiled_paths_in_a_two_layer_stack(kind, monkeypatch):
+def test_compiled_paths_in_a_two_layer_stack(kind, torch_rows, monkeypatch):
     """The compiled stream step and chunked block with two hidden layers of different parameters:
     the top layer (under the readout) equals BPTT in every parameter, on the compiled paths as on
-    the reference; the lower layer keeps its documented bias, the same on both."""
+    the reference; the lower layer keeps its documented bias, the same on both. ``torch_rows``:
+    the spatial backward's torch forms instead of its numba passes (what a CUDA device runs)."""
     if "compiled" not in OnlineLearner.supported_backends("cpu"):
         pytest.skip("numba is not installed")
+    from spikerec.hardware.online import spatial
     from spikerec.layers.lru import LRU
+
+    if torch_rows:
+        monkeypatch.setattr(spatial, "_compiled_rows", lambda *t: False)
 
     torch.manual_seed(21)
     if kind == "lru":
