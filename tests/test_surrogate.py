@@ -125,3 +125,26 @@ def test_heaviside_written_in_place_equals_the_cast_comparison(dtype):
     xg = x.clone().requires_grad_()
     assert torch.equal(heaviside(xg), ref)
     assert torch.equal(torch.func.vmap(heaviside)(x.view(-1, 1)).view(-1), ref)
+
+
+def test_spike_without_a_recorder_is_the_heaviside_and_every_derivative_mode_still_works():
+    """Where nothing records the call (no autograd graph, no forward-mode dual, no torch.func
+    transform) the spike is the Heaviside step itself; where something does, the surrogate
+    derivative reaches it: backward, torch.func.jvp and forward-mode dual tensors alike."""
+    import torch.autograd.forward_ad as fwd
+
+    from spikerec.surrogate import get_surrogate, heaviside
+
+    sur = get_surrogate("fast_sigmoid")
+    x = torch.randn(64, dtype=torch.float64)
+    assert torch.equal(sur(x), heaviside(x))
+    with torch.no_grad():
+        assert torch.equal(sur(x.clone().requires_grad_()), heaviside(x))
+    want = sur.derivative(x)
+    xr = x.clone().requires_grad_()
+    sur(xr).sum().backward()
+    assert torch.allclose(xr.grad, want, rtol=1e-14, atol=0)
+    assert torch.allclose(torch.func.jvp(sur, (x,), (torch.ones_like(x),))[1], want, rtol=1e-14, atol=0)
+    with fwd.dual_level():
+        tangent = fwd.unpack_dual(sur(fwd.make_dual(x, torch.ones_like(x)))).tangent
+    assert tangent is not None and torch.allclose(tangent, want, rtol=1e-14, atol=0)
