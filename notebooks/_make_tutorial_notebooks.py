@@ -409,6 +409,48 @@ for ax, kind in zip(axes, ("LRU", "ALIF")):
     ax.set_title(f"2-layer {kind} stack, T = {T}"); ax.set_xlabel("layer")
 axes[0].set_ylabel("cosine(rule gradient, BPTT gradient)"); axes[0].set_ylim(0, 1.05); axes[0].legend()
 ''' + _savefig("online_alignment.png")),
+    new_markdown_cell("""## Under a leaky readout: readout-filtered traces
+
+A spiking network is usually read out by a leaky integrator, `y_t = alpha y_{t-1} + W z_t + b`. Then
+a spike at step `s` reaches every later output, and the layer below the readout is exact only if
+its eligibility traces are filtered by the readout's decay (Bellec et al. 2020, Methods: the filtered
+eligibility trace). The learner does this by default wherever it applies; `readout_filter=False`
+takes the cheaper estimate. Below, one ALIF layer without lateral weights under a leaky readout
+(per-output time constants), float64: the relative error of every parameter's gradient against
+BPTT, with and without the filter."""),
+    new_code_cell('''torch.manual_seed(0)
+cell = ALIF(H, N, tau_mem=5.0, tau_adapt=20.0, recurrent=False)
+with torch.no_grad():
+    cell.weight.mul_(3.0)                                     # enough spikes in a short sequence
+leaky = RecurrentStack([cell], LeakyReadout(N, K, tau=torch.tensor([4.0, 8.0, 16.0, 32.0]), learn_tau=True)).double()
+g = torch.Generator().manual_seed(2)
+x = (torch.rand(T, Bsz, H, generator=g, dtype=torch.float64) < 0.3).double()
+target = torch.randn(T, Bsz, K, generator=g, dtype=torch.float64)
+
+def grads(**kw):
+    leaky.zero_grad()
+    if kw.get("rule") == "bptt":
+        OnlineLearner(leaky, rule="bptt").backward(x, target, mse_loss)
+    else:
+        OnlineLearner(leaky, **kw).backward(x, target, mse_loss)
+    return {n: p.grad.detach().clone() for n, p in leaky.named_parameters() if p.requires_grad}
+
+ref, filtered, plain = grads(rule="bptt"), grads(), grads(readout_filter=False)
+rel = lambda a, b: float((a - b).norm() / b.norm())
+names = list(ref)
+errors = {"filtered (default)": [rel(filtered[n], ref[n]) for n in names],
+          "readout_filter=False": [rel(plain[n], ref[n]) for n in names]}
+for label, errs in errors.items():
+    print(f"{label:>22}: " + ", ".join(f"{n} {e:.1e}" for n, e in zip(names, errs)))'''),
+    new_code_cell('''fig, ax = plt.subplots(figsize=(10, 3.5))
+w = 0.4
+for i, (label, errs) in enumerate(errors.items()):
+    ax.bar(np.arange(len(names)) + (i - 0.5) * w, np.maximum(errs, 1e-17), w, label=label)
+ax.set_yscale("log"); ax.set_ylim(1e-17, 10)
+ax.set_xticks(np.arange(len(names)), names, rotation=30, ha="right")
+ax.set_ylabel("relative error against BPTT"); ax.legend()
+ax.set_title(f"one ALIF layer under a leaky readout, T = {T}, float64")
+''' + _savefig("online_readout_filter.png")),
     new_markdown_cell("""## The copy task
 
 `get_dataset("copy", ...)`: a pattern of `P` random 7-bit words, a silent pad, a stop token, then the
