@@ -102,14 +102,7 @@ def test_compiled_partials_equal_derived_ones(kind, kw):
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     B, H, N = 5, 4, 6
-    cls, mod = MODULE[kind]
-    cell = cls(H, N, tau_mem=5.0, zero_diagonal=False, **kw)
-    with torch.no_grad():
-        for n, p in cell.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-        if cell.recurrent_weight is not None:
-            cell.recurrent_weight.copy_(torch.diag(torch.randn(N)))
+    cell, mod, _ = block_cell(kind, kw, H, N)
     tr = online_trace(cell, "full", 0)
     tr.prepare()
     x, prev = torch.rand(B, H) * 2, random_state(cell, B)
