@@ -43,9 +43,9 @@ Exactness (float64, see :meth:`OnlineLearner.exactness`): one recurrent layer wi
 readout -> every parameter equals BPTT except those upstream of the recurrent layer; several
 layers -> the last recurrent layer and everything downstream are exact, earlier layers are
 biased (only their future error terms are missing; thesis Sec. 4.3.2). A *leaky*
-readout is itself a traced recurrent layer, so it becomes the exact "last" layer; with
-``readout_filter=True`` the LIF, ALIF or LRU layer directly under it is exact too
-(:mod:`.readout_filter`). Cells without eligibility traces (a GRU, any other cell that follows the cell protocol) learn with their
+readout is itself a traced recurrent layer, so it becomes the exact "last" layer; the LIF, ALIF
+or LRU layer directly under it is exact too, by the readout-filtered traces it carries by default
+(:mod:`.readout_filter`; ``readout_filter=False`` turns them off). Cells without eligibility traces (a GRU, any other cell that follows the cell protocol) learn with their
 immediate partials only (1-step truncation; SnAp-1 of Menick et al. 2021 would keep a diagonal
 trace): an approximation.
 """
@@ -356,7 +356,8 @@ class OnlineLearner:
         layer; lateral weights get the e-prop approximation (paths between neurons dropped; Bellec
         et al. 2020); other cells (GRU, ...) use 1-step truncation. Errors reaching a
         layer from above are spatial only, so every layer below the last recurrent one is biased,
-        except the layer directly under a leaky readout with ``readout_filter=True``.
+        except the layer directly under a leaky readout when it carries the readout-filtered traces
+        (the default where they apply).
         """
         if self.rule == "bptt":
             return [(i, type(c).__name__, "BPTT (autograd through time)") for i, c in enumerate(self.model.layers)]
