@@ -315,10 +315,10 @@ def test_lsc_multiplier_scales_by_transform():
     torch.testing.assert_close(after["cells.1.log_tau_adapt"], before["cells.1.log_tau_adapt"] + lk)
     torch.testing.assert_close(after["cells.2.nu_log"], before["cells.2.nu_log"] - lk)
     torch.testing.assert_close(after["cells.0.weight"], before["cells.0.weight"] * 1.1)
-    torch.testing.assert_close(after["cells.2.C_re"], before["cells.2.C_re"] * 1.1)
+    torch.testing.assert_close(after["cells.2.B_re"], before["cells.2.B_re"] * 1.1)
     torch.testing.assert_close(after["cells.3.rnn.weight_hh_l0"], before["cells.3.rnn.weight_hh_l0"] * 1.1)
-    for n in ("cells.2.theta_log", "cells.2.gamma_log", "cells.2.D", "cells.0.bias", "cells.3.rnn.bias_hh_l0",
-              "cells.4.bias_xx", "readout.weight"):
+    for n in ("cells.2.theta_log", "cells.2.gamma_log", "cells.2.D", "cells.2.C_re", "cells.0.bias",
+              "cells.3.rnn.bias_hh_l0", "cells.4.bias_xx", "readout.weight"):
         assert torch.equal(after[n], before[n]), n
 
 

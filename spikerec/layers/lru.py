@@ -122,16 +122,18 @@ class LRU(Cell):
     @staticmethod
     def param_specs() -> dict[str, ParamSpec]:
         """Roles (:mod:`spikerec.neurons.roles`). LSC scales ``nu_log`` (time: the radius of ``diag(lambda)``
-        is ``max exp(-exp(nu_log))``; the phase cannot steer it) and ``B``, ``C`` (depth); the slow
-        learning-rate group is ``lambda``, ``gamma``, ``B`` (Orvieto et al. 2023, App. D.2)."""
+        is ``max exp(-exp(nu_log))``; the phase cannot steer it) and the input map ``B`` (depth); not the
+        output map ``C``, which enters the next layer's depth derivative ``gamma B^{l+1} C^l``, not this
+        layer's (Herranz-Celotti & Rouat, Sec. II-D: "input matrices"; ``docs/decisions.md``, LSC stopping 4).
+        The slow learning-rate group is ``lambda``, ``gamma``, ``B`` (Orvieto et al. 2023, App. D.2)."""
         return {
             "nu_log": ParamSpec(Role.TIME, Transform.NU_LOG),
             "theta_log": ParamSpec(Role.TIME, Transform.PHASE_LOG, multiplier=False),
             "gamma_log": ParamSpec(Role.INPUT, Transform.LOG, multiplier=False, slow=True),
             "B_re": ParamSpec(Role.INPUT, slow=True),
             "B_im": ParamSpec(Role.INPUT, slow=True),
-            "C_re": ParamSpec(Role.DEPTH),
-            "C_im": ParamSpec(Role.DEPTH),
+            "C_re": ParamSpec(Role.DEPTH, multiplier=False),
+            "C_im": ParamSpec(Role.DEPTH, multiplier=False),
             "D": ParamSpec(Role.INPUT, multiplier=False),
         }
 

@@ -23,9 +23,9 @@ Transforms (how the stored value maps to the quantity it parametrises):
 
 A :class:`ParamSpec` also says whether the LSC clipped multiplier (Herranz-Celotti & Rouat,
 Sec. II-D) scales the parameter (``multiplier``; biases, the LRU's phase, normalisation and skip are
-left alone; for the LRU that is the official code's choice: ``nu``, ``B`` and ``C`` only) and whether it belongs to the slow learning-rate group of the
-recurrence (``slow``; default: role ``TIME``; the LRU adds ``gamma`` and ``B``, the "recurrent
-parameters" of Orvieto et al. 2023, App. D.2).
+left alone, and the LRU's output map ``C``: the LRU's scaled parameters are ``nu`` and ``B``) and
+whether it belongs to the slow learning-rate group of the recurrence (``slow``; default: role ``TIME``;
+the LRU adds ``gamma`` and ``B``, the "recurrent parameters" of Orvieto et al. 2023, App. D.2).
 """
 from __future__ import annotations
 

@@ -512,6 +512,25 @@ def _notes(cells, targets) -> list[str]:
     return []
 
 
+def _spread_notes(report: LSCReport, cfg: LSCConfig, batch: int) -> list[str]:
+    """What an unconverged run's warning should add when the multiplier is fed by a noisy batch mean:
+    the worst term's per-sample radii spread so widely that one step's batch mean misses the expectation
+    by more than ``eps`` (its standard error ``std / sqrt(B)``), and the multiplier (gain one) moves the
+    weights by that error every step."""
+    if not cfg.multiplier or not report.best_radii or batch < 1:
+        return []
+    key = max(report.best_radii, key=lambda k: abs(report.best_radii[k] - report.targets[k]))
+    stds = report.history["radius_std"][key]
+    std = sum(stds[len(stds) // 2:]) / max(1, len(stds) - len(stds) // 2)
+    if std / math.sqrt(batch) <= cfg.eps:
+        return []
+    need = math.ceil((std / cfg.eps) ** 2)
+    return [f"The radius of {key} varies between samples with std {std:.2f}, so one step's batch mean "
+            f"(batch {batch}) misses its expectation by about {std / math.sqrt(batch):.2f}, more than eps "
+            f"{cfg.eps:g}, and the clipped multiplier applies that error to the weights every step; a batch of "
+            f"about {need} or wider layers (a narrower spread) would be needed (docs/lsc.md)."]
+
+
 def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progress=None) -> LSCReport:
     """LSC pre-training of ``model`` (a :class:`~spikerec.models.RecurrentStack` or one cell) in place.
 
@@ -551,6 +570,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
     std_ema = None
     streak = 0
     step = 0
+    B = 0
     t0 = time.perf_counter()
     stop = ""
     try:
@@ -677,6 +697,8 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
     report.diverged = stop.startswith("diverged")
     report.stop_reason = stop
     report.steps = step
+    if not report.converged and not report.diverged:
+        report.notes += _spread_notes(report, cfg, B)
     if report.converged:
         report.restored = "converged"
     elif cfg.keep_best and best_state is not None:
