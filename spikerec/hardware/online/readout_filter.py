@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from ... import neurons
 from .traces_base import _STACK, Partials, TraceState, _mat_contract_g, _mtv, _reverse_filter
 
 __all__ = ["ReadoutFilter", "LinearOutputFilter", "reverse_readout_filter"]
@@ -281,3 +282,11 @@ class LinearOutputFilter(ReadoutFilter):
             for key, v in cur.items():
                 old = ts.filt.get(f"{j}/{key}")
                 ts.filt[f"{j}/{key}"] = v if old is None else old * a ** K + v
+
+
+neurons.register_backend("readout", "online_readout_filter (the leaky readout's filter of the layer below, "
+                         "ReadoutFilter.step/block)", ReadoutFilter.block,
+                         test="tests/test_online_readout_filter.py::test_chunked_and_parallel_modes_equal_bptt")
+neurons.register_backend("readout", "online_readout_filter (the leaky readout's filter of a linear output map, "
+                         "LinearOutputFilter.step/block)", LinearOutputFilter.block,
+                         test="tests/test_online_readout_filter.py::test_lru_under_a_leaky_readout_equals_bptt")

@@ -29,6 +29,7 @@ from ...kernels.lif_sequence_numba import surrogate_code
 from ...surrogate import heaviside
 from ...kernels.alif_online import alif_spatial_numba
 from ...kernels.lif_online import lif_spatial_numba
+from ... import neurons
 from ...kernels.trace_numba import compiled_cpu
 from .kinds import compiled_tag
 from .traces_base import stream_step
@@ -324,3 +325,13 @@ def filter_forms(learner, l, kind, rec) -> dict:
         return {"output_errors": lambda xb, sb, u: layer_errors(learner, l, kind, (xb, None, sb, None), u,
                                                                 learner.spatial, below=False)[0]}
     return {"partials": spike_partials(learner, l, kind, rec)}
+
+
+for _kind in ("lif", "alif", "lru", "readout"):
+    neurons.register_backend(_kind, "online_spatial (hand-written spatial backward of the stream step and block, "
+                             "layer_errors)", layer_errors,
+                             test="tests/test_online_fast.py::test_fast_stream_equals_autograd_stream")
+for _kind in ("lif", "alif"):
+    neurons.register_backend(_kind, "online_spike_partials (the spike map's per-sample partials, spike_partials)",
+                             spike_partials,
+                             test="tests/test_online_readout_filter.py::test_written_spike_partials_equal_autograd")
