@@ -7,7 +7,7 @@ import torch
 
 from spikerec.hardware.online import OnlineLearner, mse_step_loss
 from spikerec.hardware.online.cuda_graph import _NotCapturable, _Snapshot
-from spikerec.hardware.online.spatial import fast_stream_step
+from spikerec.hardware.online.spatial import compiled_stream_step
 from spikerec.layers import ALIF, LIF, LRU, LeakyReadout
 from spikerec.models import RecurrentStack
 
@@ -25,7 +25,7 @@ def _torch_trace_steps(monkeypatch):
     from spikerec.hardware.online import learner as learner_mod
 
     monkeypatch.setattr(learner_mod, "matrix_trace_kernel", lambda device: None)
-    monkeypatch.setattr(learner_mod, "fused_supported", lambda *a: False)
+    monkeypatch.setattr(learner_mod, "whole_stack_supported", lambda *a: False)
 
 
 def _learner(model):
@@ -52,7 +52,7 @@ def test_write_back_keeps_the_old_tensors_with_the_eager_values():
         else:
             before = _tensors(graphed)
             snap = _Snapshot(graphed)
-            yb, _ = fast_stream_step(graphed, x[t], lambda y, tt=tgt[t]: mse_step_loss(y, tt),
+            yb, _ = compiled_stream_step(graphed, x[t], lambda y, tt=tgt[t]: mse_step_loss(y, tt),
                                      lambda y, tt=tgt[t]: vg(y, tt))
             snap.write_back(graphed)
             after = _tensors(graphed)
@@ -70,7 +70,7 @@ def test_write_back_refuses_a_step_that_creates_an_accumulator():
     x, tgt = torch.rand(2, 3, dtype=torch.float64), torch.randn(2, 2, dtype=torch.float64)
     lr.step(x, None)  # no loss yet: no accumulators
     snap = _Snapshot(lr)
-    fast_stream_step(lr, x, lambda y: mse_step_loss(y, tgt), lambda y: mse_step_loss.value_and_grad(y, tgt))
+    compiled_stream_step(lr, x, lambda y: mse_step_loss(y, tgt), lambda y: mse_step_loss.value_and_grad(y, tgt))
     with pytest.raises(_NotCapturable):
         snap.write_back(lr)
     snap.restore(lr)

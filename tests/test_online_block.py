@@ -77,7 +77,7 @@ def close(a, b):
 @pytest.mark.parametrize("kind", ["lru", "lru_alif", "alif", "lru_lif"])
 @pytest.mark.parametrize("leaky", [False, True])
 @pytest.mark.parametrize("rule", ["full", "trunc1", "spatial"])
-def test_closed_form_block_equals_autograd_block_and_stream(kind, leaky, rule):
+def test_compiled_chunk_block_equals_autograd_block_and_stream(kind, leaky, rule):
     """step() in chunked mode (blocks of 4, a per-sample reset mid-block, steps without a loss):
     the no-autograd block equals the autograd block and the reference stream path."""
     model = build(kind, leaky)
@@ -228,7 +228,7 @@ def test_alif_closed_form_traces_equal_the_torch_block_contraction(detach, surro
     ("subtract", True, False, SURR), ("subtract", False, True, SURR), ("zero", False, False, "atan"),
     ("zero", True, True, SURR), ("none", True, False, SURR), ("subtract", True, True, "sigmoid")])
 @pytest.mark.parametrize("rule", ["full", "trunc1", "spatial"])
-def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, recurrent, surrogate, rule, monkeypatch):
+def test_lif_compiled_chunk_block_equals_autograd_block_and_stream(reset, detach, recurrent, surrogate, rule, monkeypatch):
     """Plain LIF layers (learned time constants and thresholds, lateral weights with their
     self-connection) in chunked mode: the no-autograd block with the compiled per-neuron pass
     (kernels.lif_online._lif_block_vec) equals the autograd block and the reference stream path, and the
@@ -270,11 +270,11 @@ def test_lif_closed_form_block_equals_autograd_block_and_stream(reset, detach, r
     assert 0.02 < rate < 0.9
 
 
-def test_closed_form_block_is_taken_and_autograd_is_not_called(monkeypatch):
+def test_compiled_chunk_block_is_taken_and_autograd_is_not_called(monkeypatch):
     model = build("lru", False)
     x, tgt = torch.randn(8, 2, 5), torch.randn(8, 2, 3)
     lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=4)
-    assert lr._closed_block_ok()
+    assert lr._compiled_block_ok()
 
     def boom(*a, **k):
         raise AssertionError("autograd called")

@@ -331,7 +331,7 @@ def test_a_registered_kind_gives_the_learner_its_trace_and_exactness():
         assert type(lr.tracers[0]) is MyTrace
         assert lr.exactness()[0][2] == "my own exactness"
         lr.step(torch.rand(2, 3), torch.randn(2, 2))
-        assert lr._fast_kinds is None  # not covered by the compiled paths: the reference
+        assert lr._compiled_kinds is None  # not covered by the compiled paths: the reference
     finally:
         kinds_mod._KINDS[:] = saved
     assert online_kind(cell).tag == "lif"

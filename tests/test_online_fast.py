@@ -66,7 +66,7 @@ def test_fast_stream_equals_autograd_stream(kind, leaky, rule):
     resets = [(5, torch.tensor([True, False, True]))]
     y0, l0, tr0, g0, lr0 = run(model, x, tgt, "reference", resets=resets, rule=rule)
     y1, l1, tr1, g1, lr1 = run(model, x, tgt, "compiled", resets=resets, rule=rule)
-    assert lr0._fast_kinds is None and lr1._fast_kinds is not None
+    assert lr0._compiled_kinds is None and lr1._compiled_kinds is not None
     assert torch.allclose(y0, y1, rtol=0, atol=1e-12)
     assert torch.allclose(l0, l1, rtol=0, atol=1e-12)
     assert tr0.keys() == tr1.keys()
@@ -82,17 +82,17 @@ def test_fast_path_declines_unsupported_stacks():
     lif = RecurrentStack([LIF(3, 4)], LeakyReadout(4, 2))
     lr = OnlineLearner(lif, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))
-    assert lr._fast_kinds == ["lif", "readout"]  # a plain LIF has the hand-written spatial backward
+    assert lr._compiled_kinds == ["lif", "readout"]  # a plain LIF has the hand-written spatial backward
     cuba = RecurrentStack([LIF(3, 4, tau_syn=5.0)], LeakyReadout(4, 2))
     lr = OnlineLearner(cuba, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))
-    assert lr._fast_kinds is None  # CUBA LIF: the autograd path
+    assert lr._compiled_kinds is None  # CUBA LIF: the autograd path
     with pytest.raises(ValueError, match="backend 'compiled'"):
         OnlineLearner(cuba, loss=step_loss, backend="compiled").step(torch.randn(2, 3))
     drop = RecurrentStack([LRU(3, 4)], LeakyReadout(3, 2), dropout=0.5)
     lr = OnlineLearner(drop, loss=step_loss)
     lr.step(torch.randn(2, 3), torch.randn(2, 2))
-    assert lr._fast_kinds is None  # active dropout: the autograd path
+    assert lr._compiled_kinds is None  # active dropout: the autograd path
 
 
 @pytest.mark.parametrize("kind", ["lru", "alif"])
@@ -228,7 +228,7 @@ def test_fast_path_checkpoint_resume_is_bit_identical(tmp_path):
 
     m1, lr1 = build_learner()
     steps(lr1, 0, 20)
-    assert lr1._fast_kinds is not None and all(lr1._fused[(torch.float64, xs.device)][:2])
+    assert lr1._compiled_kinds is not None and all(lr1._fused[(torch.float64, xs.device)][:2])
     m2, lr2 = build_learner()
     steps(lr2, 0, 10)  # stop with accumulated, not yet applied gradients (update every 3)
     ck = tmp_path / "ck.safetensors"

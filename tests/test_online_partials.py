@@ -106,7 +106,7 @@ def test_compiled_partials_equal_derived_ones(kind, kw):
     tr = online_trace(cell, "full", 0)
     tr.prepare()
     x, prev = torch.rand(B, H) * 2, random_state(cell, B)
-    names, cols, cn, Rd = tr.fused_setup(torch.float64)
+    names, cols, cn, Rd = tr.compiled_trace_setup(torch.float64)
     assert (Rd is not None) == kw["recurrent"]
     if kind == "lif":
         J, imm = lif_partials_numba(prev.v, tr._block_plan(torch.float64, 1, B)["consts"])
@@ -145,7 +145,7 @@ def test_compiled_lru_trace_step_equals_derived_partials():
     tr.prepare()
     x, prev = torch.randn(B, H), random_state(cell, B)
     new = _lru.step(cell.params(), prev, x)[1]
-    cols, names, wnu, wth, lam, gam = tr.fused_setup(torch.float64)
+    cols, names, wnu, wth, lam, gam = tr.compiled_trace_setup(torch.float64)
     assert set(names) == {"nu_log", "theta_log", "gamma_log"}
     ev = torch.zeros(B, N, 2, len(names))
     em = torch.zeros(N, B, 2, H)
@@ -252,7 +252,7 @@ def test_compiled_alif_trace_step_equals_derived_partials(detach, recurrent):
     tr = online_trace(cell, "full", 0)
     tr.prepare()
     x, prev = torch.rand(B, H) * 2, random_state(cell, B)
-    names, cols, cn, Rd = tr.fused_setup(torch.float64)
+    names, cols, cn, Rd = tr.compiled_trace_setup(torch.float64)
     u = prev.v - (cn[5] + cn[6] * prev.a)
     ev0, ew0, g = torch.randn(B, N, 2, len(names)), torch.randn(N, B, 2, H), torch.randn(B, N, 2)
     er0 = torch.randn(N, B, 2, N) if recurrent else None

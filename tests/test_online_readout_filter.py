@@ -214,13 +214,13 @@ def test_compiled_paths_carry_the_filtered_traces(kind, kw, mode, chunk, monkeyp
     from spikerec.hardware.online import learner as learner_module
 
     blocks = []
-    real = learner_module.closed_form_block
-    monkeypatch.setattr(learner_module, "closed_form_block", lambda *a, **k: blocks.append(1) or real(*a, **k))
+    real = learner_module.compiled_chunk_block
+    monkeypatch.setattr(learner_module, "compiled_chunk_block", lambda *a, **k: blocks.append(1) or real(*a, **k))
     learner = OnlineLearner(model, mode=mode, chunk=chunk, backend="compiled")
     assert learner._filter is not None
     model.zero_grad()
     learner.backward(x, tgt, mse_loss)
-    assert (learner._fast_kinds is not None) == (mode == "stream")  # the compiled stream step ran
+    assert (learner._compiled_kinds is not None) == (mode == "stream")  # the compiled stream step ran
     assert len(blocks) == (4 if mode == "chunked" else 0)  # the compiled blocks ran
     for n, p in named(model):
         assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
@@ -291,7 +291,7 @@ def test_compiled_paths_in_a_two_layer_stack(kind, torch_rows, monkeypatch):
 def test_written_spike_partials_equal_autograd(kind, kw):
     """The compiled paths' spike-map partials (:func:`spikerec.hardware.online.spatial.spike_partials`)
     equal the autograd ones of :meth:`ReadoutFilter.spike_partials`, per sample, fresh random states."""
-    from spikerec.hardware.online.spatial import fast_kinds, spike_partials
+    from spikerec.hardware.online.spatial import compiled_kinds, spike_partials
 
     torch.manual_seed(31)
     model = leaky_model(kind, kw)
@@ -301,7 +301,7 @@ def test_written_spike_partials_equal_autograd(kind, kw):
     new = type(state)(*(torch.randn_like(f) for f in state))
     x = torch.rand(5, 4)
     psi0, direct0 = learner._filter.spike_partials(x, new)
-    psi1, direct1 = spike_partials(learner, 0, fast_kinds(learner)[0], (x, state, new, None))
+    psi1, direct1 = spike_partials(learner, 0, compiled_kinds(learner)[0], (x, state, new, None))
     assert psi0.abs().sum() > 0 and torch.allclose(psi0, psi1, rtol=1e-12, atol=0)
     assert direct0.keys() == direct1.keys() and direct0
     for n in direct0:

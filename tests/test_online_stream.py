@@ -167,7 +167,7 @@ def test_bad_streaming_input_errors():
         lr.step(torch.randn(2, 4))
     bad = torch.randn(3, 4)
     bad[1, 2] = float("nan")
-    assert lr._fused_stack is not None  # the whole-stack step checks x_t itself
+    assert lr._whole_stack is not None  # the whole-stack step checks x_t itself
     before = [f.clone() for s in lr.states for f in s]
     with pytest.raises(ValueError, match=r"step 1\) x_t: contains NaN"):
         lr.step(bad)

@@ -542,7 +542,7 @@ def alif_partials_numba(v0, a0, psi, zp, cn, cols, Rd, detach_reset):
     return torch.from_numpy(Jc).transpose(0, 1).reshape(B, N, 2, 2), ev
 
 
-# --- the whole-stack stream step's forward and backward of one layer (fused_stack) ---------
+# --- the whole-stack stream step's forward and backward of one layer (whole_stack) ---------
 
 if _HAVE_NUMBA:
 

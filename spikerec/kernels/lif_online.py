@@ -254,7 +254,7 @@ def lif_partials_numba(v0, consts):
     return ws["J"][0].clone(), [torch.ones_like(v0) if c == 2 else ws["V"][j, 0].clone() for j, c in enumerate(cols)]
 
 
-# --- the whole-stack stream step's forward and backward of one layer (fused_stack) ---------
+# --- the whole-stack stream step's forward and backward of one layer (whole_stack) ---------
 
 if _HAVE_NUMBA:
 
@@ -313,7 +313,7 @@ if _HAVE_NUMBA:
         lateral matrix traces ``[N, B, 1, H]`` (``e <- J e + pre``, ``G += g . e``) are
         deferred: this step's ``J``, ``g`` (zero without a loss) and presynaptic rows go to row
         ``lslot[0]`` of the step buffers, applied in closed form every ``LIF_DEFER`` steps
-        (:meth:`spikerec.hardware.online.fused_stack.FusedStack.flush_lif`). The partials' per-neuron coefficients go to the scratch
+        (:meth:`spikerec.hardware.online.whole_stack.WholeStackStep.flush_lif`). The partials' per-neuron coefficients go to the scratch
         ``co [5, N]``; one pass per array written, so that each vectorises."""
         slot = lslot[0]  # the row of the step buffers this step writes
         B, N = v.shape

@@ -470,7 +470,7 @@ def lru_block_scan_numba(u, lr, li, h0r, h0i):
     return tuple(torch.from_numpy(out).unbind(0))
 
 
-# --- the whole-stack stream step's forward and backward of one layer (fused_stack) ---------
+# --- the whole-stack stream step's forward and backward of one layer (whole_stack) ---------
 
 if _HAVE_NUMBA:
     from .trace_numba import FASTMATH

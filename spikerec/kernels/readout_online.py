@@ -1,5 +1,5 @@
 """Compiled CPU kernels (numba) of a linear readout ``y = W h + b`` in the whole-stack stream step of
-online learning (:mod:`spikerec.hardware.online.fused_stack`): the forward, the package's MSE step
+online learning (:mod:`spikerec.hardware.online.whole_stack`): the forward, the package's MSE step
 loss ``0.5 sum (y - target)^2`` with its gradient, the backward (``dW += gy^T h``, ``db += sum_b
 gy``, ``gh = gy W``) and the stream's input check for NaN.
 """

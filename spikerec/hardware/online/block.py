@@ -29,18 +29,18 @@ from __future__ import annotations
 import torch
 
 from .readout_filter import reverse_readout_filter
-from .spatial import _lru_out, _output, _spatial_backward, fast_kinds, filter_forms, layer_errors, supported
+from .spatial import _lru_out, _output, _spatial_backward, compiled_kinds, filter_forms, layer_errors, supported
 from .traces_base import stack_partials
 
-__all__ = ["block_supported", "closed_form_block"]
+__all__ = ["block_supported", "compiled_chunk_block"]
 
 
 def block_supported(learner) -> bool:
-    """Whether :func:`closed_form_block` applies to ``learner``'s stack (the losses aside)."""
+    """Whether :func:`compiled_chunk_block` applies to ``learner``'s stack (the losses aside)."""
     return supported(learner)
 
 
-def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None):
+def compiled_chunk_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None):
     """The gradient work of one block ``x [K, B, C]`` (states start at ``learner.states``, which
     are advanced to the block's end). ``vgs[k](y_k) -> (loss, d loss / d y_k) | None`` per step
     (``None`` entry: no loss at that step), or ``block_vg(Y [K, B, ...]) -> (summed loss,
@@ -48,7 +48,7 @@ def closed_form_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg
     or ``None``."""
     K, B = x.shape[0], x.shape[1]
     tracers = learner.tracers
-    kinds = fast_kinds(learner)
+    kinds = compiled_kinds(learner)
     recs = []
     with torch.no_grad():
         h = x.reshape(K * B, *x.shape[2:])

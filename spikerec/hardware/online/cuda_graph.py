@@ -1,7 +1,7 @@
 """The stream step on a CUDA device replayed from a CUDA graph.
 
 On a GPU the stream step of a small network is bound by kernel launches, not by arithmetic: the
-fast stream path (:func:`.spatial.fast_stream_step` and the layers' trace steps) issues about 90
+fast stream path (:func:`.spatial.compiled_stream_step` and the layers' trace steps) issues about 90
 small kernels per step, and the host spends far longer issuing them than the GPU works on
 them. A CUDA graph records those launches once and replays them as one.
 
@@ -42,7 +42,7 @@ def graph_ready(learner, x_t, target_t) -> bool:
     input, the compiled stream path and a loss with a closed-form ``value_and_grad``."""
     return (x_t.is_cuda and target_t is not None
             and isinstance(target_t, torch.Tensor) and target_t.device == x_t.device
-            and getattr(learner, "_fast_kinds", None) is not None
+            and getattr(learner, "_compiled_kinds", None) is not None
             and getattr(learner, "_filter", None) is None  # (its filtered traces are not in the snapshot)
             and getattr(learner.loss, "value_and_grad", None) is not None
             and getattr(learner, "_graph_failures", 0) < MAX_FAILURES)

@@ -3,7 +3,7 @@
 One entry per kind says how the learner treats a cell of it: the trace class (its state update,
 Jacobian and immediate partials, :class:`.traces_base.LayerTrace`), the tag the compiled paths
 dispatch on (the hand-written spatial backward of :mod:`.spatial`, the chunked block of
-:mod:`.block`, the whole-stack step of :mod:`.fused_stack`), and what :meth:`.learner.OnlineLearner.exactness`
+:mod:`.block`, the whole-stack step of :mod:`.whole_stack`), and what :meth:`.learner.OnlineLearner.exactness`
 reports. A cell no entry claims learns with 1-step truncation (:class:`.traces_base.GenericTrace`).
 docs/architecture.md ("Adding a cell kind to online learning") lists the steps for a new kind.
 """

@@ -58,10 +58,10 @@ import torch
 import torch.nn.functional as F
 
 from ...layers.base import match_input_dtype
-from .block import block_supported, closed_form_block
+from .block import block_supported, compiled_chunk_block
 from .cuda_graph import drop_graph, graph_ready, graph_step
-from .fused_stack import FusedStack, any_nan, fused_supported
-from .spatial import fast_kinds, fast_stream_step, supported as fast_supported
+from .whole_stack import WholeStackStep, any_nan, whole_stack_supported
+from .spatial import compiled_kinds, compiled_stream_step, supported as compiled_supported
 from .subnormal import flush_subnormals, with_flushed_subnormals
 from .kinds import online_trace
 from .readout_filter import LinearOutputFilter, ReadoutFilter, reverse_readout_filter
@@ -284,7 +284,7 @@ class OnlineLearner:
         self._pending: list = []  # chunked step(): (x_t, loss closure) of the block being filled
         self._block_start = None  # chunked step(): layer states at the start of that block
         self._target_shape = None
-        self._fused_stack = None  # the whole-stack compiled stream step, when it applies
+        self._whole_stack = None  # the whole-stack compiled stream step, when it applies
         self._gen = 0  # bumped whenever states, traces or accumulators are replaced (re-binds the fused views)
         self._all_params = list(model.parameters())
         self._dtype = self._all_params[0].dtype if self._all_params else torch.get_default_dtype()
@@ -334,8 +334,8 @@ class OnlineLearner:
     def traces(self) -> list:
         """The layers' trace states (``TraceState``: traces and their gradient accumulators), with
         any matrix-trace steps the whole-stack step has deferred applied first
-        (:meth:`.fused_stack.FusedStack.flush_lif`)."""
-        fs = self.__dict__.get("_fused_stack")
+        (:meth:`.whole_stack.WholeStackStep.flush_lif`)."""
+        fs = self.__dict__.get("_whole_stack")
         if fs is not None and (fs.lfill or fs.restore_lif is not None):
             with flush_subnormals():  # as in the steps (:mod:`.subnormal`)
                 fs.flush_lif()
@@ -393,10 +393,10 @@ class OnlineLearner:
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
         drop = self._dropout
-        if drop is not None and drop.training and (self._fused_stack is not None
-                                                   or getattr(self, "_fast_kinds", None) is not None):
+        if drop is not None and drop.training and (self._whole_stack is not None
+                                                   or getattr(self, "_compiled_kinds", None) is not None):
             self._leave_fast_paths()  # dropout switched on mid-stream: those paths do not apply it
-        fused = self._fused_stack if self.mode == "stream" else None
+        fused = self._whole_stack if self.mode == "stream" else None
         # the whole-stack step checks x_t for NaN in its own compiled pass (same error)
         x_t = self._check_step(x_t, None, nan=fused is None)  # None: the step's name, built only for an error
         if self._check_params:
@@ -410,7 +410,7 @@ class OnlineLearner:
             # active dropout: step by step, so the output returned and the gradient share one mask
             if self._pending:
                 self._finish_block(carry=True)
-            fused = self._fused_stack
+            fused = self._whole_stack
             compiled_mse = (fused is not None and target_t is not None and self.loss is mse_step_loss
                             and target_t.dim() == 2 and target_t.dtype == fused.dtype
                             and target_t.device.type == "cpu" and target_t.is_contiguous()
@@ -421,13 +421,13 @@ class OnlineLearner:
                 y, l = fused.step(x_t, None, mse_target=target_t, check_nan=True)  # the package's MSE: one call
             elif fused is not None:
                 y, l = fused.step(x_t, self._closure(target_t, self.steps), vg, check_nan=True)
-            elif self._fast_kinds is not None and self.mode == "stream" and graph_ready(self, x_t, target_t):
+            elif self._compiled_kinds is not None and self.mode == "stream" and graph_ready(self, x_t, target_t):
                 vgl, step_no = self.loss.value_and_grad, self.steps  # the step on the graph's static buffers
-                y, l = graph_step(self, x_t, target_t, lambda xs, ts: fast_stream_step(
+                y, l = graph_step(self, x_t, target_t, lambda xs, ts: compiled_stream_step(
                     self, xs, self._closure(ts, step_no), lambda yy: vgl(yy, ts)))
-            elif self._fast_kinds is not None and self.mode == "stream":
+            elif self._compiled_kinds is not None and self.mode == "stream":
                 drop_graph(self)  # the learner's tensors are replaced: a graph would read stale ones
-                y, l = fast_stream_step(self, x_t, self._closure(target_t, self.steps), vg)
+                y, l = compiled_stream_step(self, x_t, self._closure(target_t, self.steps), vg)
             else:
                 drop_graph(self)
                 y, l = self._stream([x_t], [self._closure(target_t, self.steps)])
@@ -539,19 +539,19 @@ class OnlineLearner:
             t1 = min(T, t0 + K)
             if self.mode == "stream":
                 self._check_step(x[t0], f"OnlineLearner input x (step {t0})", start=False, nan=True)
-                if self._fused_stack is not None:
+                if self._whole_stack is not None:
                     vg = getattr(loss_fn, "value_and_grad", None)
-                    _, l = self._fused_stack.step(x[t0], lambda y, t=t0: loss_fn(y, target, t),
+                    _, l = self._whole_stack.step(x[t0], lambda y, t=t0: loss_fn(y, target, t),
                                                   None if vg is None else (lambda y, t=t0: vg(y, target, t)))
-                elif self._fast_kinds is not None:
+                elif self._compiled_kinds is not None:
                     vg = getattr(loss_fn, "value_and_grad", None)
-                    _, l = fast_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t),
+                    _, l = compiled_stream_step(self, x[t0], lambda y, t=t0: loss_fn(y, target, t),
                                             None if vg is None else (lambda y, t=t0: vg(y, target, t)))
                 else:
                     _, l = self._stream([x[t0]], [lambda y, t=t0: loss_fn(y, target, t)])
             else:
                 block = getattr(loss_fn, "block", None) if self._compiled else None
-                vg = getattr(loss_fn, "value_and_grad", None) if self._closed_block_ok() else None
+                vg = getattr(loss_fn, "value_and_grad", None) if self._compiled_block_ok() else None
                 bvg = getattr(loss_fn, "block_value_and_grad", None) if vg is not None else None
                 if bvg is not None:  # the whole block's loss in one call: no per-step closures
                     l = self._block_batched(x[t0:t1], None, carry=t1 < T, vgs=(),
@@ -587,7 +587,7 @@ class OnlineLearner:
         for l, s in enumerate(self.states):
             for f, v in zip(type(s)._fields, s):
                 tensors[f"state/{l}/{f}"] = v
-        fs = self._fused_stack
+        fs = self._whole_stack
         if fs is not None:  # the LIF window is stored as it is
             lif_rows, lif_any = fs.saved_lif()
             meta["fused_lif"] = [len(lif_rows), lif_any]
@@ -676,14 +676,14 @@ class OnlineLearner:
         if self._pending:
             self._block_start = [type(s)(*(tensors[f"block_start/{l}/{f}"].clone() for f in type(s)._fields))
                                  for l, s in enumerate(self.states)]
-        self._fused_stack = None
-        if self._fast_kinds is not None and fused_supported(self, s0.dtype, s0.device):
-            self._fused_stack = FusedStack(self, s0.dtype)
+        self._whole_stack = None
+        if self._compiled_kinds is not None and whole_stack_supported(self, s0.dtype, s0.device):
+            self._whole_stack = WholeStackStep(self, s0.dtype)
         n_lif, lif_any = meta.get("fused_lif", (0, False))
         lif_rows = [tuple(tensors[f"fused_lif/{j}/{n}"] for n in ("J", "g", "x", "z")) for j in range(int(n_lif))]
         if lif_rows and lif_rows[0][0].shape[0]:
-            if self._fused_stack is not None:
-                self._fused_stack.restore_lif = (lif_rows, bool(lif_any))
+            if self._whole_stack is not None:
+                self._whole_stack.restore_lif = (lif_rows, bool(lif_any))
             else:  # this learner takes another path: apply the deferred steps to the traces now
                 self._apply_saved_lif(lif_rows, bool(lif_any))
         self._gen += 1
@@ -805,9 +805,9 @@ class OnlineLearner:
         self._begin_traces(device)
         self.steps, self.since_update = 0, 0
         self._pending, self._block_start, self._target_shape = [], None, None
-        self._fused_stack = None  # (with its buffered rows: the accumulators start empty above)
-        if self._fast_kinds is not None and fused_supported(self, dtype, device):
-            self._fused_stack = FusedStack(self, dtype)
+        self._whole_stack = None  # (with its buffered rows: the accumulators start empty above)
+        if self._compiled_kinds is not None and whole_stack_supported(self, dtype, device):
+            self._whole_stack = WholeStackStep(self, dtype)
         self._gen += 1
 
     def _begin_traces(self, device):
@@ -821,13 +821,13 @@ class OnlineLearner:
         if self._filter is not None:  # their spatial partials are replaced by the filtered ones
             self.frozen |= {id(p) for p in self._filter.tr.cell.parameters()}
         self.kernel = None
-        self._fast_kinds = None
+        self._compiled_kinds = None
         self._fused = {}
         for tr in self.tracers:
             tr.fast = self._compiled  # chunked: closed-form block scans where a cell has them
         if self.mode == "stream" and self._compiled:
-            if fast_supported(self):
-                self._fast_kinds = fast_kinds(self)
+            if compiled_supported(self):
+                self._compiled_kinds = compiled_kinds(self)
             elif self.backend == "compiled":
                 raise ValueError("OnlineLearner: backend 'compiled' in stream mode needs a stack of LRU, ALIF or plain "
                                  "(non-CUBA) LIF layers with a leaky or linear readout and no active dropout; use "
@@ -839,10 +839,10 @@ class OnlineLearner:
         """Continue the stream on the reference path (it applies the model's dropout): the
         whole-stack step's deferred LIF trace steps are applied first; states and traces are
         shared, so nothing else moves. The fast paths are chosen again when a stream starts."""
-        if self._fused_stack is not None:
-            self._fused_stack.flush_lif()
-        self._fused_stack = None
-        self._fast_kinds = None
+        if self._whole_stack is not None:
+            self._whole_stack.flush_lif()
+        self._whole_stack = None
+        self._compiled_kinds = None
         self._gen += 1
 
     def _prepare(self):
@@ -1000,13 +1000,13 @@ class OnlineLearner:
             return
         pend, self._pending = self._pending, []
         end_states, self.states = self.states, self._block_start
-        vg = getattr(self.loss, "value_and_grad", None) if self._closed_block_ok() else None
+        vg = getattr(self.loss, "value_and_grad", None) if self._compiled_block_ok() else None
         vgs = None if vg is None else [None if p[1] is None else (lambda y, tt=p[1]: vg(y, tt)) for p in pend]
         self._block_batched(torch.stack([p[0] for p in pend]), [self._closure(p[1], p[2]) for p in pend], carry,
                             vgs=vgs)
         self.states = end_states
 
-    def _closed_block_ok(self) -> bool:
+    def _compiled_block_ok(self) -> bool:
         """Whether a block may take the no-autograd path of :mod:`.block` (the loss aside)."""
         return self._compiled and block_supported(self)
 
@@ -1017,10 +1017,10 @@ class OnlineLearner:
         advanced for all K steps in one ``[K*B, ...]`` call with the spatial graph, and one
         backward gives ``g_t`` for every step. Same estimator as the step-by-step form. With
         ``vgs`` (per step ``y -> (loss, d loss / d y) | None``) the block runs with no autograd
-        call (:func:`.block.closed_form_block`); ``block_vg`` gives the whole block's loss and
+        call (:func:`.block.compiled_chunk_block`); ``block_vg`` gives the whole block's loss and
         gradient in one call instead."""
         if vgs is not None:
-            return closed_form_block(self, x, vgs, carry, block_vg)
+            return compiled_chunk_block(self, x, vgs, carry, block_vg)
         model = self.model
         K, B = x.shape[0], x.shape[1]
         drop = getattr(model, "dropout", None)
@@ -1129,7 +1129,7 @@ class OnlineLearner:
     def _apply_saved_lif(self, rows, any_g: bool) -> None:
         """Apply deferred LIF matrix-trace steps saved by a learner that took the whole-stack step
         (:meth:`load_state_tensors`) to this learner's traces and accumulators."""
-        from .fused_stack import apply_lif_window
+        from .whole_stack import apply_lif_window
 
         lif = [(tr, ts) for tr, ts in zip(self.tracers, self._trace_states) if isinstance(tr, LIFTrace)
                and not tr.cell.cuba and any(n in tr.traced for n in ("weight", "recurrent_weight"))]

@@ -34,11 +34,11 @@ from ...kernels.trace_numba import compiled_cpu
 from .kinds import compiled_tag
 from .traces_base import stream_step
 
-__all__ = ["supported", "fast_kinds", "fast_stream_step", "spike_partials", "filter_forms"]
+__all__ = ["supported", "compiled_kinds", "compiled_stream_step", "spike_partials", "filter_forms"]
 
 
-def fast_kinds(learner) -> list[str]:
-    """The per-layer kind tags :func:`fast_stream_step` dispatches on."""
+def compiled_kinds(learner) -> list[str]:
+    """The per-layer kind tags :func:`compiled_stream_step` dispatches on."""
     return [compiled_tag(tr) for tr in learner.tracers]
 
 
@@ -48,7 +48,7 @@ def supported(learner) -> bool:
     drop = getattr(learner.model, "dropout", None)
     if drop is not None and drop.training:
         return False
-    kinds = fast_kinds(learner)
+    kinds = compiled_kinds(learner)
     if any(k is None for k in kinds) or kinds[-1] not in ("readout", "leaky_readout"):
         return False
     if any(k in ("readout", "leaky_readout") for k in kinds[:-1]):
@@ -90,12 +90,12 @@ def _acc_mm(spatial: dict, p, a, b, alpha: float = 1.0) -> None:
         spatial[p] = torch.mm(a, b) if alpha == 1.0 else torch.mm(a, b).mul_(alpha)
 
 
-def fast_stream_step(learner, x_t, closure, value_and_grad=None):
+def compiled_stream_step(learner, x_t, closure, value_and_grad=None):
     """One stream step of ``learner`` with the hand-written spatial backward; returns
     ``(y_t, loss_t)`` (both detached; ``loss_t`` is ``None`` without a loss). With
     ``value_and_grad(y) -> (loss, d loss / d y) | None`` the loss gradient needs no autograd."""
     tracers, states = learner.tracers, learner.states
-    kinds = learner._fast_kinds
+    kinds = learner._compiled_kinds
     recs = []
     h = x_t
     with torch.no_grad():
@@ -138,7 +138,7 @@ def fast_stream_step(learner, x_t, closure, value_and_grad=None):
     skip = len(tracers) - 2 if filt is not None else None  # the layer under the leaky readout
     with torch.no_grad():
         gs = _spatial_backward(learner, kinds, recs, gy, skip)
-        fused = _fused_flags(learner, x_t)
+        fused = _compiled_trace_flags(learner, x_t)
         for l, tr in enumerate(tracers):
             if kinds[l] == "readout" or not tr.traced:
                 continue
@@ -149,20 +149,20 @@ def fast_stream_step(learner, x_t, closure, value_and_grad=None):
                 with torch.enable_grad():
                     filt.step(learner.traces[l], P, x_in, new, gy, **filter_forms(learner, l, kinds[l], recs[l]))
             elif fused[l]:
-                tr.fused_stream_step(learner.traces[l], x_in, prev, new, gs[l])
+                tr.compiled_trace_step(learner.traces[l], x_in, prev, new, gs[l])
             else:
                 stream_step(learner.traces[l], tr.partials(x_in, prev, new), gs[l], learner.kernel)
     return y, loss
 
 
-def _fused_flags(learner, x_t) -> list[bool]:
-    """Per layer: whether its whole trace step runs as one compiled kernel (``fused_stream_step``)."""
+def _compiled_trace_flags(learner, x_t) -> list[bool]:
+    """Per layer: whether its whole trace step runs as one compiled kernel (``compiled_trace_step``)."""
     key = (x_t.dtype, x_t.device)
     cache = learner.__dict__.setdefault("_fused", {})
     flags = cache.get(key)
     if flags is None:
-        flags = cache[key] = [learner.kernel is not None and hasattr(tr, "fused_stream_step")
-                              and tr.fused_ready(x_t.dtype, x_t.device) for tr in learner.tracers]
+        flags = cache[key] = [learner.kernel is not None and hasattr(tr, "compiled_trace_step")
+                              and tr.compiled_trace_ready(x_t.dtype, x_t.device) for tr in learner.tracers]
     return flags
 
 

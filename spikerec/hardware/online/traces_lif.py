@@ -167,18 +167,18 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
             out = k["dalpha"] = _dalpha(self.cell.log_tau_mem.detach(), self.cell.dt)
         return out
 
-    # --- the whole-stack compiled stream step (plain LIF; .fused_stack) ---------------------------
+    # --- the whole-stack compiled stream step (plain LIF; .whole_stack) ---------------------------
     _VEC_ORDER = ("log_tau_mem", "threshold", "bias")  # the columns of the compiled steps (partials' order)
 
-    def fused_ready(self, dtype, device) -> bool:
-        """Whether the compiled stream step of :mod:`.fused_stack` applies: a plain LIF, a
+    def compiled_trace_ready(self, dtype, device) -> bool:
+        """Whether the compiled stream step of :mod:`.whole_stack` applies: a plain LIF, a
         surrogate with an inline formula (fast sigmoid, arc-tangent), the ``full``/``snap1`` rule,
         numba installed, CPU tensors of the parameters' float dtype."""
         p = self.cell.weight
         return (self.block_ready and surrogate_code(self.cell.surrogate)[0] != 0 and compiled_dtype(dtype, device)
                 and self.use_J() and p.dtype == dtype and p.device.type == "cpu")
 
-    def fused_setup(self, dtype):
+    def compiled_trace_setup(self, dtype):
         """The compiled trace step's per-sequence constants: ``(names, cols, cn, Rd)`` (the traced
         per-neuron parameters, their columns in ``_VEC_ORDER``, the ``[3, N]`` rows ``alpha``,
         ``d alpha / d log_tau_mem``, ``thr`` of :meth:`partials`, the lateral self-weights or
@@ -333,7 +333,7 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         plan = k.get(("block_plan", K, B))
         if plan is None:
             c = self.cell
-            names, cols, cn, Rd = self.fused_setup(dt)
+            names, cols, cn, Rd = self.compiled_trace_setup(dt)
             mats = tuple(n for n in ("weight", "recurrent_weight") if self.params.get(n) is not None and n in self.traced)
             N = c.hidden_size
             ws = self.scratch(("block", K, B, len(names), dt), lambda: lif_block_workspace(K, B, N, len(names), dt))
@@ -478,13 +478,13 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
     # --- the compiled stream step -------------------------------------------------------------
     _VEC_ORDER = ("log_tau_mem", "log_tau_adapt", "b", "beta", "bias")
 
-    def fused_ready(self, dtype, device) -> bool:
-        """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
+    def compiled_trace_ready(self, dtype, device) -> bool:
+        """Whether :meth:`compiled_trace_step` applies: the ``full``/``snap1`` rule, numba
         installed, CPU tensors of the parameters' float dtype."""
         p = self.cell.weight
         return compiled_dtype(dtype, device) and self.use_J() and p.dtype == dtype and p.device.type == "cpu"
 
-    def fused_setup(self, dtype):
+    def compiled_trace_setup(self, dtype):
         """The compiled trace step's per-sequence constants: ``(names, cols, cn, Rd)`` (the traced
         per-neuron parameters, their columns in ``_VEC_ORDER``, the ``[7, N]`` constants of
         :func:`spikerec.kernels.alif_online.alif_trace_step_numba` and the lateral self-weights or ``None``)."""
@@ -499,13 +499,13 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
             f = k["fused"] = (names, cols, cn, Rd)
         return f
 
-    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+    def compiled_trace_step(self, ts, x, prev, new, g) -> None:
         """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
         (or ``None``) as one compiled pass (:func:`spikerec.kernels.alif_online.alif_trace_step_numba`); the
         same result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
         c = self.cell
         k = self.consts(x.dtype)
-        names, cols, cn, Rd = self.fused_setup(x.dtype)
+        names, cols, cn, Rd = self.compiled_trace_setup(x.dtype)
         v0, a0 = prev.v, prev.a
         u = v0 - (k["b"] + k["beta"] * a0)
         zp = heaviside(u)
@@ -549,7 +549,7 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
             chunk_contract(ts, stack_partials(self.partials(x, prev, new), K, B), G, carry)
             return
         c = self.cell
-        names, cols, cn, Rd = self.fused_setup(dt)
+        names, cols, cn, Rd = self.compiled_trace_setup(dt)
         N = prev.v.shape[-1]
         v0, a0 = prev.v.reshape(K, B, N).contiguous(), prev.a.reshape(K, B, N).contiguous()
         olds = ts.carried(names)  # the array the last block wrote, or a list

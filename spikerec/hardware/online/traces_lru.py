@@ -358,13 +358,13 @@ class LRUTrace(LayerTrace):
         cvec = k["cvec"].expand(x.shape[0], -1, -1)
         return Partials(k["J"], vec, {"B_re": (cvec, x)}, c_zero=(1,))
 
-    def fused_ready(self, dtype, device) -> bool:
-        """Whether :meth:`fused_stream_step` applies: the ``full``/``snap1`` rule, numba
+    def compiled_trace_ready(self, dtype, device) -> bool:
+        """Whether :meth:`compiled_trace_step` applies: the ``full``/``snap1`` rule, numba
         installed, CPU tensors of the parameters' float dtype."""
         p = self.cell.B_re
         return compiled_dtype(dtype, device) and self.use_J() and p.dtype == dtype and p.device.type == "cpu"
 
-    def fused_setup(self, dtype):
+    def compiled_trace_setup(self, dtype):
         """The compiled trace step's per-sequence constants: ``(cols, names, wnu, wth, (Re lam,
         Im lam), gam)`` (``cols``: the stacked per-neuron traces, 0 ``nu_log``, 1 ``theta_log``,
         2 ``gamma_log``)."""
@@ -380,11 +380,11 @@ class LRUTrace(LayerTrace):
                               (k["lr"].contiguous(), k["li"].contiguous()), k["gam"].contiguous())
         return f
 
-    def fused_stream_step(self, ts, x, prev, new, g) -> None:
+    def compiled_trace_step(self, ts, x, prev, new, g) -> None:
         """One stream step of every trace of this layer and its contraction with ``g [B, N, 2]``
         (or ``None``) as one compiled pass (:func:`spikerec.kernels.lru_online.lru_trace_step_numba`); the same
         result as ``stream_step(ts, self.partials(x, prev, new), g)``."""
-        cols, names, wnu, wth, lam, gam = self.fused_setup(x.dtype)
+        cols, names, wnu, wth, lam, gam = self.compiled_trace_setup(x.dtype)
         B, N = prev.x_re.shape
         ev = ts.vec.get(_STACK)
         if ev is None and names:

@@ -1,4 +1,4 @@
-"""The whole-stack compiled stream step (``fused_stack``: LRU, ALIF and plain LIF layers under a linear readout) against
+"""The whole-stack compiled stream step (``whole_stack``: LRU, ALIF and plain LIF layers under a linear readout) against
 the reference path (``backend="reference"``: per-step autograd backward, torch trace updates), and the
 closed-form loss gradients against autograd. float64, fresh random networks and inputs."""
 import pytest
@@ -70,7 +70,7 @@ def test_fused_lif_needs_an_inline_surrogate_and_a_plain_lif():
     for cells in ([LIF(5, 6, surrogate="gaussian"), LIF(6, 6)], [LIF(5, 6, tau_syn=3.0), LIF(6, 6)]):
         lr = OnlineLearner(RecurrentStack(cells, LeakyReadout(6, 3)), loss=mse_step_loss)
         lr.step(torch.rand(2, 5), torch.randn(2, 3))
-        assert lr._fused_stack is None
+        assert lr._whole_stack is None
 
 
 SPIKING = [("alif", v) for v in ("rec", "ff_atan_nodetach", "mixed")] + \
@@ -110,7 +110,7 @@ def test_fused_alif_needs_an_inline_surrogate():
     model = RecurrentStack([ALIF(5, 6, surrogate="gaussian"), ALIF(6, 6)], LeakyReadout(6, 3))
     lr = OnlineLearner(model, loss=mse_step_loss)
     lr.step(torch.rand(2, 5), torch.randn(2, 3))
-    assert lr._fused_stack is None  # the per-layer compiled trace steps run instead
+    assert lr._whole_stack is None  # the per-layer compiled trace steps run instead
 
 
 def run(model, x, tgt, fused, loss, resets=(), opt_lr=None, **kw):
@@ -127,7 +127,7 @@ def run(model, x, tgt, fused, loss, resets=(), opt_lr=None, **kw):
         y, l = lr.step(x[t], None if t % 4 == 3 else tgt[t])  # some steps without a loss
         ys.append(y)
         ls.append(torch.zeros(()) if l is None else l)
-    assert (lr._fused_stack is not None) == (fused is None)
+    assert (lr._whole_stack is not None) == (fused is None)
     traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
     lr.update()
     grads = {n: p.grad.clone() for n, p in named(model) if p.grad is not None}  # an optimiser zeroes them
@@ -217,7 +217,7 @@ def test_fused_backward_equals_reference(mode):
         model.zero_grad()
         lr = OnlineLearner(model, backend="auto" if fused is None else "reference")
         loss = lr.backward(x, tgt, fn)
-        assert (lr._fused_stack is not None) == (fused is None)
+        assert (lr._whole_stack is not None) == (fused is None)
         res.append((loss, {n: p.grad.clone() for n, p in named(model)}))
     assert abs(res[0][0] - res[1][0]) <= 1e-12 * max(1.0, abs(res[0][0]))
     for n in res[0][1]:
@@ -261,7 +261,7 @@ def test_fused_checkpoint_resume_bit_identical(tmp_path, net):
     model.load_state_dict({k: torch.randn_like(v) for k, v in state.items()})  # overwritten by the load
     lr = make()
     load_stream(tmp_path / "s.safetensors", lr)
-    assert lr._fused_stack is not None
+    assert lr._whole_stack is not None
     ys2 += [lr.step(x[t], tgt[t]).output for t in range(7, T)]
     lr.update()
     for a, b in zip(ys, ys2):
@@ -334,7 +334,7 @@ def test_fused_mse_is_one_compiled_call(monkeypatch):
         out, loss = lr.step(x[t], tgt[t])
         assert loss.dtype == out.dtype and loss.dim() == 0
         torch.testing.assert_close(loss, 0.5 * ((out - tgt[t]) ** 2).sum())  # float32: default tolerances
-    assert lr._fused_stack is not None  # the whole-stack path ran
+    assert lr._whole_stack is not None  # the whole-stack path ran
 
 
 def test_lru_c_gradient_across_checkpoints(tmp_path):
@@ -363,7 +363,7 @@ def test_lru_c_gradient_across_checkpoints(tmp_path):
     lr = OnlineLearner(model, loss=mse_step_loss)
     for t in range(T):
         lr.step(x[t], tgt[t])
-    assert lr._fused_stack is not None
+    assert lr._whole_stack is not None
     full = grads(lr)
     for n in ref:
         assert torch.allclose(full[n], ref[n], rtol=1e-10, atol=1e-12), n
@@ -409,7 +409,7 @@ def test_dropout_switched_on_mid_stream_leaves_the_fast_paths(cells):
     no_drop = []
     for t in range(T):
         if t == 6:
-            assert learners[0]._fused_stack is not None  # the eval-mode steps took the whole-stack step
+            assert learners[0]._whole_stack is not None  # the eval-mode steps took the whole-stack step
             model.train()
         outs = []
         for lr in learners:
@@ -417,7 +417,7 @@ def test_dropout_switched_on_mid_stream_leaves_the_fast_paths(cells):
             outs.append(lr.step(x[t], tgt[t]).output)
         assert torch.allclose(outs[0], outs[1], rtol=0, atol=1e-12), t
         no_drop.append(outs[0])
-    assert learners[0]._fused_stack is None
+    assert learners[0]._whole_stack is None
     with torch.no_grad():  # the training-mode steps did apply dropout: eval mode gives other outputs
         model.eval()
         y_eval = model(x)[0]
@@ -440,7 +440,7 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
     checkpoint inside a window (its steps saved as they are) resumes bit-identically, or,
     restored into a learner without the whole-stack step, applies the saved steps at once
     (equal to rounding)."""
-    from spikerec.hardware.online.fused_stack import LIF_DEFER
+    from spikerec.hardware.online.whole_stack import LIF_DEFER
 
     model = build_lif(variant)
     state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -472,7 +472,7 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
 
     lr = OnlineLearner(model, loss=mse_step_loss)
     stream(lr, 0, T)
-    assert lr._fused_stack is not None and lr._fused_stack.lmats
+    assert lr._whole_stack is not None and lr._whole_stack.lmats
     full_tr, full = grads(lr)
     assert full_tr.keys() == ref_tr.keys() and full.keys() == ref.keys()
     for n in ref_tr:
@@ -483,10 +483,10 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
 
     lr = OnlineLearner(model, loss=mse_step_loss)
     stream(lr, 0, cut)
-    fill = lr._fused_stack.lfill
+    fill = lr._whole_stack.lfill
     assert 0 < fill < LIF_DEFER  # inside a window (the reset at step 20 started a new one)
     save_stream(tmp_path / "s.safetensors", lr)
-    assert lr._fused_stack.lfill == fill, "saving applies no deferred LIF step"
+    assert lr._whole_stack.lfill == fill, "saving applies no deferred LIF step"
     stream(lr, cut, T)
     _, same = grads(lr)
     for n in full:
@@ -519,14 +519,14 @@ WHOLE_STACK_LAYERS = {
 @pytest.mark.parametrize("layer", sorted(WHOLE_STACK_LAYERS))
 @pytest.mark.parametrize("loss", [mse_step_loss, user_loss])
 def test_whole_stack_step_equals_bptt_through_the_neuron_steps(layer, loss):
-    """The whole-stack compiled stream step (``FusedStack.step``, a registered backend of the LIF,
+    """The whole-stack compiled stream step (``WholeStackStep.step``, a registered backend of the LIF,
     ALIF, LRU and readout kinds) on one layer without lateral weights under a linear readout, where
     exact online learning is BPTT, gives the gradients of autograd through the loop of the model's
     ``step`` (``spikerec.neurons.<kind>.step`` of each layer), and its outputs and losses: float64,
     fresh random networks and inputs, every reset, both inline surrogates, the closed-form MSE and a
     loss without one."""
     from spikerec import neurons
-    from spikerec.hardware.online.fused_stack import FusedStack
+    from spikerec.hardware.online.whole_stack import WholeStackStep
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     T, B, H, N, K = 10, 3, 5, 6, 3
@@ -539,7 +539,7 @@ def test_whole_stack_step_equals_bptt_through_the_neuron_steps(layer, loss):
     model.zero_grad()
     lr = OnlineLearner(model, loss=loss, backend="compiled")
     outs = [lr.step(x[t], tgt[t]) for t in range(T)]
-    assert lr._fused_stack is not None, "the whole-stack step ran"
+    assert lr._whole_stack is not None, "the whole-stack step ran"
     lr.update()
     got = {n: p.grad.clone() for n, p in named(model) if p.grad is not None}
     model.zero_grad()
@@ -559,4 +559,4 @@ def test_whole_stack_step_equals_bptt_through_the_neuron_steps(layer, loss):
     assert float(got["cells.0.weight" if "cells.0.weight" in got else "cells.0.B_re"].abs().sum()) > 0
     kind = {"lif": "lif", "ali": "alif", "lru": "lru"}[layer[:3]]
     for k in (kind, "readout"):
-        assert any(b.fn is FusedStack.step for b in neurons.backends_of(k).values()), k
+        assert any(b.fn is WholeStackStep.step for b in neurons.backends_of(k).values()), k

@@ -31,7 +31,7 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   :meth:`.traces_lif.LIFTrace.partials`) runs in its backward call.
 
 It equals the torch reference (``backend="reference"``) in float64 to rounding
-(tests/test_online_fused.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
+(tests/test_online_whole_stack.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
 CPU float32/float64 tensors with numba installed; everything else keeps :mod:`.spatial`.
 """
 from __future__ import annotations
@@ -48,9 +48,9 @@ from .spatial import accumulator
 from .kinds import compiled_tag
 from .traces_base import _STACK
 
-__all__ = ["fused_supported", "FusedStack", "any_nan"]
+__all__ = ["whole_stack_supported", "WholeStackStep", "any_nan"]
 
-LIF_DEFER = 64  # steps of the LIF layers' matrix traces applied in closed form at once (FusedStack.flush_lif)
+LIF_DEFER = 64  # steps of the LIF layers' matrix traces applied in closed form at once (WholeStackStep.flush_lif)
 
 try:
     import numba as _nb
@@ -127,7 +127,7 @@ def _is_linear_readout(tr) -> bool:
     return compiled_tag(tr) == "readout"
 
 
-def fused_supported(learner, dtype, device) -> bool:
+def whole_stack_supported(learner, dtype, device) -> bool:
     """Whether the whole-stack path applies: every layer but the last an LRU, an ALIF layer
     (:func:`_alif_ok`) or a plain LIF layer with its compiled trace step ready, the last a linear
     (non-leaky) readout, no active dropout, ``full``/``snap1``."""
@@ -145,7 +145,7 @@ def fused_supported(learner, dtype, device) -> bool:
         return False
     if trs[-1].cell.weight.dtype != dtype:
         return False
-    return all(tr.traced and (compiled_tag(tr) in ("lru", "lif") or _alif_ok(tr)) and tr.fused_ready(dtype, device)
+    return all(tr.traced and (compiled_tag(tr) in ("lru", "lif") or _alif_ok(tr)) and tr.compiled_trace_ready(dtype, device)
                for tr in trs[:-1])
 
 
@@ -179,7 +179,7 @@ def _spiking_traces(tr, ts, names, B, N, H, k, dt):
     return ev, mats
 
 
-class FusedStack:
+class WholeStackStep:
     """Bound numpy views of one learner's tensors and the per-step driver."""
 
     def __init__(self, learner, dtype):
@@ -223,7 +223,7 @@ class FusedStack:
         lr_, dt, states = self.learner, self.dtype, self.learner.states
         c, ts = tr.cell, lr_.traces[l]
         k = tr.consts(dt)
-        cols, names, wnu, wth, lam, gam = tr.fused_setup(dt)
+        cols, names, wnu, wth, lam, gam = tr.compiled_trace_setup(dt)
         N = k["N"]
         H = c.B_re.shape[1]
         ev = ts.vec.get(_STACK)
@@ -287,7 +287,7 @@ class FusedStack:
         lr_, dt = self.learner, self.dtype
         c, ts = tr.cell, lr_.traces[l]
         k = tr.consts(dt)
-        names, cols, cn, Rd = tr.fused_setup(dt)
+        names, cols, cn, Rd = tr.compiled_trace_setup(dt)
         N, H = c.hidden_size, c.input_size
         ev, mats = _spiking_traces(tr, ts, names, B, N, H, 2, dt)
         Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
@@ -327,7 +327,7 @@ class FusedStack:
         lr_, dt = self.learner, self.dtype
         c, ts = tr.cell, lr_.traces[l]
         k = tr.consts(dt)
-        names, cols, cn, Rd = tr.fused_setup(dt)
+        names, cols, cn, Rd = tr.compiled_trace_setup(dt)
         N, H = c.hidden_size, c.input_size
         ev, mats = _spiking_traces(tr, ts, names, B, N, H, 1, dt)
         Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
@@ -491,6 +491,6 @@ class FusedStack:
 
 
 for _kind in ("lif", "alif", "lru", "readout"):  # the layers and the readout of the whole-stack step
-    neurons.register_backend(_kind, "online_whole_stack (compiled whole-stack stream step, FusedStack.step)",
-                             FusedStack.step,
-                             test="tests/test_online_fused.py::test_whole_stack_step_equals_bptt_through_the_neuron_steps")
+    neurons.register_backend(_kind, "online_whole_stack (compiled whole-stack stream step, WholeStackStep.step)",
+                             WholeStackStep.step,
+                             test="tests/test_online_whole_stack.py::test_whole_stack_step_equals_bptt_through_the_neuron_steps")
