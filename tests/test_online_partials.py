@@ -380,7 +380,7 @@ def test_compiled_block_equals_the_derived_recursion(kind, kw, monkeypatch):
     cell, mod, opts = block_cell(kind, kw, H, N)
     tr = online_trace(cell, "full", 0)
     tr.prepare()
-    tr.fast = True  # the closed-form block scans, as the compiled chunked path sets
+    tr.compiled = True  # the closed-form block scans, as the compiled chunked path sets
     owner, attr = BLOCK_KERNELS[kind]
     owner = importlib.import_module(owner)
     real, calls = getattr(owner, attr), []

@@ -1,4 +1,4 @@
-"""A chunked block of K steps with no autograd call (the chunked mode's fast path).
+"""A chunked block of K steps with no autograd call (the chunked mode's compiled path).
 
 Within a block the online rule needs, for every traced layer and step ``t``, the spatial error
 ``g_t = d l_t / d s_t`` and the direct gradients of the output-map parameters (Zucchet et al.

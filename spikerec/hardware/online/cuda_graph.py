@@ -1,7 +1,7 @@
 """The stream step on a CUDA device replayed from a CUDA graph.
 
 On a GPU the stream step of a small network is bound by kernel launches, not by arithmetic: the
-fast stream path (:func:`.spatial.compiled_stream_step` and the layers' trace steps) issues about 90
+compiled stream path (:func:`.spatial.compiled_stream_step` and the layers' trace steps) issues about 90
 small kernels per step, and the host spends far longer issuing them than the GPU works on
 them. A CUDA graph records those launches once and replays them as one.
 

@@ -395,7 +395,7 @@ class OnlineLearner:
         drop = self._dropout
         if drop is not None and drop.training and (self._whole_stack is not None
                                                    or getattr(self, "_compiled_kinds", None) is not None):
-            self._leave_fast_paths()  # dropout switched on mid-stream: those paths do not apply it
+            self._leave_compiled_paths()  # dropout switched on mid-stream: those paths do not apply it
         fused = self._whole_stack if self.mode == "stream" else None
         # the whole-stack step checks x_t for NaN in its own compiled pass (same error)
         x_t = self._check_step(x_t, None, nan=fused is None)  # None: the step's name, built only for an error
@@ -824,7 +824,7 @@ class OnlineLearner:
         self._compiled_kinds = None
         self._fused = {}
         for tr in self.tracers:
-            tr.fast = self._compiled  # chunked: closed-form block scans where a cell has them
+            tr.compiled = self._compiled  # chunked: closed-form block scans where a cell has them
         if self.mode == "stream" and self._compiled:
             if compiled_supported(self):
                 self._compiled_kinds = compiled_kinds(self)
@@ -835,10 +835,10 @@ class OnlineLearner:
         if self._compiled:
             self.kernel = matrix_trace_kernel(torch.device(device))
 
-    def _leave_fast_paths(self):
+    def _leave_compiled_paths(self):
         """Continue the stream on the reference path (it applies the model's dropout): the
         whole-stack step's deferred LIF trace steps are applied first; states and traces are
-        shared, so nothing else moves. The fast paths are chosen again when a stream starts."""
+        shared, so nothing else moves. The compiled paths are chosen again when a stream starts."""
         if self._whole_stack is not None:
             self._whole_stack.flush_lif()
         self._whole_stack = None
@@ -1055,7 +1055,7 @@ class OnlineLearner:
                 out, new = tr.cell.step(hf, prev)
             else:
                 with torch.no_grad():  # the previous states of the block's steps
-                    scan = tr.scan_block if (tr.fast and hasattr(tr, "scan_block")) else tr.scan_loop
+                    scan = tr.scan_block if (tr.compiled and hasattr(tr, "scan_block")) else tr.scan_loop
                     prev, s = scan(hd, s)  # [K*B] fields (scan_block: all K at once)
                 self.states[l] = type(s)(*(f.detach() for f in s))
                 new = tr.step(hf, prev)

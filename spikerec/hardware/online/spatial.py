@@ -1,4 +1,4 @@
-"""Hand-written spatial backward of one time step (the stream mode's fast path).
+"""Hand-written spatial backward of one time step (the stream mode's compiled path).
 
 At step ``t`` the online rule needs, for every traced layer ``l``, ``g^l_t = d l_t / d s^l_t``
 (the error reaching its state *within* the step) and the direct gradient of every parameter

@@ -61,7 +61,7 @@ class LayerTrace:
     """
 
     kind = "?"
-    fast = False  # set by the learner: use the cell's closed-form block scans (scan_block, reverse_filter)
+    compiled = False  # set by the learner: use the cell's closed-form block scans (scan_block, reverse_filter)
     rules = ("full", "spatial", "trunc1", "snap1", "bptt")
     k = 1
     input_params: tuple[str, ...] = ()
@@ -388,7 +388,7 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     Jk = (lambda k: J[k] if J.shape[0] == K else J[0]) if J is not None else None
     if G is not None:
         if use_J:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
-            rf = getattr(tr, "reverse_filter", None) if getattr(tr, "fast", False) else None
+            rf = getattr(tr, "reverse_filter", None) if getattr(tr, "compiled", False) else None
             GH = _reverse_filter(J, G) if rf is None else rf(G)
         else:
             GH = G

@@ -94,7 +94,7 @@ class LRUTrace(LayerTrace):
         Bt = torch.cat([c.B_re.detach(), c.B_im.detach()]).t().to(dtype)  # one GEMM for Re and Im: x @ [B_re; B_im]^T
         out = {
             "lr": lr, "li": li, "lam": torch.complex(lr, li), "gam": gam, "N": N, "gam2": gam2, "Bt": Bt,
-            "Bt_gamma": (Bt * gam2).contiguous(),  # [gamma B_re^T | gamma B_im^T]: the fast paths' input matrix
+            "Bt_gamma": (Bt * gam2).contiguous(),  # [gamma B_re^T | gamma B_im^T]: the compiled paths' input matrix
             "J": torch.stack([torch.stack([lr, -li], -1), torch.stack([li, lr], -1)], -2)[None],  # [1, N, 2, 2]
             "cvec": torch.stack([gam, torch.zeros_like(gam)], -1),
         }
