@@ -153,7 +153,7 @@ def test_readout_filter_refuses_what_it_does_not_cover():
         OnlineLearner(linear, readout_filter=True)
     from spikerec.layers.gru import GRU
 
-    with pytest.raises(ValueError, match="LIF, ALIF or LRU layer"):
+    with pytest.raises(ValueError, match=r"a layer of a kind with readout-filtered traces \(.*LIF.*\) under the readout, got GRU"):
         OnlineLearner(RecurrentStack([GRU(4, 5)], LeakyReadout(5, 2, tau=5.0)), readout_filter=True)
     for kw in (dict(readout_filter=True), {}):  # on by default where it applies
         how = OnlineLearner(leaky, **kw).exactness()[0][2]

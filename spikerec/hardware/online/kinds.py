@@ -16,6 +16,7 @@ from ...layers.alif import ALIF
 from ...layers.lif import LIF
 from ...layers.lru import LRU
 from ...layers.readout import LeakyReadout
+from .readout_filter import LinearOutputFilter, ReadoutFilter
 from .traces_base import GenericTrace, LayerTrace
 from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
 from .traces_lru import LRUTrace
@@ -33,7 +34,10 @@ class OnlineKind:
     ``(cell, rule) -> LayerTrace``; ``exactness``: what :meth:`OnlineLearner.exactness` says of a
     layer without lateral weights; ``claims(cell)``: whether this entry covers the cell (options of
     the class another entry covers); ``compiled(cell)``: whether the compiled paths cover it (else
-    the layer, and so the stack, takes the reference path)."""
+    the layer, and so the stack, takes the reference path); ``readout_filter``: the class of the
+    readout-filtered traces a layer of this kind carries under a leaky readout
+    (:class:`.readout_filter.ReadoutFilter` for a spike map of the state,
+    :class:`.readout_filter.LinearOutputFilter` for a linear output map; ``None``: none)."""
 
     tag: str
     cell: type
@@ -41,6 +45,7 @@ class OnlineKind:
     exactness: str
     claims: Callable[[object], bool] = lambda cell: True
     compiled: Callable[[object], bool] = lambda cell: True
+    readout_filter: type | None = None
 
 
 _KINDS: list[OnlineKind] = []
@@ -87,9 +92,11 @@ def compiled_tag(tr) -> str | None:
     return kind.tag if kind is not None and kind.compiled(tr.cell) else None
 
 
-register_online_kind(OnlineKind("lru", LRU, LRUTrace, "exact RTRL traces (diagonal linear recurrence)"))
-register_online_kind(OnlineKind("lif", LIF, LIFTrace, INDEPENDENT, compiled=lambda c: not c.cuba))
-register_online_kind(OnlineKind("alif", ALIF, ALIFTrace, INDEPENDENT))
+register_online_kind(OnlineKind("lru", LRU, LRUTrace, "exact RTRL traces (diagonal linear recurrence)",
+                                readout_filter=LinearOutputFilter))
+register_online_kind(OnlineKind("lif", LIF, LIFTrace, INDEPENDENT, compiled=lambda c: not c.cuba,
+                                readout_filter=ReadoutFilter))
+register_online_kind(OnlineKind("alif", ALIF, ALIFTrace, INDEPENDENT, readout_filter=ReadoutFilter))
 register_online_kind(OnlineKind("leaky_readout", LeakyReadout, ReadoutTrace,
                                 "exact eligibility traces (leaky integrator)", claims=lambda c: c.leaky))
 register_online_kind(OnlineKind("readout", LeakyReadout, lambda c, rule: GenericTrace(c, rule, stateless=True),

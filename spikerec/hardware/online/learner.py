@@ -63,8 +63,8 @@ from .cuda_graph import drop_graph, graph_ready, graph_step
 from .whole_stack import WholeStackStep, any_nan, whole_stack_supported
 from .spatial import compiled_kinds, compiled_stream_step, supported as compiled_supported
 from .subnormal import flush_subnormals, with_flushed_subnormals
-from .kinds import online_trace
-from .readout_filter import LinearOutputFilter, ReadoutFilter, reverse_readout_filter
+from .kinds import online_trace, registered_kinds
+from .readout_filter import ReadoutFilter, reverse_readout_filter
 from .traces_base import GenericTrace, TraceState, chunk_contract, stack_partials, stream_step
 from .traces_lif import LIFTrace
 
@@ -308,8 +308,10 @@ class OnlineLearner:
             why = f"rule 'full' or 'snap1' (got {self.rule!r})"
         elif len(self.tracers) < 2 or type(self.tracers[-1]).__name__ != "ReadoutTrace":
             why = "a leaky readout (LeakyReadout with tau) as the last layer"
-        elif getattr(getattr(self.tracers[-2], "online_kind", None), "tag", None) not in ("lif", "alif", "lru"):
-            why = f"a LIF, ALIF or LRU layer under the readout, got {type(self.tracers[-2].cell).__name__}"
+        elif getattr(getattr(self.tracers[-2], "online_kind", None), "readout_filter", None) is None:
+            kinds = ", ".join(k.cell.__name__ for k in registered_kinds() if k.readout_filter is not None)
+            why = (f"a layer of a kind with readout-filtered traces ({kinds}) under the readout, got "
+                   f"{type(self.tracers[-2].cell).__name__}")
         elif not required and drop is not None and getattr(drop, "p", 0.0) > 0:
             why = "a model without dropout"  # (required: refused at the first step with dropout active)
         if why is not None:
@@ -317,7 +319,7 @@ class OnlineLearner:
                 raise ValueError(f"OnlineLearner: readout_filter=True needs {why}")
             return None
         tr = self.tracers[-2]
-        return (LinearOutputFilter if tr.online_kind.tag == "lru" else ReadoutFilter)(tr, self.tracers[-1].cell)
+        return tr.online_kind.readout_filter(tr, self.tracers[-1].cell)
 
     @staticmethod
     def supported_backends(device="cpu") -> tuple[str, ...]:
