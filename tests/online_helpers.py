@@ -53,3 +53,23 @@ def rel(a, b):
 
 def cos(a, b):
     return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+def step_stream(lr, x, tgt, resets=(), period=4):
+    """Feed ``x [T, B, C]`` to ``lr.step`` one step at a time, with ``lr.reset(mask)`` before the
+    steps in ``resets`` (``[(t, mask)]``) and no target at the steps ``t % period == 3`` (steps
+    without a loss); returns the stacked outputs and losses (0 where there was none)."""
+    ys, ls = [], []
+    rs = dict(resets)
+    for t in range(x.shape[0]):
+        if t in rs:
+            lr.reset(rs[t])
+        y, l = lr.step(x[t], None if t % period == 3 else tgt[t])
+        ys.append(y)
+        ls.append(torch.zeros(()) if l is None else l)
+    return torch.stack(ys), torch.stack(ls)
+
+
+def traces_of(lr):
+    """The learner's traces (``vec`` and ``mat``) by ``layer/name``, copied."""
+    return {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}

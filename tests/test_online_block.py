@@ -11,7 +11,7 @@ from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.layers.lru import LRU
 from spikerec.models import RecurrentStack
 
-from online_helpers import _fp64_one_thread, named  # noqa: F401
+from online_helpers import _fp64_one_thread, named, step_stream, traces_of  # noqa: F401
 
 SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
 
@@ -43,29 +43,19 @@ def build(kind, leaky, H=5, N=6, K=3):
     return RecurrentStack(cells, LeakyReadout(width, K, tau=(4.0 if leaky else None)))
 
 
-def traces_of(lr):
-    return {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
-
 
 def run_steps(model, x, tgt, closed, resets=(), mode="chunked", chunk=4, **kw):
     """``closed``: the compiled backend (the chunked mode's no-autograd block), else the reference."""
     model.zero_grad()
-    kw.setdefault("readout_filter", False)  # the block form itself (with the filter, blocks run step by step)
+    kw.setdefault("readout_filter", False)  # the unfiltered block (the filtered one: test_online_readout_filter.py)
     lr = OnlineLearner(model, loss=mse_step_loss, mode=mode, chunk=chunk if mode == "chunked" else None,
                        backend="auto" if closed else "reference", **kw)
-    ys, ls = [], []
-    rs = dict(resets)
-    for t in range(x.shape[0]):
-        if t in rs:
-            lr.reset(rs[t])
-        y, l = lr.step(x[t], None if t % 5 == 3 else tgt[t])  # some steps without a loss
-        ys.append(y)
-        ls.append(torch.zeros(()) if l is None else l)
+    ys, ls = step_stream(lr, x, tgt, resets, period=5)  # some steps without a loss
     lr.update()
     tr = traces_of(lr)
     grads = {n: p.grad.clone() for n, p in named(model)}
     model.zero_grad()
-    return torch.stack(ys), torch.stack(ls), tr, grads
+    return ys, ls, tr, grads
 
 
 def close(a, b):

@@ -9,7 +9,7 @@ from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.layers.lru import LRU
 from spikerec.models import RecurrentStack
 
-from online_helpers import _fp64_one_thread, named  # noqa: F401
+from online_helpers import _fp64_one_thread, named, step_stream, traces_of  # noqa: F401
 
 SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
 
@@ -40,19 +40,12 @@ def build(kind, leaky, H=5, N=6, K=3, seed=None):
 def run(model, x, tgt, backend, resets=(), **kw):
     model.zero_grad()
     lr = OnlineLearner(model, loss=step_loss, backend=backend, **kw)
-    ys, ls = [], []
-    rs = dict(resets)
-    for t in range(x.shape[0]):
-        if t in rs:
-            lr.reset(rs[t])
-        y, l = lr.step(x[t], None if t % 4 == 3 else tgt[t])  # some steps without a loss
-        ys.append(y)
-        ls.append(torch.zeros(()) if l is None else l)
-    traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+    ys, ls = step_stream(lr, x, tgt, resets)  # some steps without a loss
+    traces = traces_of(lr)
     lr.update()
     grads = {n: p.grad.clone() for n, p in named(model)}
     model.zero_grad()
-    return torch.stack(ys), torch.stack(ls), traces, grads, lr
+    return ys, ls, traces, grads, lr
 
 
 @pytest.mark.parametrize("kind", ["lru", "lru_diag_skip", "alif", "alif_reset"])

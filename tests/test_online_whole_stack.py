@@ -11,7 +11,7 @@ from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.layers.lru import LRU
 from spikerec.models import RecurrentStack
 
-from online_helpers import _fp64_one_thread, named  # noqa: F401
+from online_helpers import _fp64_one_thread, named, step_stream, traces_of  # noqa: F401
 
 pytest.importorskip("numba")
 
@@ -119,20 +119,13 @@ def run(model, x, tgt, fused, loss, resets=(), opt_lr=None, **kw):
     model.zero_grad()
     opt = torch.optim.SGD(model.parameters(), lr=opt_lr) if opt_lr else None
     lr = OnlineLearner(model, loss=loss, optimizer=opt, backend="reference" if fused is False else "compiled", **kw)
-    ys, ls = [], []
-    rs = dict(resets)
-    for t in range(x.shape[0]):
-        if t in rs:
-            lr.reset(rs[t])
-        y, l = lr.step(x[t], None if t % 4 == 3 else tgt[t])  # some steps without a loss
-        ys.append(y)
-        ls.append(torch.zeros(()) if l is None else l)
+    ys, ls = step_stream(lr, x, tgt, resets)  # some steps without a loss
     assert (lr._whole_stack is not None) == (fused is None)
-    traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+    traces = traces_of(lr)
     lr.update()
     grads = {n: p.grad.clone() for n, p in named(model) if p.grad is not None}  # an optimiser zeroes them
     model.zero_grad()
-    return torch.stack(ys), torch.stack(ls), traces, grads
+    return ys, ls, traces, grads
 
 
 def check_same(a, b, tol=1e-10, grads=True):
@@ -458,7 +451,7 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
             lr.step(x[t], None if t % 5 == 4 else tgt[t])
 
     def grads(lr):
-        traces = {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+        traces = traces_of(lr)
         lr.update()
         out = {n: p.grad.clone() for n, p in named(model) if p.grad is not None}
         model.zero_grad()
