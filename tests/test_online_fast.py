@@ -118,7 +118,7 @@ def test_fused_kernels_and_torch_partials_equal_the_reference(kind, use_numba, m
 def test_lru_block_scans_equal_the_step_loops():
     """Chunked mode's closed-form LRU block scans (``scan_block``: the parallel scan of the states;
     ``reverse_filter``: the reverse scan with ``conj(lam)``) equal the step-by-step loops."""
-    from spikerec.hardware.online.traces_base import _reverse_filter
+    from spikerec.hardware.online.traces_base import reverse_filter
     from spikerec.hardware.online.traces_lru import LRUTrace
     from spikerec.layers.lru import LRUState
 
@@ -138,7 +138,7 @@ def test_lru_block_scans_equal_the_step_loops():
         for f in range(2):
             assert torch.allclose(new[f], step_new[f], rtol=0, atol=1e-12)
         G = torch.randn(K, B, 7, 2)
-        ref = _reverse_filter(tr.consts(torch.float64)["J"][None], G)
+        ref = reverse_filter(tr.consts(torch.float64)["J"][None], G)
         assert torch.allclose(tr.reverse_filter(G), ref, rtol=0, atol=1e-12)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ... import neurons
-from .traces_base import _STACK, Partials, TraceState, _mat_contract_g, _mtv, _reverse_filter
+from .traces_base import _STACK, Partials, TraceState, _mat_contract_g, _mtv, reverse_filter
 
 __all__ = ["ReadoutFilter", "LinearOutputFilter", "reverse_readout_filter"]
 
@@ -53,7 +53,7 @@ def _weighted_traces(ts, P: Partials, names, readers, w):
     before the block are read from ``ts`` (block layout: ``vec[name] [B, N, k]``, ``mat[base] [N,
     B, k, H]``)."""
     J = P.J
-    wt = _reverse_filter(J, w)
+    wt = reverse_filter(J, w)
     b0 = _mtv(J[0], wt[0])  # [B, N, k]: J_0^T wt_0
     vec = {}
     for n in names:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...kernels.trace_numba import compiled_cpu
+from ...kernels.trace_triton import block_filter, triton_available
 from ...neurons.roles import Role, parameters_by_role
 
 __all__ = ["Partials", "TraceState", "LayerTrace", "GenericTrace", "stream_step", "chunk_contract", "stack_partials", "advance_and_contract"]
@@ -386,11 +388,20 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     K = (next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]).shape[0]
     J = P.J
     Jk = (lambda k: J[k] if J.shape[0] == K else J[0]) if J is not None else None
+    ref = next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]
+    const = J is not None and J.shape[0] == 1 and J.shape[1] == 1  # one Jacobian for every step
+    # the Triton form of the reverse filter and the Jacobian products (one launch per block): per-step
+    # Jacobians of one or two states per neuron, on a device the compiled CPU kernels do not serve
+    fused = (use_J and (G is not None or carry) and getattr(tr, "compiled", False) and J.shape[0] == K
+             and J.shape[-1] in (1, 2) and triton_available(ref) and not compiled_cpu(ref))
+    PH = phi = None
+    if fused:
+        GH, PH, phi = block_filter(J, G, carry)
     if G is not None:
-        if use_J:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
+        if use_J and not fused:  # reverse filter gh_k = g_k + J_{k+1}^T gh_{k+1}
             rf = getattr(tr, "reverse_filter", None) if getattr(tr, "compiled", False) else None
-            GH = _reverse_filter(J, G) if rf is None else rf(G)
-        else:
+            GH = reverse_filter(J, G) if rf is None else rf(G)
+        elif not use_J:
             GH = G
         if vnames:  # all per-neuron parameters at once: columns of one [K, B, N, k, m] tensor
             V = torch.stack([P.vec[n] for n in vnames], -1)
@@ -414,20 +425,14 @@ def chunk_contract(ts: TraceState, P: Partials, G: torch.Tensor | None, carry: b
     if not (carry and use_J):
         return
     # eps_{t1} = Phi_{t1,t0-1} eps_{t0-1} + sum_k Phi_{t1,k} imm_k,  Phi_{t1,k} = J_{t1} ... J_{k+1}
-    ref = next(iter(P.vec.values())) if P.vec else next(iter(P.mat.values()))[0]
     _, Bsz, N, k_ = ref.shape
-    Bj = J.shape[1]  # 1 when the Jacobians do not depend on the batch (LRU, readout): PH is shared
-    const = J.shape[0] == 1 and J.shape[1] == 1  # one Jacobian for every step: the powers are per-sequence constants
-    cache = tr.consts(ref.dtype) if const else {}
-    PH, phi = cache.get(("powers", K), (None, None))
     if PH is None:
-        phi = torch.eye(k_, dtype=ref.dtype, device=ref.device).expand(Bj, N, k_, k_)
-        PH = torch.empty((K, Bj, N, k_, k_), dtype=ref.dtype, device=ref.device)
-        for k in range(K - 1, -1, -1):
-            PH[k] = phi
-            phi = phi @ Jk(k)  # becomes Phi_{t1, k-1}
-        if const:
-            cache[("powers", K)] = (PH, phi)
+        cache = tr.consts(ref.dtype) if const else {}  # one Jacobian: the powers are per-sequence constants
+        PH, phi = cache.get(("powers", K), (None, None))
+        if PH is None:
+            PH, phi = jacobian_powers(J, K)
+            if const:
+                cache[("powers", K)] = (PH, phi)
     phi = phi.expand(Bsz, N, k_, k_)
     if vnames:
         if G is None:
@@ -460,7 +465,19 @@ def _entries(J, K, k):
     return E
 
 
-def _reverse_filter(J, G):
+def jacobian_powers(J, K: int):
+    """``Phi_t = J_{K-1} ... J_{t+1}`` ``[K, B or 1, N, k, k]`` and ``phi = Phi_0 J_0`` over a block of
+    ``K`` steps (``J``: ``[K or 1, B or 1, N, k, k]``)."""
+    k_ = J.shape[-1]
+    phi = torch.eye(k_, dtype=J.dtype, device=J.device).expand(*J.shape[1:-2], k_, k_)
+    PH = torch.empty((K, *phi.shape), dtype=J.dtype, device=J.device)
+    for t in range(K - 1, -1, -1):
+        PH[t] = phi
+        phi = phi @ (J[t] if J.shape[0] == K else J[0])  # becomes Phi_{t-1}
+    return PH, phi
+
+
+def reverse_filter(J, G):
     """``gh_k = g_k + J_{k+1}^T gh_{k+1}`` (``gh_{K-1} = g_{K-1}``) over a block, written into a
     preallocated field-major buffer. ``J``: ``[K or 1, B or 1, N, k, k]``; ``G``: ``[K, B, N, k]``."""
     K, k = G.shape[0], G.shape[-1]

@@ -30,6 +30,7 @@ from ...kernels import lif_online
 from ...kernels.alif_online import alif_block_numba, alif_matrix_carry_numba, alif_trace_step_numba
 from ...kernels.lif_online import lif_block_workspace
 from ...kernels.trace_numba import as_numpy, compiled_cpu, compiled_dtype
+from ...kernels.trace_triton import triton_available
 from .traces_base import _STACK, LayerTrace, Partials, chunk_contract, stack_partials
 
 __all__ = ["LIFTrace", "ALIFTrace", "ReadoutTrace"]
@@ -220,9 +221,10 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
         """The states before each of the K steps of ``x [K, B, C]`` (``[K*B, N]`` fields) and the
         final state; with ``with_new`` the states after each step, with ``with_out`` also the
         spikes ``[K*B, N]``. The input currents of all K steps are one matmul; the time loop is
-        the layer's own forward backend (:mod:`spikerec.kernels.lif_sequence`: the compiled loop
-        without lateral weights on the CPU, else its torch loop), the same recurrence as
-        :meth:`step`. A CUBA layer runs the step loop (:meth:`scan_states`)."""
+        the layer's own forward backend without lateral weights (:mod:`spikerec.kernels.lif_sequence`:
+        the compiled loop on the CPU, the Triton kernel of :mod:`spikerec.kernels.lif_triton`
+        elsewhere), else its torch loop: the same recurrence as :meth:`step`. A CUBA layer runs the
+        step loop (:meth:`scan_states`)."""
         K, B = x.shape[0], x.shape[1]
         if self.cell.cuba:  # the step loop (two states)
             return self.scan_loop(x, state, with_new or with_out, with_out)
@@ -250,6 +252,11 @@ class LIFTrace(_FusedAccumulators, LayerTrace):
                 Vb[1:].view(K, B * N).numpy(), Z.view(K, B * N).numpy(), no_syn, vT.view(-1).numpy(), i_scratch)
             V = Vb[1:]
             prev = _lif.LIFState(Vb[:-1].view(K * B, N))
+        elif k["w_rec"] is None and K > 0 and triton_available(I):  # one launch for the block
+            from ...kernels.lif_triton import lif_forward
+
+            Z, V, _, vT, _ = lif_forward(I, state.v, None, alpha, None, thr, reset)
+            prev = _lif.LIFState(torch.cat([state.v[None], V[:-1]]).view(K * B, N))
         else:
             Z, V, _, vT, _ = lif_sequence._torch_forward(I, state.v, None, alpha, None, thr, k["w_rec"], reset,
                                                          torch.gt(state.v, thr))
@@ -396,11 +403,14 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
         ``with_new``) the layer's output after each step, ``[K*B, N]`` spikes (``None`` where this
         scan did not make them). On the CPU the layer's compiled sequence kernel
         (:mod:`spikerec.kernels.alif_sequence_numba`: the same recurrence as :meth:`step`, the input
-        currents of all K steps in one matmul, the spikes as the model's forward makes them), else
-        the step loop (:meth:`scan_states`)."""
+        currents of all K steps in one matmul, the spikes as the model's forward makes them),
+        elsewhere the layer's Triton kernel (:mod:`spikerec.kernels.alif_triton`), else the step
+        loop (:meth:`scan_states`)."""
         K, B = x.shape[0], x.shape[1]
         if not (alif_sequence_numba.available() and x.device.type == "cpu"
                 and x.dtype in (torch.float32, torch.float64)):
+            if K > 0 and x.dtype in (torch.float32, torch.float64) and triton_available(x):
+                return self._scan_block_triton(x, state, with_new, with_out)
             return self.scan_loop(x, state, with_new, with_out)
         k = self.consts(x.dtype)
         I = _block_current(k, x)
@@ -420,6 +430,24 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
             return prev, ALIFState(vT, aT)
         new = ALIFState(Vf[1:].view(K * B, N), Af[1:].view(K * B, N))
         return (prev, ALIFState(vT, aT), new, Z.view(K * B, N)) if with_out else (prev, ALIFState(vT, aT), new)
+
+    def _scan_block_triton(self, x, state, with_new: bool, with_out: bool):
+        """:meth:`scan_block` by the layer's Triton forward kernel (one launch for the block)."""
+        from ...kernels.alif_triton import alif_forward
+
+        K, B = x.shape[0], x.shape[1]
+        k = self.consts(x.dtype)
+        I = _block_current(k, x)
+        N = I.shape[-1]
+        w_rec = None if k["Rt"] is None else k["Rt"].t()
+        Z, V, A = alif_forward(I, state.v, state.a, k["alpha_s"], k["rho_s"], k["b"], k["beta"], w_rec)
+        prev = ALIFState(torch.cat([state.v[None], V[:-1]]).view(K * B, N),
+                         torch.cat([state.a[None], A[:-1]]).view(K * B, N))
+        last = ALIFState(V[-1], A[-1])
+        if not with_new:
+            return prev, last
+        new = ALIFState(V.view(K * B, N), A.view(K * B, N))
+        return (prev, last, new, Z.view(K * B, N)) if with_out else (prev, last, new)
 
     def partials(self, x, prev, new):
         c = self.cell
@@ -626,5 +654,7 @@ neurons.register_backend("lif", "online_block (compiled chunked block, LIFTrace.
                          test=_BLOCK_TEST)
 neurons.register_backend("alif", "online_block (compiled chunked block, ALIFTrace.block_contract)",
                          ALIFTrace.block_contract, test=_BLOCK_TEST)
+neurons.register_backend("alif", "online_block_scan (Triton block scan, ALIFTrace.scan_block)", ALIFTrace.scan_block,
+                         test="tests/test_online_triton.py::test_block_filter_matches_torch_under_interpreter")
 neurons.register_backend("lif", "online_block_scan (compiled block scan, LIFTrace.scan_block)", LIFTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")
