@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from spikerec.errors import ConfigError
 from spikerec.layers.alif import ALIF
 from spikerec.layers.readout import LeakyReadout
 from spikerec.models import RecurrentStack
@@ -96,6 +97,19 @@ def test_clipped_multiplier_semantics():
     torch.testing.assert_close(c1.log_tau_mem.exp(), 1.1 * before["cells.1.log_tau_mem"].exp())
     torch.testing.assert_close(c1.weight, before["cells.1.weight"])
     torch.testing.assert_close(model.readout.weight, before["readout.weight"])
+
+
+def test_damped_multiplier_takes_a_power_of_the_correction():
+    model = _stack("alif")
+    c0 = model.cells[0]
+    w = c0.weight.detach().clone()
+    radii = {"time/0": 0.64, "input/0": 1.0 / 1.21, "time/1": 4.0, "depth/1": 1.0}
+    kappas = apply_clipped_multiplier(model, radii, {k: 1.0 for k in radii}, (0.85, 1.15), gain=0.5)
+    # (1 / rho)^0.5: 1.25 is clipped to 1.15, 1.1 and 0.5 (clipped to 0.85) as computed
+    assert kappas == pytest.approx({"time/0": 1.15, "depth/0": 1.1, "time/1": 0.85, "depth/1": 1.0})
+    torch.testing.assert_close(c0.weight, 1.1 * w)
+    with pytest.raises(ConfigError, match="multiplier_gain"):
+        LSCConfig.from_dict({"multiplier_gain": 0.0})
 
 
 def test_lru_nu_is_scaled_as_a_time_constant():

@@ -24,6 +24,10 @@ weights (``docs/decisions.md``, neurons 9). After each update (paper order, ``or
   (``|lambda| = exp(-exp(nu))``, a time constant ``exp(-nu)``): ``nu <- nu - log kappa``
   (``docs/decisions.md``, neurons 7); a phase (``PHASE_LOG``) is never scaled. Frozen
   parameters are left alone.
+  ``multiplier_gain = g < 1`` (not in the paper or the code; default 1) damps it to
+  ``kappa = clip((rho_t / rho_bar)^g, lo, hi)``: in log scale each step moves the weights by the
+  fraction ``g`` of the correction, so the batch mean's sampling error reaches the weights
+  averaged over about ``1 / g`` steps (its variance times ``g / (2 - g)``).
 * **shuffling**: with probability ``shuffle_prob`` per step, the entries of every
   trainable tensor with ``ndim >= shuffle_min_ndim`` are permuted (paper: every tensor,
   every step; code: p = 1/3, ndim >= 2, before kappa: ``order="grad,shuffle,kappa"``);
@@ -118,6 +122,7 @@ class LSCConfig:
     lookahead_alpha: Annotated[float, Range(gt=0, le=1)] = 0.5
     multiplier: bool = True
     clip: tuple[float, float] = (0.85, 1.15)
+    multiplier_gain: Annotated[float, Range(gt=0, le=1)] = 1.0  # kappa = clip((rho_t / rho_bar)^gain); paper/code: 1
     shuffle: bool = True
     shuffle_prob: Annotated[float, Range(ge=0, le=1)] = 1.0  # code: 1/3
     shuffle_min_ndim: Annotated[int, Range(ge=0)] = 1        # code: 2
@@ -316,8 +321,9 @@ def _scale_param(p: torch.Tensor, transform: Transform, kappa: float, optimizer=
 
 
 def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[str, float],
-                             clip=(0.85, 1.15), optimizer=None) -> dict[str, float]:
-    """Apply ``kappa = clip(target / rho_bar, lo, hi)`` to every layer's time and depth groups.
+                             clip=(0.85, 1.15), optimizer=None, gain: float = 1.0) -> dict[str, float]:
+    """Apply ``kappa = clip((target / rho_bar)^gain, lo, hi)`` to every layer's time and depth groups
+    (``gain = 1``: the paper's multiplier; below 1 a damped one).
 
     Returns ``{"time/l": kappa, "depth/l": kappa}`` (layer 0's depth kappa comes from ``input/0``).
     """
@@ -331,7 +337,7 @@ def apply_clipped_multiplier(model, mean_radii: dict[str, float], targets: dict[
             if key not in mean_radii or key not in targets:
                 continue
             rho = max(float(mean_radii[key]), 1e-12)
-            kappa = min(max(targets[key] / rho, lo), hi)
+            kappa = min(max((targets[key] / rho) ** gain, lo), hi)
             kappas[f"{group}/{l}"] = kappa
             for p in groups.get(group, []):
                 if p is None or not p.requires_grad:
@@ -515,20 +521,23 @@ def _notes(cells, targets) -> list[str]:
 def _spread_notes(report: LSCReport, cfg: LSCConfig, batch: int) -> list[str]:
     """What an unconverged run's warning should add when the multiplier is fed by a noisy batch mean:
     the worst term's per-sample radii spread so widely that one step's batch mean misses the expectation
-    by more than ``eps`` (its standard error ``std / sqrt(B)``), and the multiplier (gain one) moves the
-    weights by that error every step."""
+    by its standard error ``std / sqrt(B)``, and the multiplier with gain ``g`` leaves the weights off by
+    about that error times ``sqrt(g / (2 - g))`` (an exponential average over ``1 / g`` steps), more than ``eps``."""
     if not cfg.multiplier or not report.best_radii or batch < 1:
         return []
     key = max(report.best_radii, key=lambda k: abs(report.best_radii[k] - report.targets[k]))
     stds = report.history["radius_std"][key]
     std = sum(stds[len(stds) // 2:]) / max(1, len(stds) - len(stds) // 2)
-    if std / math.sqrt(batch) <= cfg.eps:
+    g = cfg.multiplier_gain
+    damping = math.sqrt(g / (2 - g))
+    if std * damping / math.sqrt(batch) <= cfg.eps:
         return []
-    need = math.ceil((std / cfg.eps) ** 2)
+    need = math.ceil((std * damping / cfg.eps) ** 2)
     return [f"The radius of {key} varies between samples with std {std:.2f}, so one step's batch mean "
-            f"(batch {batch}) misses its expectation by about {std / math.sqrt(batch):.2f}, more than eps "
-            f"{cfg.eps:g}, and the clipped multiplier applies that error to the weights every step; a batch of "
-            f"about {need} or wider layers (a narrower spread) would be needed (docs/lsc.md)."]
+            f"(batch {batch}) misses its expectation by about {std / math.sqrt(batch):.2f}, and the clipped "
+            f"multiplier (gain {g:g}) applies about {std * damping / math.sqrt(batch):.2f} of it to the weights, "
+            f"more than eps {cfg.eps:g}; a batch of about {need} or wider layers (a narrower spread) would be "
+            f"needed, or a smaller lsc.multiplier_gain without shuffling (docs/lsc.md)."]
 
 
 def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progress=None) -> LSCReport:
@@ -641,7 +650,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
                     kappas = {}
                     for op in cfg.order.split(",")[1:]:
                         if op == "kappa" and cfg.multiplier:
-                            kappas = apply_clipped_multiplier(model, means, targets, cfg.clip, optimizer)
+                            kappas = apply_clipped_multiplier(model, means, targets, cfg.clip, optimizer, cfg.multiplier_gain)
                         elif op == "shuffle" and cfg.shuffle:
                             shuffle_parameters(model, cfg.shuffle_prob, cfg.shuffle_min_ndim, gen, optimizer)
                     for g, v in kappas.items():
