@@ -100,6 +100,8 @@ def test_fused_kernels_and_torch_partials_equal_the_reference(kind, use_numba, m
         pytest.importorskip("numba")
     else:  # as without numba: no compiled kernel for the CPU
         monkeypatch.setattr(learner_mod, "matrix_trace_kernel", lambda device: None)
+    # the per-layer step (the whole-stack step, which would take these stacks, is tested on its own)
+    monkeypatch.setattr(learner_mod, "whole_stack_supported", lambda *a: False)
     for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
         torch.set_default_dtype(dtype)
         model = build(kind, leaky=True)
@@ -194,12 +196,15 @@ def test_block_form_of_the_losses_equals_the_per_step_sum(loss):
             assert torch.allclose(g0[n], g1[n], rtol=1e-10, atol=1e-13), n
 
 
-def test_fast_path_checkpoint_resume_is_bit_identical(tmp_path):
-    """The fast path's state (traces, the kernels' accumulators, the spatial accumulators) goes
-    through save_stream/load_stream: stopping at step 11, restoring into a fresh learner and
-    continuing gives the uninterrupted run's weights bit for bit (Adam, an update policy, a
-    per-sample reset)."""
+def test_fast_path_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
+    """The per-layer compiled step's state (traces, the kernels' accumulators, the spatial
+    accumulators) goes through save_stream/load_stream: stopping at step 11, restoring into a fresh
+    learner and continuing gives the uninterrupted run's weights bit for bit (Adam, an update
+    policy, a per-sample reset). (The whole-stack step's: tests/test_online_whole_stack.py.)"""
+    from spikerec.hardware.online import learner as learner_mod
     from spikerec.hardware.online import load_stream, save_stream
+
+    monkeypatch.setattr(learner_mod, "whole_stack_supported", lambda *a: False)
 
     def build_learner():
         torch.manual_seed(0)

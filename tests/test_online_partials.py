@@ -169,7 +169,8 @@ def test_compiled_lru_trace_step_equals_derived_partials():
 FORWARD_CASES = (
     [("lif", dict(reset=r, recurrent=rec, surrogate=SURR)) for r in ("subtract", "zero", "none") for rec in (False, True)]
     + [("alif", dict(recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5, surrogate=SURR)) for rec in (False, True)]
-    + [("lru", dict(dense_skip=d)) for d in (False, True)] + [("readout", dict(bias=b)) for b in (False, True)])
+    + [("lru", dict(dense_skip=d)) for d in (False, True)] + [("readout", dict(bias=b)) for b in (False, True)]
+    + [("readout", dict(bias=True, tau=torch.tensor([2.0, 3.0, 5.0, 8.0, 4.0, 6.0]), learn_tau=True))])
 
 
 @pytest.mark.parametrize("kind,kw", FORWARD_CASES)
@@ -177,7 +178,7 @@ def test_compiled_forward_steps_equal_the_neuron_steps(kind, kw):
     """The compiled forward steps of the whole-stack stream step (registered backends of the
     kinds) equal ``spikerec.neurons.<kind>.step`` (float64, fresh random states, inputs and
     per-neuron parameters; every reset mode; lateral weights; an LRU with a diagonal and a dense
-    skip)."""
+    skip; a linear and a leaky readout)."""
     pytest.importorskip("numba")
     from spikerec.kernels.alif_online import alif_step_numba
     from spikerec.kernels.lif_online import lif_step_numba

@@ -1,4 +1,5 @@
-"""The whole-stack compiled stream step (``whole_stack``: LRU, ALIF and plain LIF layers under a linear readout) against
+"""The whole-stack compiled stream step (``whole_stack``: LRU, ALIF and plain LIF layers under a linear or leaky
+readout, with the readout-filtered traces of the layer under a leaky one) against
 the reference path (``backend="reference"``: per-step autograd backward, torch trace updates), and the
 closed-form loss gradients against autograd. float64, fresh random networks and inputs."""
 import pytest
@@ -228,9 +229,11 @@ def test_fused_float32_close_to_float64_reference():
         assert torch.allclose(ref[3][n], new[3][n].double(), rtol=1e-3, atol=1e-4), n
 
 
-@pytest.mark.parametrize("net", ["lru", "alif", "lif"])
+@pytest.mark.parametrize("net", ["lru", "alif", "lif", "alif_leaky", "lif_leaky"])
 def test_fused_checkpoint_resume_bit_identical(tmp_path, net):
-    model = build("matD") if net == "lru" else build_alif("mixed") if net == "alif" else build_lif("mixed")
+    model = build("matD") if net == "lru" else build_alif("mixed") if net.startswith("alif") else build_lif("mixed")
+    if net.endswith("_leaky"):  # the readout's traces and the filtered traces go through the checkpoint too
+        model = leaky(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     T, B = 16, 3
     x, tgt = torch.randn(T, B, 5), torch.randn(T, B, 3)
@@ -289,13 +292,14 @@ def test_closed_form_loss_gradients_equal_autograd():
 
 @pytest.mark.parametrize("kind", ["alif", "lru_leaky"])
 def test_per_layer_fast_path_with_closed_form_loss_equals_reference(kind):
-    """Stacks the whole-stack step does not cover (a leaky readout) take the per-layer compiled
-    path; with the package's loss its gradient comes in closed form, and still equals the reference."""
+    """Stacks the whole-stack step does not cover (a surrogate without an inline form; an LRU under
+    a leaky readout with its filtered traces) take the per-layer compiled path; with the package's
+    loss its gradient comes in closed form, and still equals the reference."""
     from spikerec.layers import ALIF
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     if kind == "alif":
-        surr = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
+        surr = {"name": "gaussian", "width": 0.5}
         cells = [ALIF(5, 6, surrogate=surr, tau_mem=5.0, b=0.3, beta=0.5),
                  ALIF(6, 6, surrogate=surr, tau_mem=5.0, b=0.3, beta=0.5)]
         for c in cells:
@@ -496,6 +500,45 @@ def test_deferred_lif_matrix_traces_across_windows_and_checkpoints(tmp_path, var
                 assert torch.allclose(got[n], want[n], rtol=1e-10, atol=1e-11), n
 
 
+LEAKY_STACKS = [("alif", "rec"), ("alif", "ff_atan_nodetach"), ("alif", "mixed"), ("lif", "subtract_rec"),
+                ("lif", "zero_atan_nodetach"), ("lif", "none"), ("lif", "mixed"), ("lru", "matD"), ("lru", "three")]
+
+
+def leaky(model, tau=(3.0, 6.0, 6.0)):
+    """``model`` with its readout made leaky (per-output time constants, learned)."""
+    ro = model.readout
+    new = LeakyReadout(ro.input_size, ro.output_size, tau=torch.tensor(tau), learn_tau=True)
+    with torch.no_grad():
+        new.weight.copy_(ro.weight)
+        new.bias.copy_(ro.bias)
+    model.readout = new
+    return model
+
+
+@pytest.mark.parametrize("kind,variant", LEAKY_STACKS)
+@pytest.mark.parametrize("filtered", [True, False])
+@pytest.mark.parametrize("loss", [user_loss, mse_step_loss])
+def test_whole_stack_under_a_leaky_readout_equals_reference(kind, variant, filtered, loss):
+    """Under a leaky readout the whole-stack step advances the readout's own traces
+    (``_leaky_bwd``) and, by default, the readout-filtered traces of the layer under it (LIF, ALIF;
+    an LRU's filter keeps the per-layer step): outputs, losses, traces and gradients equal the
+    reference's, through steps without a loss and per-sample resets (float64)."""
+    model = leaky({"alif": build_alif, "lif": build_lif, "lru": build}[kind](variant))
+    T, B = int(torch.randint(14, 20, ())), 3
+    x = torch.randn(T, B, 5) if kind == "lru" else (torch.rand(T, B, 5) < 0.4).double() * 1.5
+    tgt = torch.randn(T, B, 3)
+    resets = [(5, torch.tensor([True, False, True])), (11, None)]
+    filt = None if filtered else False
+    whole = None if not (filtered and kind == "lru") else "layers"
+    ref = run(model, x, tgt, False, loss, resets=resets, readout_filter=filt)
+    new = run(model, x, tgt, whole, loss, resets=resets, readout_filter=filt)
+    check_same(ref, new)
+    if filtered:  # the filter ran: the layer under the readout learns otherwise than without it
+        biased = run(model, x, tgt, False, loss, resets=resets, readout_filter=False)[3]
+        top = f"cells.{len(model.cells) - 1}."
+        assert any(not torch.allclose(new[3][n], biased[n]) for n in biased if n.startswith(top))
+
+
 WHOLE_STACK_LAYERS = {
     "lif_subtract": lambda H, N: LIF(H, N, tau_mem=4.0, threshold=0.5, learn_threshold=True, detach_reset=False),
     "lif_zero_atan": lambda H, N: LIF(H, N, tau_mem=4.0, threshold=0.5, learn_threshold=True, reset="zero",
@@ -511,16 +554,20 @@ WHOLE_STACK_LAYERS = {
 
 @pytest.mark.parametrize("layer", sorted(WHOLE_STACK_LAYERS))
 @pytest.mark.parametrize("loss", [mse_step_loss, user_loss])
-def test_whole_stack_step_equals_bptt_through_the_neuron_steps(layer, loss):
+@pytest.mark.parametrize("readout", ["linear", "leaky"])
+def test_whole_stack_step_equals_bptt_through_the_neuron_steps(layer, loss, readout):
     """The whole-stack compiled stream step (``WholeStackStep.step``, a registered backend of the LIF,
     ALIF, LRU and readout kinds) on one layer without lateral weights under a linear readout, where
     exact online learning is BPTT, gives the gradients of autograd through the loop of the model's
     ``step`` (``spikerec.neurons.<kind>.step`` of each layer), and its outputs and losses: float64,
     fresh random networks and inputs, every reset, both inline surrogates, the closed-form MSE and a
-    loss without one."""
+    loss without one. Under a leaky readout with per-output time constants (learned) the same holds
+    for a LIF or ALIF layer through its readout-filtered traces."""
     from spikerec import neurons
     from spikerec.hardware.online.whole_stack import WholeStackStep
 
+    if readout == "leaky" and layer.startswith("lru"):
+        pytest.skip("an LRU's filtered traces keep the per-layer step")
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     T, B, H, N, K = 10, 3, 5, 6, 3
     cell = WHOLE_STACK_LAYERS[layer](H, N)
@@ -528,6 +575,8 @@ def test_whole_stack_step_equals_bptt_through_the_neuron_steps(layer, loss):
         with torch.no_grad():
             cell.weight.mul_(3.0)  # spikes at every layer
     model = RecurrentStack([cell], LeakyReadout(cell.output_size, K))
+    if readout == "leaky":
+        model = leaky(model)
     x, tgt = torch.rand(T, B, H) * 2, torch.randn(T, B, K)
     model.zero_grad()
     lr = OnlineLearner(model, loss=loss, backend="compiled")

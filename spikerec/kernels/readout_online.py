@@ -1,7 +1,9 @@
-"""Compiled CPU kernels (numba) of a linear readout ``y = W h + b`` in the whole-stack stream step of
-online learning (:mod:`spikerec.hardware.online.whole_stack`): the forward, the package's MSE step
-loss ``0.5 sum (y - target)^2`` with its gradient, the backward (``dW += gy^T h``, ``db += sum_b
-gy``, ``gh = gy W``) and the stream's input check for NaN.
+"""Compiled CPU kernels (numba) of the readout in the whole-stack stream step of online learning
+(:mod:`spikerec.hardware.online.whole_stack`): for a linear readout ``y = W h + b`` the forward, the
+package's MSE step loss ``0.5 sum (y - target)^2`` with its gradient and the backward (``dW += gy^T
+h``, ``db += sum_b gy``, ``gh = gy W``); for a leaky readout ``y_t = alpha y_{t-1} + W h_t + b``
+(:mod:`spikerec.neurons.readout`) the forward and the trace step of its parameters; the stream's
+input check for NaN.
 """
 from __future__ import annotations
 
@@ -82,6 +84,13 @@ if _HAVE_NUMBA:
                         row[j] += q * h[b, j]
                 if has_b:
                     db[k] += q
+        _input_error(gy, W, gh)
+
+    @_nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
+    def _input_error(gy, W, gh):  # pragma: no cover - compiled
+        """The error at a readout's input, ``gh = gy W``."""
+        B, H = gh.shape
+        K = gy.shape[1]
         for b in range(B):
             for j in range(H):
                 gh[b, j] = 0.0
@@ -92,19 +101,88 @@ if _HAVE_NUMBA:
                     gh[b, j] += q * wk[j]
 
 
+    @_nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
+    def _leaky_fwd(h, W, bias, has_b, alpha, y, y0):  # pragma: no cover - compiled
+        """The leaky readout's step ``y <- alpha y + W h + b`` in place, the previous ``y`` kept in ``y0``."""
+        B, H = h.shape
+        K = y.shape[1]
+        for b in range(B):
+            for k in range(K):
+                acc = y.dtype.type(0)
+                wk = W[k]
+                for j in range(H):
+                    acc += wk[j] * h[b, j]
+                if has_b:
+                    acc += bias[k]
+                y0[b, k] = y[b, k]
+                y[b, k] = alpha[k] * y[b, k] + acc
+
+    @_nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
+    def _leaky_bwd(gy, use_g, h, W, alpha, dalpha, y0, ev, c_tau, c_b, em, has_w, Gv, GW, gh):  # pragma: no cover
+        """The leaky readout's trace step and contraction (the recursions of
+        :func:`spikerec.hardware.online.traces_base.stream_step` on the partials of
+        :meth:`spikerec.hardware.online.traces_lif.ReadoutTrace.partials`, ``J = alpha``):
+
+            log_tau: e <- alpha e + dalpha y_{t-1}     bias: e <- alpha e + 1      (ev [B, K, 1, m], columns c_tau, c_b)
+            weight:  e[k, b, :] <- alpha_k e[k, b, :] + h_b                          (em [K, B, 1, H])
+
+        with ``G += sum_b gy . e`` (``Gv`` rows 0 = log_tau, 1 = bias; ``GW``) and the error at the
+        readout's input ``gh = gy W`` when ``use_g``."""
+        B, K = y0.shape
+        H = h.shape[1]
+        for b in range(B):
+            for k in range(K):
+                a = alpha[k]
+                q = 0.0
+                if use_g:
+                    q = gy[b, k]
+                if c_tau >= 0:
+                    e = a * ev[b, k, 0, c_tau] + y0[b, k] * dalpha[k]
+                    ev[b, k, 0, c_tau] = e
+                    if use_g:
+                        Gv[0, k] += q * e
+                if c_b >= 0:
+                    e = a * ev[b, k, 0, c_b] + 1.0
+                    ev[b, k, 0, c_b] = e
+                    if use_g:
+                        Gv[1, k] += q * e
+        if has_w:
+            for k in range(K):
+                a = alpha[k]
+                row = GW[k]
+                for b in range(B):
+                    er = em[k, b, 0]
+                    q = 0.0
+                    if use_g:
+                        q = gy[b, k]
+                    for j in range(H):
+                        e = a * er[j] + h[b, j]
+                        er[j] = e
+                        if use_g:
+                            row[j] += q * e
+        if use_g:
+            _input_error(gy, W, gh)
+
+
 def readout_step_numba(params, state, x_t, options=None):
-    """One step of the plain linear readout (:func:`spikerec.neurons.readout.step` without a leak,
-    ``log_tau=None``) by the compiled forward of the whole-stack stream step (``_linear_fwd``);
-    returns ``(y_t, ReadoutState(y_t))``."""
+    """One step of the readout (:func:`spikerec.neurons.readout.step`, bias into the current) by the
+    compiled forwards of the whole-stack stream step: ``_linear_fwd`` (``log_tau=None``) or
+    ``_leaky_fwd``; returns ``(y_t, ReadoutState(y_t))``."""
     from ..neurons import readout as _readout
 
-    if params.log_tau is not None:
-        raise ValueError("readout_step_numba: expected the linear readout (log_tau=None)")
+    options = _readout.ReadoutOptions() if options is None else options
     dt = x_t.dtype
     as_np = lambda t: t.detach().to(dt).contiguous().numpy()  # noqa: E731
     has_b = params.bias is not None
-    y = torch.empty((x_t.shape[0], params.weight.shape[0]), dtype=dt)
-    _linear_fwd(as_np(x_t), as_np(params.weight), as_np(params.bias) if has_b else y[0].numpy(), has_b, y.numpy())
+    K = params.weight.shape[0]
+    y = torch.empty((x_t.shape[0], K), dtype=dt)
+    b = as_np(params.bias) if has_b else y[0].numpy()
+    if params.log_tau is None:
+        _linear_fwd(as_np(x_t), as_np(params.weight), b, has_b, y.numpy())
+    else:
+        alpha = _readout.decay(params, options).detach().to(dt).expand(K).contiguous()
+        y.copy_(state.y)
+        _leaky_fwd(as_np(x_t), as_np(params.weight), b, has_b, alpha.numpy(), y.numpy(), torch.empty_like(y).numpy())
     return y, _readout.ReadoutState(y)
 
 

@@ -32,6 +32,7 @@ except Exception:  # pragma: no cover - depends on the install
 FASTMATH = {"reassoc", "contract", "nsz"}
 
 __all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "as_numpy", "placeholders", "mat_trace_step_torch",
+           "filter_mat_step_numba",
            "mat_trace_step_numba"]
 
 
@@ -266,3 +267,46 @@ if _HAVE_NUMBA:
                         for k in range(K):
                             for n in range(N):
                                 ev_out[j, b, n] += P0[b, k, n] * V[j, k, b, n]
+
+
+if _HAVE_NUMBA:
+
+    @_nb.njit(cache=True, fastmath=False, nogil=True)
+    def _filter_mat(zbar, psi, em, a, u, has_u, G):  # pragma: no cover - compiled
+        """One readout-filter step of a weight matrix's trace, in one pass over ``[N, B, H]``:
+        ``zbar[n, b, h] <- a zbar + sum_f psi[b, n, f] em[n, b, f, h]`` and, with ``u``,
+        ``G[n, h] += sum_b u[b, n] zbar[n, b, h]``."""
+        N, B, k, H = em.shape
+        for n in range(N):
+            for b in range(B):
+                p0 = psi[b, n, 0]
+                p1 = psi[b, n, 1] if k == 2 else 0.0
+                q = u[b, n] if has_u else 0.0
+                zr = zbar[n, b]
+                for h in range(H):
+                    d = p0 * em[n, b, 0, h]
+                    if k == 2:
+                        d += p1 * em[n, b, 1, h]
+                    z = a * zr[h] + d
+                    zr[h] = z
+                    if has_u:
+                        G[n, h] += q * z
+
+
+def filter_mat_step_numba(zbar, psi, em, a, u, G) -> None:
+    """The compiled form of one readout-filter step of a weight matrix's trace (the matrix part of
+    :meth:`spikerec.hardware.online.readout_filter.ReadoutFilter.step`, one decay ``a``): ``zbar
+    [N, B, H]`` advanced in place, ``G [N, H]`` added to where ``u [B, N]`` is given. ``psi [B, N, k]``
+    (``k`` = 1, 2), ``em [N, B, k, H]``: the spike map's partials and the layer's trace; all
+    contiguous CPU tensors of one float dtype."""
+    dt = zbar.dtype
+    has_u = u is not None
+    _filter_mat(zbar.numpy(), psi.detach().to(dt).contiguous().numpy(), em.numpy(), float(a),
+                u.detach().to(dt).contiguous().numpy() if has_u else zbar[0].numpy(), has_u,
+                G.numpy() if has_u else zbar[0].numpy())
+
+
+for _kind in ("lif", "alif"):  # the readout filter of the spiking layers' weight traces (whole-stack step)
+    neurons.register_backend(_kind, "kernels.trace_numba (compiled readout-filter step of a weight trace)",
+                             filter_mat_step_numba,
+                             test="tests/test_online_whole_stack.py::test_whole_stack_under_a_leaky_readout_equals_reference")

@@ -118,14 +118,16 @@ class ReadoutFilter:
         direct = {n: g for n, g in zip(copies, grads[len(fields):]) if g is not None}
         return psi, direct
 
-    def step(self, ts: TraceState, P: Partials, x_in, new, delta, partials=None) -> None:
+    def step(self, ts: TraceState, P: Partials, x_in, new, delta, partials=None, mat_kernel=None) -> None:
         """One step, after the layer's traces have advanced to ``eps_t``: ``zbar <- alpha zbar +
         d z_t / dp`` and (``delta [B, K]``, ``None`` without a loss) ``G += u . zbar``.
         ``partials``: ``(psi, direct)`` when the caller has them (:func:`.spatial.spike_partials`),
-        else :meth:`spike_partials`."""
+        else :meth:`spike_partials`. ``mat_kernel``: a compiled form of a weight matrix's update and
+        contraction in one pass (:func:`spikerec.kernels.trace_numba.filter_mat_step_numba`)."""
         tr = self.tr
         psi, direct = self.spike_partials(x_in, new) if partials is None else partials
         dz: dict[str, torch.Tensor] = {}
+        compiled = []  # (reader, trace) of the weight matrices the kernel takes
         names = tr.vec_names(P)
         e = ts.vec.get(_STACK)
         if names and e is not None:  # [B, N, k, m]
@@ -134,7 +136,9 @@ class ReadoutFilter:
                 dz[n] = dzv[..., j]
         for base, r, M in tr.mat_readers(P):
             em = ts.mat.get(base)
-            if em is not None:  # [N, B, k, H] -> neuron-major [N, B, H], elementwise
+            if em is not None and mat_kernel is not None and M is None and r not in direct:
+                compiled.append((r, em))
+            elif em is not None:  # [N, B, k, H] -> neuron-major [N, B, H], elementwise
                 pn = _mat_contract_g(psi, M).transpose(0, 1).unsqueeze(-1)  # [N, B, k, 1]
                 dz[f"mat/{r}"] = pn[:, :, 0] * em[:, :, 0] if em.shape[2] == 1 else (pn * em).sum(2)
         for n, g in direct.items():
@@ -146,14 +150,29 @@ class ReadoutFilter:
                 key = f"{j}/{n}"
                 old = ts.filt.get(key)
                 ts.filt[key] = v.clone() if old is None else old.mul_(a).add_(v)
+            done = set()
+            for r, em in compiled:  # update and contraction in one compiled pass
+                key = f"{j}/mat/{r}"
+                zbar = ts.filt.get(key)
+                if zbar is None:
+                    zbar = ts.filt[key] = torch.zeros((em.shape[0], em.shape[1], em.shape[3]), dtype=em.dtype)
+                G = None
+                if u is not None:
+                    G = ts.G.get(r)
+                    if G is None or not G.is_contiguous() or G.dtype != em.dtype:
+                        G = ts.G[r] = (torch.zeros(em.shape[0], em.shape[3], dtype=em.dtype) if G is None
+                                       else G.to(em.dtype).contiguous())
+                mat_kernel(zbar, psi, em, a, u, G)
+                done.add(key)
             if u is not None:
-                self._contract(ts, j, u)
+                self._contract(ts, j, u, done)
 
-    def _contract(self, ts: TraceState, j: int, u) -> None:
-        """``G += u . zbar^j`` for every filtered trace of decay group ``j`` (``u [B, N]``)."""
+    def _contract(self, ts: TraceState, j: int, u, done=()) -> None:
+        """``G += u . zbar^j`` for every filtered trace of decay group ``j`` (``u [B, N]``) but
+        those in ``done``."""
         prefix = f"{j}/"
         for key, zbar in ts.filt.items():
-            if not key.startswith(prefix):
+            if not key.startswith(prefix) or key in done:
                 continue
             n = key[len(prefix):]
             if n.startswith("mat/"):  # a weight matrix, neuron-major [N, B, H]

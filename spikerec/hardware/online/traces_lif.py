@@ -612,11 +612,12 @@ class ALIFTrace(_FusedAccumulators, LayerTrace):
             ts.set_carried(names, ev_out)
 
 
-class ReadoutTrace(LayerTrace):
+class ReadoutTrace(_FusedAccumulators, LayerTrace):
     """Leaky-integrator readout ``y_t = alpha y_{t-1} + W x_t + b``: a layer of 1-d linear modules."""
 
     kind = "LeakyReadout"
     input_params = ("weight", "bias")
+    _VEC_ORDER = ("log_tau", "bias")  # the rows of the whole-stack step's per-output accumulators
 
     def state_params(self):
         return ("weight", "bias", "log_tau")

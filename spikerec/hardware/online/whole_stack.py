@@ -1,5 +1,5 @@
-"""Whole-stack compiled stream step for LRU, ALIF and plain LIF stacks with a linear readout (the
-stream mode's fastest path).
+"""Whole-stack compiled stream step for LRU, ALIF and plain LIF stacks with a linear or leaky readout
+(the stream mode's fastest path).
 
 Per time step, instead of ~40 small torch ops, this path makes one compiled (numba) call per
 layer for the forward pass and one per layer for the backward, on numpy views of the learner's
@@ -13,7 +13,8 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   - theta_t z_{t-1}``, spikes ``z_t = H(v_t - theta_t)``; plain LIF (:func:`spikerec.neurons.lif.step`):
   ``v_t = alpha v_{t-1} + W x_t + b + R z_{t-1} - thr z_{t-1}`` (or the zero / no reset),
   ``z_t = H(v_t - thr)``; the states are updated in place (the previous state is kept in a
-  scratch buffer for the traces);
+  scratch buffer for the traces); a leaky readout ``y_t = alpha y_{t-1} + W h_t + b``
+  (:mod:`spikerec.neurons.readout`);
 * the loss gradient ``d l_t / d y_t`` in closed form for the package's own losses (``mse`` and
   ``cross_entropy`` forms, see :func:`.learner.mse_step_loss`; the MSE with the readout's forward
   and backward in one compiled call); other losses use one autograd call on a leaf ``y_t``;
@@ -30,9 +31,16 @@ learner replaces them (``reset``, ``update``, ``discard``, ``load_state_tensors`
   (the recursions of :func:`.traces_base.stream_step` on the partials of
   :meth:`.traces_lif.LIFTrace.partials`) runs in its backward call.
 
+Under a leaky readout its parameters learn through their own traces (``_leaky_bwd``: ``e <- alpha e
++ d y_t / d p``, ``G += gy . e``), and the LIF or ALIF layer under it, with the readout-filtered traces
+(:mod:`.readout_filter`, Bellec et al. 2020, Methods), passes the error to the layers below but takes
+its own gradient from the filtered traces (:meth:`WholeStackStep.filter_step`; its kernels add into
+scratch accumulators).
+
 It equals the torch reference (``backend="reference"``) in float64 to rounding
 (tests/test_online_whole_stack.py). Used in ``stream`` mode under the ``full``/``snap1`` rules for
-CPU float32/float64 tensors with numba installed; everything else keeps :mod:`.spatial`.
+CPU float32/float64 tensors with numba installed (an LRU under a filtered leaky readout excepted);
+everything else keeps :mod:`.spatial`.
 """
 from __future__ import annotations
 
@@ -43,10 +51,10 @@ from ... import neurons
 from ...kernels import numpy_dtype
 from ...kernels.lif_sequence_numba import surrogate_code
 from ...kernels.lif_online import lif_block_mat_numba, lif_block_workspace
-from ...kernels.trace_numba import numba_available
-from .spatial import accumulator
+from ...kernels.trace_numba import filter_mat_step_numba, mat_trace_step_numba, numba_available
+from .spatial import accumulator, spike_partials
 from .kinds import compiled_tag
-from .traces_base import _STACK
+from .traces_base import _STACK, Partials
 
 __all__ = ["whole_stack_supported", "WholeStackStep", "any_nan"]
 
@@ -61,7 +69,8 @@ if _nb is not None:
     from ...kernels.alif_online import _alif_bwd, _alif_fwd
     from ...kernels.lif_online import _lif_bwd, _lif_fwd
     from ...kernels.lru_online import _lru_bwd, _lru_fwd
-    from ...kernels.readout_online import _any_nan, _linear_bwd, _linear_fwd, _readout_mse
+    from ...kernels.readout_online import (_any_nan, _leaky_bwd, _leaky_fwd, _linear_bwd, _linear_fwd, _mse,
+                                           _readout_mse)
     from ...kernels.trace_numba import _chunk1
 
 
@@ -123,14 +132,11 @@ def any_nan(x: torch.Tensor) -> bool | None:
     return bool(_any_nan(x.detach().numpy()))
 
 
-def _is_linear_readout(tr) -> bool:
-    return compiled_tag(tr) == "readout"
-
-
 def whole_stack_supported(learner, dtype, device) -> bool:
     """Whether the whole-stack path applies: every layer but the last an LRU, an ALIF layer
     (:func:`_alif_ok`) or a plain LIF layer with its compiled trace step ready, the last a linear
-    (non-leaky) readout, no active dropout, ``full``/``snap1``."""
+    or leaky readout (with readout-filtered traces: a LIF or ALIF layer under it), no active
+    dropout, ``full``/``snap1``."""
     if _nb is None or learner.kernel is None or not numba_available() or learner.mode != "stream":
         return False
     if learner.rule not in ("full", "snap1") or torch.device(device).type != "cpu":
@@ -141,10 +147,12 @@ def whole_stack_supported(learner, dtype, device) -> bool:
     if drop is not None and drop.training:
         return False
     trs = learner.tracers
-    if len(trs) < 2 or not _is_linear_readout(trs[-1]):
+    if len(trs) < 2 or compiled_tag(trs[-1]) not in ("readout", "leaky_readout"):
         return False
     if trs[-1].cell.weight.dtype != dtype:
         return False
+    if getattr(learner, "_filter", None) is not None and compiled_tag(trs[-2]) not in ("lif", "alif"):
+        return False  # the LRU's filtered traces (LinearOutputFilter) keep the per-layer step
     return all(tr.traced and (compiled_tag(tr) in ("lru", "lif") or _alif_ok(tr)) and tr.compiled_trace_ready(dtype, device)
                for tr in trs[:-1])
 
@@ -290,7 +298,7 @@ class WholeStackStep:
         names, cols, cn, Rd = tr.compiled_trace_setup(dt)
         N, H = c.hidden_size, c.input_size
         ev, mats = _spiking_traces(tr, ts, names, B, N, H, 2, dt)
-        Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
+        Gv, Gw, Gr = self._layer_accumulators(l, tr, ts, names, N)
         vec = lambda t: t.detach().to(dt).expand(N).contiguous()  # noqa: E731
         alpha, rho, omr, bb, beta = (vec(k[n]) for n in ("alpha_s", "rho_s", "one_m_rho_s", "b", "beta"))
         Wt = k["Wt"].contiguous()
@@ -300,7 +308,7 @@ class WholeStackStep:
         sur, p1, p2 = surrogate_code(c.surrogate)
         st = lr_.states[l]
         pv, pa, zp, psi, z, cur, gp = (torch.empty_like(st.v) for _ in range(7))
-        acc_b, acc_beta = self._acc(c.b), self._acc(c.beta)
+        acc_b, acc_beta = (None, None) if l == self.skip else (self._acc(c.b), self._acc(c.beta))
         g = torch.zeros((B, N, 2), dtype=dt)
         gin = torch.zeros((B, H), dtype=dt)
         dummy4 = ev[:1, :1, :1, :1] if ev.numel() else torch.zeros((1, 1, 1, 1), dtype=dt)
@@ -330,7 +338,7 @@ class WholeStackStep:
         names, cols, cn, Rd = tr.compiled_trace_setup(dt)
         N, H = c.hidden_size, c.input_size
         ev, mats = _spiking_traces(tr, ts, names, B, N, H, 1, dt)
-        Gv, Gw, Gr = tr._accumulators(ts, names, True, dt, N)
+        Gv, Gw, Gr = self._layer_accumulators(l, tr, ts, names, N)
         alpha = k["alpha"].to(dt).expand(N).contiguous()
         thr = k["thr"].to(dt).expand(N).contiguous()
         Wt = k["Wt"].contiguous()
@@ -341,7 +349,7 @@ class WholeStackStep:
         st = lr_.states[l]
         pv, zp, psi, z, cur, gp = (torch.empty_like(st.v) for _ in range(6))
         co = torch.empty((5, N), dtype=dt)  # the partials' per-neuron coefficients (scratch of _lif_bwd)
-        acc_thr = self._acc(c.threshold)
+        acc_thr = None if l == self.skip else self._acc(c.threshold)
         gin = torch.zeros((B, H), dtype=dt)
         mode = RESET_CODES[c.reset]
         has_w, has_r = mats[0] is not None, mats[1] is not None
@@ -350,8 +358,8 @@ class WholeStackStep:
         shapes = ((D, B, N), (D, B, N), (D if has_w else 0, B, H), (D if has_r else 0, B, N))
         if lb is None or tuple(t.shape for t in lb) != shapes or lb[0].dtype != dt:
             lb = self.lbufs[l] = tuple(torch.zeros(sh, dtype=dt) for sh in shapes)
-        if has_w or has_r:
-            self.lmats.append((lb, [(lb[2], mats[0], Gw), (lb[3], mats[1], Gr)]))
+        if has_w or has_r:  # the layer under a readout filter advances its traces at every step (filter_step)
+            (self.lstep if l == self.skip else self.lmats).append((lb, [(lb[2], mats[0], Gw), (lb[3], mats[1], Gr)]))
         fargs = (_np(st.v), pv.numpy(), zp.numpy(), psi.numpy(), Wt.numpy(), bias.numpy(), k["bias"] is not None,
                  Rt.numpy(), k["w_rec"] is not None, alpha.numpy(), thr.numpy(), mode, sur, p1, p2, cur.numpy(),
                  z.numpy())
@@ -364,9 +372,81 @@ class WholeStackStep:
                 Rd, lb, co)
         return _lif_fwd, fargs, _lif_bwd, bargs, 9, keep
 
+    def _layer_accumulators(self, l, tr, ts, names, N):
+        """A spiking layer's trace accumulators: the learner's (rows of ``ts.G``), or for the layer
+        under a readout filter scratch ones that nothing reads (its gradient comes through the
+        filtered traces, :meth:`filter_step`; its kernels still pass the error to the layer below)."""
+        if l != self.skip:
+            return tr._accumulators(ts, names, True, self.dtype, N)
+        scratch = lambda n: (torch.zeros_like(tr.params[n], dtype=self.dtype, memory_format=torch.contiguous_format)  # noqa: E731
+                             if n in tr.traced else None)
+        return tr._accumulators(ts, names, False, self.dtype, N)[0], scratch("weight"), scratch("recurrent_weight")
+
     def _acc(self, p):
         """The spatial accumulator of ``p`` (created as zeros), or ``None`` if ``p`` is not trained."""
         return accumulator(self.learner.spatial, p)
+
+    def _bind_leaky(self, trr, W, bias, has_b, B, Hin):
+        """The leaky readout's compiled calls: its step, and its traces with their contraction
+        (:func:`spikerec.kernels.readout_online._leaky_bwd`) on the learner's traces and accumulators."""
+        dt, ts = self.dtype, self.learner.traces[-1]
+        k = trr.consts(dt)
+        K = W.shape[0]
+        row = lambda t: t.detach().to(dt).expand(K).contiguous()  # noqa: E731
+        alpha_s, alpha, dalpha = row(k["alpha_s"]), row(k["alpha"]), row(k["dalpha"])
+        names = [n for n in ("log_tau", "bias") if n in trr.traced]  # the order of ReadoutTrace.partials
+        ev = ts.vec.get(_STACK)
+        if ev is None or not ev.is_contiguous():
+            ev = torch.zeros((B, K, 1, len(names)), dtype=dt) if ev is None else ev.contiguous()
+            if names:
+                ts.vec[_STACK] = ev
+        has_w = "weight" in trr.traced
+        em = ts.mat.get("weight") if has_w else None
+        if has_w and (em is None or not em.is_contiguous()):
+            em = ts.mat["weight"] = torch.zeros((K, B, 1, Hin), dtype=dt) if em is None else em.contiguous()
+        Gv, GW, _ = trr._accumulators(ts, names, True, dt, K)
+        y0 = torch.empty((B, K), dtype=dt)
+        col = lambda n: names.index(n) if n in names else -1  # noqa: E731
+        em_np = em.numpy() if has_w else np.zeros((1, 1, 1, 1), dtype=numpy_dtype(dt))
+        GW_np = GW.numpy() if GW is not None else np.zeros((1, 1), dtype=numpy_dtype(dt))
+        self.readout = (W, bias, alpha_s, alpha, dalpha, ev, em, Gv, GW, y0, torch.empty((B, Hin), dtype=dt))
+        self.ro_args = (W.numpy(), bias.numpy(), has_b, alpha_s.numpy())
+        self.y0_np = y0.numpy()
+        self.ro_bwd = (W.numpy(), alpha.numpy(), dalpha.numpy(), self.y0_np, ev.numpy(), col("log_tau"), col("bias"),
+                       em_np, has_w, Gv.numpy(), GW_np)
+
+    def filter_step(self, gy) -> None:
+        """The readout-filtered traces of the layer under the leaky readout (:mod:`.readout_filter`),
+        after its traces have advanced: ``zbar <- alpha zbar + d z_t / d p`` and, with the readout's
+        error ``gy [B, K]``, ``G += (gy m_d) W . zbar^d``; the spike map's partials by the hand-written
+        spatial backward (:func:`.spatial.spike_partials`), each weight matrix's part in one compiled
+        pass (:func:`spikerec.kernels.trace_numba.filter_mat_step_numba`)."""
+        lr_, l = self.learner, self.skip
+        r = int(self.lslot[0])
+        for bufs, mats in self.lstep:  # a LIF layer's matrix traces: e <- J e + pre with this step's row
+            J = bufs[0][r][..., None, None]
+            for pre_buf, e, _ in mats:
+                if e is not None:
+                    mat_trace_step_numba(e, J, self.ones_lif(J), pre_buf[r], [None])
+        tr = lr_.tracers[l]
+        new = lr_.states[l]
+        keys = self.filter_keys
+        if keys is None:  # which traces the layer has: the keys of its partials, once per binding
+            one = type(new)(*(f[:1] for f in new))
+            P = tr.partials(torch.zeros((1, tr.cell.input_size), dtype=self.dtype), one, one)
+            keys = self.filter_keys = Partials(None, dict.fromkeys(P.vec), dict.fromkeys(P.mat))
+        partials = spike_partials(lr_, l, compiled_tag(tr), (None, None, new, None))
+        with torch.enable_grad():
+            # (the trace states as stored: the traces property would apply the other layers' deferred steps)
+            lr_._filter.step(lr_._trace_states[l], keys, None, new, gy, partials=partials,
+                             mat_kernel=filter_mat_step_numba)
+
+    def ones_lif(self, J):
+        """``c = 1`` ``[B, N, 1]``: the immediate partial of a LIF layer's weights (kept per binding)."""
+        c = self.__dict__.get("_ones")
+        if c is None or c.shape != J.shape[:-1] or c.dtype != J.dtype:
+            c = self._ones = torch.ones(J.shape[:-1], dtype=J.dtype)
+        return c
 
     def bind(self):
         lr_ = self.learner
@@ -374,6 +454,7 @@ class WholeStackStep:
         self.flush_lif()  # into the traces bound so far
         restore_lif, self.restore_lif = self.restore_lif, None  # taken first: binding reads the traces
         self.lmats = []
+        self.lstep = []  # the LIF layer under a readout filter: its buffered row applied at every step
         self.layers = self.fwd_args = self.bwd_args = None  # the old bindings' buffers go first
         states = lr_.states
         B = states[0][0].shape[0]
@@ -381,27 +462,34 @@ class WholeStackStep:
             states[l] = type(s)(*(f.detach().to(dt).clone(memory_format=torch.contiguous_format) for f in s))
         dummy2 = np.zeros((1, 1), dtype=np.float64 if dt == torch.float64 else np.float32)
         dummy1 = dummy2[0]
+        self.skip = len(lr_.tracers) - 2 if lr_._filter is not None else None  # the layer under the filter
         self.layers = []
         for l, tr in enumerate(lr_.tracers[:-1]):
             bind_layer = {"lru": self._bind_lru, "alif": self._bind_alif, "lif": self._bind_lif}[compiled_tag(tr)]
             self.layers.append(bind_layer(l, tr, B, dummy1, dummy2))
-        ro = lr_.tracers[-1].cell
+        trr = lr_.tracers[-1]
+        ro = trr.cell
         W = ro.weight.detach().to(dt).contiguous()
         has_b = ro.bias is not None
         bias = ro.bias.detach().to(dt).contiguous() if has_b else torch.zeros(1, dtype=dt)
-        dW, db = self._acc(ro.weight), (self._acc(ro.bias) if has_b else None)
         Hin = W.shape[1]
-        self.readout = (W, bias, dW, db, torch.empty((B, Hin), dtype=dt))
-        self.ro_args = (W.numpy(), bias.numpy(), has_b)
-        self.ro_bwd = (W.numpy(), dummy2 if dW is None else dW.numpy(), dummy1 if db is None else db.numpy(),
-                       dW is not None, db is not None)
+        self.leaky = compiled_tag(trr) == "leaky_readout"
+        if self.leaky:  # its parameters learn through their traces (ReadoutTrace), not spatially
+            self._bind_leaky(trr, W, bias, has_b, B, Hin)
+        else:
+            dW, db = self._acc(ro.weight), (self._acc(ro.bias) if has_b else None)
+            self.readout = (W, bias, dW, db, torch.empty((B, Hin), dtype=dt))
+            self.ro_args = (W.numpy(), bias.numpy(), has_b)
+            self.ro_bwd = (W.numpy(), dummy2 if dW is None else dW.numpy(), dummy1 if db is None else db.numpy(),
+                           dW is not None, db is not None)
         self.ystate = states[-1]
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
         self.yout_np = self.ystate[0].numpy()
-        self.gh_np = self.readout[4].numpy()
+        self.gh_np = self.readout[-1].numpy()  # the error at the readout's input [B, H]
         if self.gy is None or self.gy.shape != self.ystate[0].shape:
             self.gy = torch.empty_like(self.ystate[0])
+        self.filter_keys = None
         self.gen = lr_._gen
         if restore_lif is not None:  # deferred LIF steps of a checkpoint (saved_lif), not yet applied
             saved, any_g = restore_lif
@@ -435,7 +523,7 @@ class WholeStackStep:
             ins.append(u)
             f(u, *fa)
             u = fa[-1]
-        if mse_target is not None:  # readout, loss, loss gradient and readout backward in one call
+        if mse_target is not None and not self.leaky:  # readout, loss, loss gradient and its backward in one call
             loss = torch.scalar_tensor(_readout_mse(u, *self.ro_args, self.yout_np, mse_target.numpy(), self.gy.numpy(),
                                                     *self.ro_bwd[1:], self.gh_np), dtype=self.dtype)
             y_t = self.ystate[0].clone()
@@ -447,10 +535,16 @@ class WholeStackStep:
                 gcur = ba[gi]
             self._lif_written(True)
             return y_t, loss
-        _linear_fwd(u, *self.ro_args, self.yout_np)
+        if self.leaky:
+            _leaky_fwd(u, *self.ro_args, self.yout_np, self.y0_np)
+        else:
+            _linear_fwd(u, *self.ro_args, self.yout_np)
         y_t = self.ystate[0].clone()
         loss = gy = None
-        if closure is not None:
+        if mse_target is not None:  # the package's MSE (leaky readout): its value and gradient in one call
+            loss = torch.scalar_tensor(_mse(self.yout_np, mse_target.numpy(), self.gy.numpy()), dtype=self.dtype)
+            gy = self.gy
+        elif closure is not None:
             if value_and_grad is not None:  # closed form: (loss, d loss / d y) or None (no loss here)
                 lg = value_and_grad(y_t)
                 if lg is not None:
@@ -467,9 +561,12 @@ class WholeStackStep:
                         (gy,) = torch.autograd.grad(loss, yl, allow_unused=True)
                     loss = loss.detach()
         use_g = gy is not None
-        if use_g:
-            if gy.dtype != self.dtype or not gy.is_contiguous():
-                gy = gy.to(self.dtype).contiguous()
+        if use_g and (gy.dtype != self.dtype or not gy.is_contiguous()):
+            gy = gy.to(self.dtype).contiguous()
+        if self.leaky:  # its traces advance at every step
+            _leaky_bwd(gy.numpy() if use_g else self.yout_np, use_g, u, *self.ro_bwd, self.gh_np)
+            gcur = self.gh_np
+        elif use_g:
             _linear_bwd(gy.numpy(), u, *self.ro_bwd, self.gh_np)
             gcur = self.gh_np
         else:
@@ -480,6 +577,8 @@ class WholeStackStep:
             f(gcur, use_g, ins[l], *ba)
             gcur = ba[gi]  # the error reaching the layer's input
         self._lif_written(use_g)
+        if self.skip is not None:  # the filter reads the layer's traces of this step
+            self.filter_step(gy)
         return y_t, loss
 
     def _lif_written(self, use_g: bool):
