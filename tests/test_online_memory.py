@@ -6,7 +6,7 @@ import gc
 import pytest
 import torch
 
-from spikerec.hardware.online.memory import alloc_in_use
+from spikerec.train.memory import alloc_in_use
 from spikerec.hardware.online import OnlineLearner
 from spikerec.hardware.online.learner import mse_step_loss
 from spikerec.layers import ALIF, LIF, LeakyReadout

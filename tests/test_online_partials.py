@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spikerec import neurons
-from spikerec.hardware.online.derived import derived_partials
+from derived_partials import derived_partials
 from spikerec.hardware.online.kinds import online_trace
 from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.neurons import alif as _alif

@@ -61,7 +61,7 @@ import threading
 import time
 
 from ..atomic import atomic_path
-from ..hardware.online.memory import _MALLINFO2, alloc_in_use
+from ..train.memory import _MALLINFO2, alloc_in_use
 from ..options import ArgumentParser, whole_number
 
 __all__ = ["main", "run_one", "alloc_in_use"]

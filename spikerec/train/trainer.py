@@ -43,7 +43,7 @@ from .. import optim
 from ..errors import ConfigError
 from ..data import dataset_info, get_dataset, make_loader
 from ..hardware.online import OnlineLearner
-from ..hardware.online.memory import alloc_in_use
+from .memory import alloc_in_use
 from ..optim import lr_factor
 from ..stability import lsc_pretrain
 from ..stability.progress import LSCProgressBar, lsc_warning

@@ -10,8 +10,8 @@ the diagonal as in SnAp-1 of Menick et al. 2021; e-prop's eligibility vectors of
 * tangent ``e_j`` on state field ``j`` -> column ``j`` of ``J_t[b, n] = d s_t[b, n] / d s_{t-1}[b, n]``;
 * tangent ``1`` on a per-neuron parameter ``p`` -> the immediate partial ``d s_t[b, n] / d p[n]``.
 
-The hand-written partials of :mod:`.traces_lif` are the registered backend used at run time
-(measured faster: see ``docs/online.md``); ``tests/test_online_partials.py`` checks them equal
+The hand-written partials of :mod:`spikerec.hardware.online.traces_lif` are the registered backend used at run time
+(measured faster: see ``docs/online.md``); ``test_online_partials.py`` checks them equal
 to these derived ones in float64.
 """
 from __future__ import annotations
