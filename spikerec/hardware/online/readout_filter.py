@@ -24,6 +24,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ... import neurons
+from ...scan import linear_scan
 from .traces_base import _STACK, Partials, TraceState, _mat_contract_g, _mtv, reverse_filter
 
 __all__ = ["ReadoutFilter", "LinearOutputFilter", "reverse_readout_filter"]
@@ -32,11 +33,9 @@ __all__ = ["ReadoutFilter", "LinearOutputFilter", "reverse_readout_filter"]
 def reverse_readout_filter(alpha: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
     """``gbar_t = gy_t + alpha gbar_{t+1}`` over a block ``gy [K, B, outputs]`` (``gbar_{K-1} =
     gy_{K-1}``), per output with its own decay: the errors of the block's later steps that reach
-    the readout's state at step ``t``."""
-    out = gy.clone()
-    for t in range(gy.shape[0] - 2, -1, -1):
-        out[t].addcmul_(alpha, out[t + 1])
-    return out
+    the readout's state at step ``t``: the linear scan :func:`spikerec.scan.linear_scan` run backwards
+    in time (compiled on the CPU, Triton on CUDA)."""
+    return linear_scan(alpha, gy.flip(0)).flip(0)
 
 
 def _powers(a, K):

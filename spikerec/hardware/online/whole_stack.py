@@ -293,12 +293,7 @@ class WholeStackStep:
         """An ALIF layer's compiled calls (as :meth:`_bind_lru`): the step of
         :meth:`.traces_lif.ALIFTrace.step`, the spatial backward of its spikes and its trace step."""
         lr_, dt = self.learner, self.dtype
-        c, ts = tr.cell, lr_.traces[l]
-        k = tr.consts(dt)
-        names, cols, cn, Rd = tr.compiled_trace_setup(dt)
-        N, H = c.hidden_size, c.input_size
-        ev, mats = _spiking_traces(tr, ts, names, B, N, H, 2, dt)
-        Gv, Gw, Gr = self._layer_accumulators(l, tr, ts, names, N)
+        c, k, cols, cn, Rd, N, H, ev, mats, Gv, Gw, Gr = self._spiking_layer(l, tr, B, 2)
         vec = lambda t: t.detach().to(dt).expand(N).contiguous()  # noqa: E731
         alpha, rho, omr, bb, beta = (vec(k[n]) for n in ("alpha_s", "rho_s", "one_m_rho_s", "b", "beta"))
         Wt = k["Wt"].contiguous()
@@ -333,12 +328,7 @@ class WholeStackStep:
         from ...kernels.lif_sequence_numba import RESET_CODES
 
         lr_, dt = self.learner, self.dtype
-        c, ts = tr.cell, lr_.traces[l]
-        k = tr.consts(dt)
-        names, cols, cn, Rd = tr.compiled_trace_setup(dt)
-        N, H = c.hidden_size, c.input_size
-        ev, mats = _spiking_traces(tr, ts, names, B, N, H, 1, dt)
-        Gv, Gw, Gr = self._layer_accumulators(l, tr, ts, names, N)
+        c, k, cols, cn, Rd, N, H, ev, mats, Gv, Gw, Gr = self._spiking_layer(l, tr, B, 1)
         alpha = k["alpha"].to(dt).expand(N).contiguous()
         thr = k["thr"].to(dt).expand(N).contiguous()
         Wt = k["Wt"].contiguous()
@@ -372,6 +362,16 @@ class WholeStackStep:
                 Rd, lb, co)
         return _lif_fwd, fargs, _lif_bwd, bargs, 9, keep
 
+    def _spiking_layer(self, l, tr, B, fields):
+        """What the ALIF and LIF bindings share: the cell, its constants, its compiled trace step's
+        setup ``(cols, cn, Rd)``, its sizes, its traces (created where the stream has none) and
+        its accumulators."""
+        c, ts, dt = tr.cell, self.learner.traces[l], self.dtype
+        names, cols, cn, Rd = tr.compiled_trace_setup(dt)
+        N, H = c.hidden_size, c.input_size
+        ev, mats = _spiking_traces(tr, ts, names, B, N, H, fields, dt)
+        return (c, tr.consts(dt), cols, cn, Rd, N, H, ev, mats, *self._layer_accumulators(l, tr, ts, names, N))
+
     def _layer_accumulators(self, l, tr, ts, names, N):
         """A spiking layer's trace accumulators: the learner's (rows of ``ts.G``), or for the layer
         under a readout filter scratch ones that nothing reads (its gradient comes through the
@@ -394,7 +394,7 @@ class WholeStackStep:
         K = W.shape[0]
         row = lambda t: t.detach().to(dt).expand(K).contiguous()  # noqa: E731
         alpha_s, alpha, dalpha = row(k["alpha_s"]), row(k["alpha"]), row(k["dalpha"])
-        names = [n for n in ("log_tau", "bias") if n in trr.traced]  # the order of ReadoutTrace.partials
+        names = [n for n in trr._VEC_ORDER if n in trr.traced]  # the order of ReadoutTrace.partials and _leaky_bwd's rows
         ev = ts.vec.get(_STACK)
         if ev is None or not ev.is_contiguous():
             ev = torch.zeros((B, K, 1, len(names)), dtype=dt) if ev is None else ev.contiguous()
@@ -409,7 +409,7 @@ class WholeStackStep:
         col = lambda n: names.index(n) if n in names else -1  # noqa: E731
         em_np = em.numpy() if has_w else np.zeros((1, 1, 1, 1), dtype=numpy_dtype(dt))
         GW_np = GW.numpy() if GW is not None else np.zeros((1, 1), dtype=numpy_dtype(dt))
-        self.readout = (W, bias, alpha_s, alpha, dalpha, ev, em, Gv, GW, y0, torch.empty((B, Hin), dtype=dt))
+        self.keep = (W, bias, alpha_s, alpha, dalpha, ev, em, Gv, GW, y0)  # the tensors behind the numpy views
         self.ro_args = (W.numpy(), bias.numpy(), has_b, alpha_s.numpy())
         self.y0_np = y0.numpy()
         self.ro_bwd = (W.numpy(), alpha.numpy(), dalpha.numpy(), self.y0_np, ev.numpy(), col("log_tau"), col("bias"),
@@ -478,7 +478,7 @@ class WholeStackStep:
             self._bind_leaky(trr, W, bias, has_b, B, Hin)
         else:
             dW, db = self._acc(ro.weight), (self._acc(ro.bias) if has_b else None)
-            self.readout = (W, bias, dW, db, torch.empty((B, Hin), dtype=dt))
+            self.keep = (W, bias, dW, db)  # the tensors behind the numpy views
             self.ro_args = (W.numpy(), bias.numpy(), has_b)
             self.ro_bwd = (W.numpy(), dummy2 if dW is None else dW.numpy(), dummy1 if db is None else db.numpy(),
                            dW is not None, db is not None)
@@ -486,7 +486,8 @@ class WholeStackStep:
         self.fwd_args = [(f, fa) for f, fa, _, _, _, _ in self.layers]
         self.bwd_args = [(f, ba, gi) for _, _, f, ba, gi, _ in self.layers]
         self.yout_np = self.ystate[0].numpy()
-        self.gh_np = self.readout[-1].numpy()  # the error at the readout's input [B, H]
+        self.gh = torch.empty((B, Hin), dtype=dt)  # the error at the readout's input
+        self.gh_np = self.gh.numpy()
         if self.gy is None or self.gy.shape != self.ystate[0].shape:
             self.gy = torch.empty_like(self.ystate[0])
         self.filter_keys = None
