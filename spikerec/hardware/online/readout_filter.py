@@ -175,7 +175,7 @@ class ReadoutFilter:
                 continue
             n = key[len(prefix):]
             if n.startswith("mat/"):  # a weight matrix, neuron-major [N, B, H]
-                ts.add(n[4:], (zbar * u.t().unsqueeze(-1)).sum(1))
+                ts.add(n[4:], torch.bmm(u.t().unsqueeze(1), zbar).squeeze(1))  # sum_b u[b, n] zbar[n, b, :]
             else:
                 G = (u * zbar).sum(0)
                 ts.add(n, G if self.tr.params[n].numel() == G.numel() else G.sum())

@@ -56,9 +56,9 @@ def supported(learner) -> bool:
     return True
 
 
-def _acc(spatial: dict, p, g, alpha: float = 1.0) -> None:
-    """``spatial[p] += alpha * g`` (parameters without ``requires_grad`` are skipped)."""
-    if not p.requires_grad:
+def _acc(spatial: dict | None, p, g, alpha: float = 1.0) -> None:
+    """``spatial[p] += alpha * g`` (parameters without ``requires_grad``, or ``spatial`` None, skipped)."""
+    if spatial is None or not p.requires_grad:
         return
     acc = spatial.get(p)
     if acc is not None:
@@ -79,9 +79,9 @@ def accumulator(spatial: dict, p):
     return a
 
 
-def _acc_mm(spatial: dict, p, a, b, alpha: float = 1.0) -> None:
-    """``spatial[p] += alpha * a @ b`` in place (one ``addmm_``)."""
-    if not p.requires_grad:
+def _acc_mm(spatial: dict | None, p, a, b, alpha: float = 1.0) -> None:
+    """``spatial[p] += alpha * a @ b`` in place (one ``addmm_``; skipped as :func:`_acc`)."""
+    if spatial is None or not p.requires_grad:
         return
     acc = spatial.get(p)
     if acc is not None:
@@ -224,7 +224,7 @@ def _spatial_backward(learner, kinds, recs, gy, skip=None):
         return gs
     g_out = gy
     for l in range(n - 1, -1, -1):
-        g, g_out = layer_errors(learner, l, kinds[l], recs[l], g_out, learner.spatial if l != skip else {})
+        g, g_out = layer_errors(learner, l, kinds[l], recs[l], g_out, learner.spatial if l != skip else None)
         gs[l] = g if l != skip else None
     return gs
 
@@ -232,7 +232,8 @@ def _spatial_backward(learner, kinds, recs, gy, skip=None):
 def layer_errors(learner, l, kind, rec, g_out, sp, below: bool = True):
     """One layer of the spatial backward: from the error ``g_out`` at its output, its state error
     ``g^l`` ``[rows, N, k]`` (``None`` for a linear readout) and the error at its input (``None``
-    for the first layer or without ``below``); its output-map gradients are added to ``sp``."""
+    for the first layer or without ``below``); its output-map gradients are added to ``sp`` (``None``:
+    not formed)."""
     tr = learner.tracers[l]
     below = below and l > 0
     c = tr.cell
@@ -259,7 +260,7 @@ def layer_errors(learner, l, kind, rec, g_out, sp, below: bool = True):
             gu = g_out @ D
         return g.view(g.shape[0], -1, 2), (torch.addmm(gu, g, Bi) if below else None)
     if kind == "lif":  # z = H(v - thr): d l / d v = gz psi, d l / d thr = -gz psi
-        learn_thr = c.threshold.requires_grad
+        learn_thr = c.threshold.requires_grad and sp is not None
         comp = None
         if _compiled_rows(g_out, new.v):
             k = tr.consts(g_out.dtype)
@@ -286,8 +287,9 @@ def layer_errors(learner, l, kind, rec, g_out, sp, below: bool = True):
         _acc(sp, c.beta, s_beta, -1.0)
     else:
         gp = g_out * c.surrogate.derivative(new.v - (b + beta * new.a))  # d l / d (v - theta)
-        _acc(sp, c.b, gp.sum(0), -1.0)
-        _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
+        if sp is not None:
+            _acc(sp, c.b, gp.sum(0), -1.0)
+            _acc(sp, c.beta, (gp * new.a).sum(0), -1.0)
         g = torch.empty((*gp.shape, 2), dtype=gp.dtype, device=gp.device)
         g[..., 0] = gp
         torch.mul(gp, -beta, out=g[..., 1])
@@ -303,7 +305,7 @@ def spike_partials(learner, l, kind, rec):
     if kind not in ("lif", "alif"):
         return None
     v = rec[2].v
-    psi, _ = layer_errors(learner, l, kind, rec, torch.ones_like(v), {}, below=False)
+    psi, _ = layer_errors(learner, l, kind, rec, torch.ones_like(v), None, below=False)
     c = learner.tracers[l].cell
     gp = psi[..., 0]
     direct = {}
