@@ -385,7 +385,7 @@ def test_compiled_block_equals_the_derived_recursion(kind, kw, monkeypatch):
     owner, attr = BLOCK_KERNELS[kind]
     owner = importlib.import_module(owner)
     real, calls = getattr(owner, attr), []
-    monkeypatch.setattr(owner, attr, lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(owner, attr, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     params = type(cell.params())(*(None if p is None else p.detach() for p in cell.params()))
     step = (lambda p, s, x_: mod.step(p, s, x_)[1]) if kind == "lru" else (lambda p, s, x_: mod.step(p, s, x_, opts)[1])
     s = random_state(cell, B)
@@ -426,6 +426,8 @@ def test_compiled_block_equals_the_derived_recursion(kind, kw, monkeypatch):
 
 
 @pytest.mark.parametrize("kind,kw", [("lif", dict(reset=r, surrogate=SURR)) for r in ("subtract", "zero", "none")]
+                         + [("alif", dict(recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5, surrogate=SURR))
+                            for rec in (False, True)]
                          + [("lru", {})])
 def test_compiled_block_scan_equals_the_step_loop(kind, kw, monkeypatch):
     """The chunked block's compiled scan of the states (``scan_block`` of the kind's trace, a
@@ -440,9 +442,12 @@ def test_compiled_block_scan_equals_the_step_loop(kind, kw, monkeypatch):
     cell, mod, opts = block_cell(kind, dict(kw, recurrent=False) if kind == "lif" else kw, H, N)
     tr = online_trace(cell, "full", 0)
     tr.prepare()
-    owner, attr = ((lif_sequence_numba_kernels, "fwd_serial") if kind == "lif" else (traces_lru, "lru_block_scan_numba"))
+    from spikerec.kernels import alif_sequence_numba
+
+    owner, attr = {"lif": (lif_sequence_numba_kernels, "fwd_serial"), "alif": (alif_sequence_numba, "alif_forward"),
+                   "lru": (traces_lru, "lru_block_scan_numba")}[kind]
     real, calls = getattr(owner, attr), []
-    monkeypatch.setattr(owner, attr, lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(owner, attr, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     s = random_state(cell, B)
     xs = torch.rand(K, B, H) * 2
     prev, last, new = tr.scan_block(xs, s, with_new=True)

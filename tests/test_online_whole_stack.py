@@ -504,15 +504,30 @@ LEAKY_STACKS = [("alif", "rec"), ("alif", "ff_atan_nodetach"), ("alif", "mixed")
                 ("lif", "zero_atan_nodetach"), ("lif", "none"), ("lif", "mixed"), ("lru", "matD"), ("lru", "three")]
 
 
-def leaky(model, tau=(3.0, 6.0, 6.0)):
-    """``model`` with its readout made leaky (per-output time constants, learned)."""
+def leaky(model, tau=(3.0, 6.0, 6.0), learn_tau=True, bias=True, learn_weight=True):
+    """``model`` with its readout made leaky (per-output time constants, learned by default)."""
     ro = model.readout
-    new = LeakyReadout(ro.input_size, ro.output_size, tau=torch.tensor(tau), learn_tau=True)
+    new = LeakyReadout(ro.input_size, ro.output_size, tau=torch.tensor(tau), learn_tau=learn_tau, bias=bias)
     with torch.no_grad():
         new.weight.copy_(ro.weight)
-        new.bias.copy_(ro.bias)
+        if bias:
+            new.bias.copy_(ro.bias)
+    new.weight.requires_grad_(learn_weight)
     model.readout = new
     return model
+
+
+@pytest.mark.parametrize("kind", ["alif", "lif"])
+@pytest.mark.parametrize("readout", [dict(learn_tau=False), dict(bias=False), dict(learn_weight=False)])
+def test_whole_stack_under_a_leaky_readout_with_some_parameters_untrained(kind, readout):
+    """The leaky readout's trace step without one of its traced parameters (a fixed time constant,
+    no bias, a frozen weight) equals the reference (float64)."""
+    model = leaky((build_alif("rec") if kind == "alif" else build_lif("subtract_rec")), **readout)
+    T, B = 13, 3
+    x, tgt = (torch.rand(T, B, 5) < 0.4).double() * 1.5, torch.randn(T, B, 3)
+    ref = run(model, x, tgt, False, mse_step_loss)
+    new = run(model, x, tgt, None, mse_step_loss)
+    check_same(ref, new)
 
 
 @pytest.mark.parametrize("kind,variant", LEAKY_STACKS)

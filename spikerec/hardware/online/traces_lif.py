@@ -655,7 +655,7 @@ neurons.register_backend("lif", "online_block (compiled chunked block, LIFTrace.
                          test=_BLOCK_TEST)
 neurons.register_backend("alif", "online_block (compiled chunked block, ALIFTrace.block_contract)",
                          ALIFTrace.block_contract, test=_BLOCK_TEST)
-neurons.register_backend("alif", "online_block_scan (Triton block scan, ALIFTrace.scan_block)", ALIFTrace.scan_block,
-                         test="tests/test_online_triton.py::test_block_filter_matches_torch_under_interpreter")
+neurons.register_backend("alif", "online_block_scan (compiled block scan, ALIFTrace.scan_block)", ALIFTrace.scan_block,
+                         test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")
 neurons.register_backend("lif", "online_block_scan (compiled block scan, LIFTrace.scan_block)", LIFTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")
