@@ -1,5 +1,7 @@
-"""The Triton form of the matrix eligibility trace of one layer (online learning's stream step;
-its CPU form and torch reference are in :mod:`.trace_numba`).
+"""Triton forms of online learning's trace arithmetic: the matrix eligibility trace of one layer
+in the stream step (:func:`mat_trace_step`; its CPU form and torch reference are in
+:mod:`.trace_numba`) and the chunked block's reverse filter with its Jacobian products
+(:func:`block_filter`).
 
 Per step and layer, for every (neuron n, presynaptic input h), with k = 1 (LIF, readout) or
 k = 2 (ALIF ``(v, a)``, CUBA ``(i, v)``, LRU ``(Re h, Im h)`` where ``J`` is multiplication by
@@ -17,9 +19,10 @@ owns a tile of ``(n, h)`` and loops over the batch, so the batch reduction needs
 atomics. The state update itself stays in the autograd graph (the spatial backward needs
 it); per-neuron traces are ``[B, N, k]`` and stay in torch.
 
-On the CPU the kernel runs under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported);
-:func:`mat_trace_step_torch` is the reference it is tested against, and the stream step with it
-the trace recursion on the partials derived from each kind's step.
+On the CPU the kernels run under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) for
+the tests: :func:`mat_trace_step` against :func:`mat_trace_step_torch` and, through the stream
+step, against the trace recursion on the partials derived from each kind's step;
+:func:`block_filter` against the torch forms in :mod:`spikerec.hardware.online.traces_base`.
 """
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ class _NotCapturable(Exception):
 
 def graph_ready(learner, x_t, target_t) -> bool:
     """Whether ``learner``'s stream step on ``x_t``, ``target_t`` may run from a CUDA graph: a CUDA
-    input, the compiled stream path and a loss with a closed-form ``value_and_grad``."""
+    input, the compiled stream path, no readout-filtered traces (not in the graph's snapshot) and a
+    loss with a closed-form ``value_and_grad``."""
     return (x_t.is_cuda and target_t is not None
             and isinstance(target_t, torch.Tensor) and target_t.device == x_t.device
             and getattr(learner, "_compiled_kinds", None) is not None

@@ -63,7 +63,7 @@ class LayerTrace:
     """
 
     kind = "?"
-    compiled = False  # set by the learner: use the cell's closed-form block scans (scan_block, reverse_filter)
+    compiled = False  # set by the learner: the compiled block forms (scan_block, reverse_filter; Triton's block_filter)
     rules = ("full", "spatial", "trunc1", "snap1", "bptt")
     k = 1
     input_params: tuple[str, ...] = ()
