@@ -309,4 +309,4 @@ def filter_mat_step_numba(zbar, psi, em, a, u, G) -> None:
 for _kind in ("lif", "alif"):  # the readout filter of the spiking layers' weight traces (whole-stack step)
     neurons.register_backend(_kind, "kernels.trace_numba (compiled readout-filter step of a weight trace)",
                              filter_mat_step_numba,
-                             test="tests/test_online_whole_stack.py::test_whole_stack_under_a_leaky_readout_equals_reference")
+                             test="tests/test_online_whole_stack.py::test_whole_stack_step_equals_bptt_through_the_neuron_steps")
