@@ -521,7 +521,7 @@ command line, `spikerec train copy-stream` trains on the same kind of stream (`[
 true`) and writes the running loss and the memory to its run folder's `stream.png`."""),
     new_code_cell('''from tqdm import tqdm
 
-from spikerec.hardware.online.memory import alloc_in_use
+from spikerec.train.memory import alloc_in_use
 from spikerec.models import build_model
 
 cfg = load_config("copy-stream", ["data.options={pattern_length=4,pad_length=2}"] if QUICK else [])
