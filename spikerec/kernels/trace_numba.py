@@ -1,16 +1,19 @@
-"""The kind-independent compiled CPU kernels (numba) of online learning: the matrix eligibility
-trace of one layer (one step, :func:`mat_trace_step_numba`, tested against its torch reference
-:func:`mat_trace_step_torch`; its two-state form, ``_mat_nest``) and the
-chunked block of a one-state layer (``_chunk1``). For every neuron ``n`` and presynaptic input
-``h``, with ``k`` in {1, 2} state fields per neuron::
+"""The block contraction of exact online learning, compiled for the CPU (numba), for every kind
+with ``k`` in {1, 2} states per neuron (Zucchet et al. 2023; Bellec et al. 2020, Methods).
 
-    eps[n, b, :, h] <- J[b, n] eps[n, b, :, h] + c[b, n, :] x[b, h]          (trace advance)
-    G_r[n, h]        = sum_b sum_f g_r[b, n, f] eps[n, b, f, h]              (contraction)
+Over a block of ``K`` steps, lane ``r = (b, n)`` has Jacobians ``J_t``, immediate partials
+``V[j, t]`` of ``m`` per-neuron parameters and errors ``g_t``. The sums of the trace recursion
+``e_t = J_t e_{t-1} + v_t``, ``G += g_t . e_t`` are taken by its adjoint (the reverse filter),
+without forming a trace per step::
 
-fused in one pass over ``eps`` (read once, written once), parallel over neurons (the eligibility traces of Bellec et al. 2020). The per-kind kernels are in
-:mod:`.lif_online`, :mod:`.alif_online` and :mod:`.lru_online`; the Triton form of the matrix
-trace in :mod:`.trace_triton`. Used for CPU float32/float64 tensors when numba is installed
-(``pip install 'spikerec[fast]'``); other cases take the torch path.
+    gh_{K-1} = g_{K-1},  gh_t = g_t + J_{t+1}^T gh_{t+1}        b0 = J_0^T gh_0
+    Gv[j, n] += sum_{t, b} gh_t . V[j, t] + sum_b b0 . e_in[j]
+    Phi_t = J_{K-1} ... J_{t+1},  phi = Phi_{-1}               e_out[j] = sum_t Phi_t V[j, t] + phi e_in[j]
+
+and for a matrix parameter with immediate partial ``c_t (x) pre_t``, ``P[b, t] = Phi_t c_t`` and
+:func:`mat_carry_numba`, which adds the boundary term and carries its trace. The arrays are
+per row ``[.., B, k, N]`` (neurons last), so every inner loop runs over contiguous memory. The torch form is
+:func:`spikerec.hardware.online.traces.chunk_contract` (tested equal in float64).
 """
 from __future__ import annotations
 
@@ -26,287 +29,218 @@ try:  # numba is optional
 except Exception:  # pragma: no cover - depends on the install
     _HAVE_NUMBA = False
 
-# Reassociation lets LLVM vectorise the dot products of the whole-stack stream step's kernels
-# (rounding differs from torch's by ~1 ulp per sum; the same for every run, so checkpoints still
-# resume bit-identically). No 'nnan'/'ninf'.
-FASTMATH = {"reassoc", "contract", "nsz"}
+__all__ = ["numba_available", "compiled_cpu", "block_lanes_numba", "mat_carry_numba"]
 
-__all__ = ["numba_available", "compiled_cpu", "compiled_dtype", "as_numpy", "placeholders", "mat_trace_step_torch",
-           "filter_mat_step_numba",
-           "mat_trace_step_numba"]
+COMPILED_DTYPES = (torch.float32, torch.float64)
 
 
 def numba_available() -> bool:
     return _HAVE_NUMBA
 
 
-COMPILED_DTYPES = (torch.float32, torch.float64)
-
-
 def compiled_cpu(*tensors) -> bool:
-    """Whether the compiled kernels apply to ``tensors``: numba installed, every tensor on the CPU
-    in float32 or float64 (the one test behind each compiled path's choice)."""
-    if not _HAVE_NUMBA:
-        return False
-    for t in tensors:
-        if not t.is_cpu or t.dtype not in COMPILED_DTYPES:
-            return False
-    return True
-
-
-def compiled_dtype(dtype, device) -> bool:
-    """:func:`compiled_cpu` for a dtype and device not yet held in a tensor."""
-    return _HAVE_NUMBA and torch.device(device).type == "cpu" and dtype in COMPILED_DTYPES
-
-
-
-def as_numpy(t):
-    """A numpy view of ``t`` (a torch tensor, made contiguous; a numpy array as it is: the
-    callers pass per-sequence constants already converted). The common case, a contiguous tensor
-    without autograd, skips the ``detach``/``contiguous`` calls."""
-    if isinstance(t, np.ndarray):
-        return t
-    if not t.requires_grad and t.is_contiguous():
-        return t.numpy()
-    return t.detach().contiguous().numpy()
-
-
-_EMPTY: dict = {}
-
-
-def placeholders(dt) -> tuple:
-    """Zero arrays ``([1, 2], [1])`` of dtype ``dt`` that stand for absent operands of a compiled
-    kernel (made once per dtype; the kernels never read them)."""
-    z = _EMPTY.get(dt)
-    if z is None:
-        z = _EMPTY[dt] = (torch.zeros(1, 2, dtype=dt).numpy(), torch.zeros(1, dtype=dt).numpy())
-    return z
-
-
-def mat_trace_step_torch(eps, J, c, x, gs):
-    """Reference: advance ``eps [N, B, k, H]`` in place and return ``[G_r [N, H]]`` for ``gs``
-    (plain einsums, independent of the torch path in :mod:`spikerec.hardware.online.traces_base`)."""
-    N, Bsz, k, H = eps.shape
-    eps.copy_(torch.einsum("bnij,nbjh->nbih", J.expand(Bsz, -1, -1, -1), eps)
-              + (c.unsqueeze(-1) * x[:, None, None, :]).transpose(0, 1))
-    return [None if g is None else torch.einsum("bnf,nbfh->nh", g, eps) for g in gs]
+    """Whether the compiled CPU kernels apply: numba installed, every tensor on the CPU in
+    float32 or float64."""
+    return _HAVE_NUMBA and all(t.is_cpu and t.dtype in COMPILED_DTYPES for t in tensors)
 
 
 if _HAVE_NUMBA:
 
-    @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _mat_trace(eps, J, c, x, g1, g2, G1, G2, use_g, two):  # pragma: no cover - compiled
-        N, B, k, H = eps.shape
-        zero = eps.dtype.type(0)  # constants of the arrays' dtype (a float64 literal would promote float32 math)
-        for n in range(N):
-            for h in range(H):
-                G1[n, h] = 0.0
-                G2[n, h] = 0.0
-            for b in range(B):
-                jb = b if J.shape[0] > 1 else 0
-                if k == 1:
-                    j00 = J[jb, n, 0, 0]
-                    c0 = c[b, n, 0]
-                    q = g1[b, n, 0] if use_g else zero
-                    r = g2[b, n, 0] if two else zero
-                    for h in range(H):
-                        e = j00 * eps[n, b, 0, h] + c0 * x[b, h]
-                        eps[n, b, 0, h] = e
-                        G1[n, h] += q * e
-                        G2[n, h] += r * e
-                else:
-                    j00, j01, j10, j11 = J[jb, n, 0, 0], J[jb, n, 0, 1], J[jb, n, 1, 0], J[jb, n, 1, 1]
-                    c0, c1 = c[b, n, 0], c[b, n, 1]
-                    q0 = g1[b, n, 0] if use_g else zero
-                    q1 = g1[b, n, 1] if use_g else zero
-                    r0 = g2[b, n, 0] if two else zero
-                    r1 = g2[b, n, 1] if two else zero
-                    for h in range(H):
-                        e0 = eps[n, b, 0, h]
-                        e1 = eps[n, b, 1, h]
-                        xv = x[b, h]
-                        f0 = j00 * e0 + j01 * e1 + c0 * xv
-                        f1 = j10 * e0 + j11 * e1 + c1 * xv
-                        eps[n, b, 0, h] = f0
-                        eps[n, b, 1, h] = f1
-                        G1[n, h] += q0 * f0 + q1 * f1
-                        G2[n, h] += r0 * f0 + r1 * f1
-
-
-def mat_trace_step_numba(eps, J, c, x, gs):
-    """Advance ``eps [N, B, k, H]`` in place and return ``[G_r [N, H]]`` for ``gs`` (each ``g_r``
-    ``[B, N, k]`` or ``None``); ``J [B or 1, N, k, k]``, ``c [B, N, k]``, ``x [B, H]``."""
-    N, B, k, H = eps.shape
-    if (not compiled_cpu(eps) or k not in (1, 2) or len(gs) > 2 or not eps.is_contiguous()
-            or eps.requires_grad):
-        return mat_trace_step_torch(eps, J, c, x, gs)
-    dt = eps.dtype
-    arr = lambda t: t.detach().to(dt).contiguous().numpy()  # noqa: E731
-    Jn = J if J.shape[0] in (1, B) else J.expand(B, -1, -1, -1)
-    use_g = gs[0] is not None
-    two = use_g and len(gs) == 2 and gs[1] is not None
-    cn = arr(c.expand(B, N, k))
-    g1 = arr(gs[0]) if use_g else cn
-    g2 = arr(gs[1]) if two else g1
-    G1 = torch.empty(N, H, dtype=dt)
-    G2 = torch.empty(N, H, dtype=dt)
-    _mat_trace(eps.numpy(), arr(Jn), cn, arr(x), g1, g2, G1.numpy(), G2.numpy(), use_g, two)
-    if not use_g:
-        return [None] * len(gs)
-    return [G1, G2] if len(gs) == 2 and two else ([G1] if len(gs) == 1 else [G1, None])
-
-
-for _kind in ("lif", "alif", "readout", "lru"):  # the matrix trace of every kind with one or two states per neuron
-    neurons.register_backend(_kind, "kernels.trace_numba (compiled matrix trace of the online stream step)",
-                             mat_trace_step_numba,
-                             test="tests/test_online_partials.py::test_compiled_matrix_trace_equals_the_derived_recursion")
-
-
-if _HAVE_NUMBA:
-
-    @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _mat_nest(em, pre, Jc, g, G, use_g):  # pragma: no cover - compiled
-        """The two-state matrix trace ``eps[n, b] <- J[n, b] eps[n, b] + (pre[b], 0)`` (``em [N, B, 2,
-        H]``, ``Jc [N, B, 4]`` the 2x2 Jacobians) and, with ``use_g``, ``G[n] += sum_b g[b, n] .
-        eps[n, b]``. The inner loops run over contiguous rows without branches and add into a local
-        copy of the neuron's accumulator row (so the compiler can tell the rows apart and vectorise
-        them)."""
-        N, B, _, H = em.shape
-        acc = np.empty(H, dtype=G.dtype)
-        for n in range(N):
-            if use_g:
-                for h in range(H):
-                    acc[h] = G[n, h]
-            for b in range(B):
-                j00, j01, j10, j11 = Jc[n, b, 0], Jc[n, b, 1], Jc[n, b, 2], Jc[n, b, 3]
-                if use_g:
-                    q0, q1 = g[b, n, 0], g[b, n, 1]
-                    for h in range(H):
-                        e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
-                        f0 = j00 * e0 + j01 * e1 + pre[b, h]
-                        f1 = j10 * e0 + j11 * e1
-                        em[n, b, 0, h] = f0
-                        em[n, b, 1, h] = f1
-                        acc[h] += q0 * f0 + q1 * f1
-                else:
-                    for h in range(H):
-                        e0, e1 = em[n, b, 0, h], em[n, b, 1, h]
-                        em[n, b, 0, h] = j00 * e0 + j01 * e1 + pre[b, h]
-                        em[n, b, 1, h] = j10 * e0 + j11 * e1
-            if use_g:
-                for h in range(H):
-                    G[n, h] = acc[h]
-
-
-# --- the chunked block of a one-state layer (plain LIF) ---------------------------------------
-
-if _HAVE_NUMBA:
-
-    @_nb.njit(cache=True, nogil=True)
-    def _chunk1(J, V, G, use_g, ev_in, has_ev, carry, gh, Gv, ev_out, P0, phi, b0, ones):  # pragma: no cover - compiled
-        """The per-neuron part of :func:`spikerec.hardware.online.traces_base.chunk_contract` for a one-state layer (``k =
-        1``: every Jacobian is a number per sample and neuron), over a block ``J, G [K, B, N]``
-        with the immediate partials ``V [m, K, B, N]`` of ``m`` per-neuron parameters:
-
-            gh_{K-1} = g_{K-1},  gh_k = g_k + J_{k+1} gh_{k+1}          (``use_g``)
-            Gv[j, n] = sum_{k,b} gh_k V[j, k] + sum_b b0 ev_in[j],  b0 = J_0 gh_0
-            P0[b, k] = Phi_k = J_{K-1} ... J_{k+1},  phi = Phi_{-1} = J_{K-1} ... J_0     (``carry``)
-            ev_out[j] = sum_k Phi_k V[j, k] + phi ev_in[j]
-
-        (``ev_in`` taken as zero without ``has_ev``; ``V[j]`` taken as ones, and not read, where
-        ``ones[j]``: a bias's partial). The sums run in float64."""
-        K, B, N = J.shape
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lanes(J, V, G, c, unit, Cr, e_in, use_g, use_J, has_e, carry, need_P, per_lane, GH, A, Gv, b0, P, phi,
+               e_out):
+        """The block's per-lane work (module docstring) in one sweep back over the steps: ``J [K or 1,
+        B or 1, k*k, N]`` (a Jacobian constant in time or over the batch given once), ``V [m, K, B, k,
+        N]``, ``G, GH [K, B, k, N]``, ``c [K or 1, B or 1, k, N]``, ``e_in, e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B, k*k,
+        N]``, ``P [B, K, k, N]`` (``c`` the unit vector ``e_0`` where ``unit``); ``Gv [m, N]`` (``[m, B, N]``
+        with ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K, B, N]`` (the matrix parameters'
+        errors, ``Cr [R, K or 1, B or 1, k, N]``, as ``c``). Every inner loop runs over the neurons ``n`` and writes one
+        array."""  # pragma: no cover
+        K, B, N = V.shape[1], V.shape[2], V.shape[4]
+        kk = J.shape[2]
         m = V.shape[0]
-        for j in range(m):
-            for n in range(N):
-                Gv[j, n] = 0.0
-        if use_g:
-            for b in range(B):
-                for n in range(N):
-                    gh[K - 1, b, n] = G[K - 1, b, n]
-            for k in range(K - 2, -1, -1):
-                for b in range(B):
-                    for n in range(N):
-                        gh[k, b, n] = G[k, b, n] + J[k + 1, b, n] * gh[k + 1, b, n]
-            for b in range(B):
-                for n in range(N):
-                    b0[b, n] = J[0, b, n] * gh[0, b, n]
-            for j in range(m):
-                if ones[j]:
-                    for k in range(K):
-                        for b in range(B):
-                            for n in range(N):
-                                Gv[j, n] += gh[k, b, n]
-                else:
-                    for k in range(K):
-                        for b in range(B):
-                            for n in range(N):
-                                Gv[j, n] += gh[k, b, n] * V[j, k, b, n]
-                if has_ev:
-                    for b in range(B):
-                        for n in range(N):
-                            Gv[j, n] += b0[b, n] * ev_in[j, b, n]
+        one, zero = J.dtype.type(1), J.dtype.type(0)
         if carry:
             for b in range(B):
                 for n in range(N):
-                    P0[b, K - 1, n] = 1.0
-                for k in range(K - 2, -1, -1):
+                    phi[b, 0, n] = one
+                if kk == 4:
                     for n in range(N):
-                        P0[b, k, n] = P0[b, k + 1, n] * J[k + 1, b, n]
-                for n in range(N):
-                    phi[b, n] = P0[b, 0, n] * J[0, b, n]
+                        phi[b, 1, n] = zero
+                    for n in range(N):
+                        phi[b, 2, n] = zero
+                    for n in range(N):
+                        phi[b, 3, n] = one
+            e_out[:] = zero
+        for t in range(K - 1, -1, -1):
+            jt = t if J.shape[0] > 1 else 0
+            jn = t + 1 if J.shape[0] > 1 else 0  # J_{t+1}
+            ct = t if c.shape[0] > 1 else 0
+            for b in range(B):
+                jb = b if J.shape[1] > 1 else 0
+                cb = b if c.shape[1] > 1 else 0
+                gb = b if per_lane else 0
+                if use_g:  # gh_t = g_t + J_{t+1}^T gh_{t+1}
+                    if t == K - 1 or not use_J:
+                        for f in range(kk if kk == 1 else 2):
+                            for n in range(N):
+                                GH[t, b, f, n] = G[t, b, f, n]
+                    elif kk == 1:
+                        for n in range(N):
+                            GH[t, b, 0, n] = G[t, b, 0, n] + J[jn, jb, 0, n] * GH[t + 1, b, 0, n]
+                    else:
+                        for n in range(N):
+                            GH[t, b, 0, n] = (G[t, b, 0, n] + J[jn, jb, 0, n] * GH[t + 1, b, 0, n]
+                                              + J[jn, jb, 2, n] * GH[t + 1, b, 1, n])
+                        for n in range(N):
+                            GH[t, b, 1, n] = (G[t, b, 1, n] + J[jn, jb, 1, n] * GH[t + 1, b, 0, n]
+                                              + J[jn, jb, 3, n] * GH[t + 1, b, 1, n])
+                    for j in range(m):
+                        for n in range(N):
+                            Gv[j, gb, n] += GH[t, b, 0, n] * V[j, t, b, 0, n]
+                        if kk == 4:
+                            for n in range(N):
+                                Gv[j, gb, n] += GH[t, b, 1, n] * V[j, t, b, 1, n]
+                    for q in range(A.shape[0]):
+                        if kk == 1:
+                            for n in range(N):
+                                A[q, t, b, n] = GH[t, b, 0, n] * Cr[q, ct, cb, 0, n]
+                        else:
+                            for n in range(N):
+                                A[q, t, b, n] = GH[t, b, 0, n] * Cr[q, ct, cb, 0, n] + GH[t, b, 1, n] * Cr[q, ct, cb, 1, n]
+                if not carry:
+                    continue
+                # e_out += Phi_t V_t; P[b, t] = Phi_t c_t; then Phi_{t-1} = Phi_t J_t
+                if kk == 1:
+                    for j in range(m):
+                        for n in range(N):
+                            e_out[j, b, 0, n] += phi[b, 0, n] * V[j, t, b, 0, n]
+                    if need_P and unit:
+                        for n in range(N):
+                            P[b, t, 0, n] = phi[b, 0, n]
+                    elif need_P:
+                        for n in range(N):
+                            P[b, t, 0, n] = phi[b, 0, n] * c[ct, cb, 0, n]
+                    for n in range(N):
+                        phi[b, 0, n] *= J[jt, jb, 0, n]
+                else:
+                    for j in range(m):
+                        for n in range(N):
+                            e_out[j, b, 0, n] += phi[b, 0, n] * V[j, t, b, 0, n] + phi[b, 1, n] * V[j, t, b, 1, n]
+                        for n in range(N):
+                            e_out[j, b, 1, n] += phi[b, 2, n] * V[j, t, b, 0, n] + phi[b, 3, n] * V[j, t, b, 1, n]
+                    if need_P and unit:  # c = (1, 0): the first column of Phi_t
+                        for n in range(N):
+                            P[b, t, 0, n] = phi[b, 0, n]
+                        for n in range(N):
+                            P[b, t, 1, n] = phi[b, 2, n]
+                    elif need_P:
+                        for n in range(N):
+                            P[b, t, 0, n] = phi[b, 0, n] * c[ct, cb, 0, n] + phi[b, 1, n] * c[ct, cb, 1, n]
+                        for n in range(N):
+                            P[b, t, 1, n] = phi[b, 2, n] * c[ct, cb, 0, n] + phi[b, 3, n] * c[ct, cb, 1, n]
+                    for n in range(N):
+                        p00, p01, p10, p11 = phi[b, 0, n], phi[b, 1, n], phi[b, 2, n], phi[b, 3, n]
+                        j00, j01, j10, j11 = J[jt, jb, 0, n], J[jt, jb, 1, n], J[jt, jb, 2, n], J[jt, jb, 3, n]
+                        phi[b, 0, n] = p00 * j00 + p01 * j10
+                        phi[b, 1, n] = p00 * j01 + p01 * j11
+                        phi[b, 2, n] = p10 * j00 + p11 * j10
+                        phi[b, 3, n] = p10 * j01 + p11 * j11
+        if use_g and use_J:  # b0 = J_0^T gh_0, the boundary term with the traces carried in
+            for b in range(B):
+                jb = b if J.shape[1] > 1 else 0
+                gb = b if per_lane else 0
+                if kk == 1:
+                    for n in range(N):
+                        b0[b, 0, n] = J[0, jb, 0, n] * GH[0, b, 0, n]
+                else:
+                    for n in range(N):
+                        b0[b, 0, n] = J[0, jb, 0, n] * GH[0, b, 0, n] + J[0, jb, 2, n] * GH[0, b, 1, n]
+                    for n in range(N):
+                        b0[b, 1, n] = J[0, jb, 1, n] * GH[0, b, 0, n] + J[0, jb, 3, n] * GH[0, b, 1, n]
+                if has_e:
+                    for j in range(m):
+                        for f in range(kk if kk == 1 else 2):
+                            for n in range(N):
+                                Gv[j, gb, n] += b0[b, f, n] * e_in[j, b, f, n]
+        if carry and has_e:
             for j in range(m):
                 for b in range(B):
-                    for n in range(N):
-                        ev_out[j, b, n] = phi[b, n] * ev_in[j, b, n] if has_ev else 0.0
-                    if ones[j]:
-                        for k in range(K):
-                            for n in range(N):
-                                ev_out[j, b, n] += P0[b, k, n]
+                    if kk == 1:
+                        for n in range(N):
+                            e_out[j, b, 0, n] += phi[b, 0, n] * e_in[j, b, 0, n]
                     else:
-                        for k in range(K):
-                            for n in range(N):
-                                ev_out[j, b, n] += P0[b, k, n] * V[j, k, b, n]
+                        for n in range(N):
+                            e_out[j, b, 0, n] += phi[b, 0, n] * e_in[j, b, 0, n] + phi[b, 1, n] * e_in[j, b, 1, n]
+                        for n in range(N):
+                            e_out[j, b, 1, n] += phi[b, 2, n] * e_in[j, b, 0, n] + phi[b, 3, n] * e_in[j, b, 1, n]
 
-
-if _HAVE_NUMBA:
-
-    @_nb.njit(cache=True, fastmath=False, nogil=True)
-    def _filter_mat(zbar, psi, em, a, u, has_u, G):  # pragma: no cover - compiled
-        """One readout-filter step of a weight matrix's trace, in one pass over ``[N, B, H]``:
-        ``zbar[n, b, h] <- a zbar + sum_f psi[b, n, f] em[n, b, f, h]`` and, with ``u``,
-        ``G[n, h] += sum_b u[b, n] zbar[n, b, h]``."""
-        N, B, k, H = em.shape
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _mat_carry(E, q, phi, bb, use_b, Gm, carry):  # pragma: no cover - compiled
+        """One pass over a matrix trace ``E [N, B, k, H]``: the boundary term ``Gm[n] += sum_{b, f}
+        bb[b, f, n] E[n, b, f]`` (``use_b``), then ``E[n, b] <- q[b, (f, n)] + phi[b, :, n] E[n, b]``
+        (``carry``; ``q [B, k*N, H]``, ``phi [B, k*k, N]``)."""
+        N, B, k, H = E.shape
         for n in range(N):
             for b in range(B):
-                p0 = psi[b, n, 0]
-                p1 = psi[b, n, 1] if k == 2 else 0.0
-                q = u[b, n] if has_u else 0.0
-                zr = zbar[n, b]
-                for h in range(H):
-                    d = p0 * em[n, b, 0, h]
-                    if k == 2:
-                        d += p1 * em[n, b, 1, h]
-                    z = a * zr[h] + d
-                    zr[h] = z
-                    if has_u:
-                        G[n, h] += q * z
+                if use_b:
+                    for f in range(k):
+                        s = bb[b, f, n]
+                        for h in range(H):
+                            Gm[n, h] += s * E[n, b, f, h]
+                if carry:
+                    if k == 1:
+                        p = phi[b, 0, n]
+                        for h in range(H):
+                            E[n, b, 0, h] = q[b, n, h] + p * E[n, b, 0, h]
+                    else:
+                        p00, p01, p10, p11 = phi[b, 0, n], phi[b, 1, n], phi[b, 2, n], phi[b, 3, n]
+                        for h in range(H):
+                            e0, e1 = E[n, b, 0, h], E[n, b, 1, h]
+                            E[n, b, 0, h] = q[b, n, h] + p00 * e0 + p01 * e1
+                            E[n, b, 1, h] = q[b, N + n, h] + p10 * e0 + p11 * e1
 
 
-def filter_mat_step_numba(zbar, psi, em, a, u, G) -> None:
-    """The compiled form of one readout-filter step of a weight matrix's trace (the matrix part of
-    :meth:`spikerec.hardware.online.readout_filter.ReadoutFilter.step`, one decay ``a``): ``zbar
-    [N, B, H]`` advanced in place, ``G [N, H]`` added to where ``u [B, N]`` is given. ``psi [B, N, k]``
-    (``k`` = 1, 2), ``em [N, B, k, H]``: the spike map's partials and the layer's trace; all
-    contiguous CPU tensors of one float dtype."""
-    dt = zbar.dtype
-    has_u = u is not None
-    _filter_mat(zbar.numpy(), psi.detach().to(dt).contiguous().numpy(), em.numpy(), float(a),
-                u.detach().to(dt).contiguous().numpy() if has_u else zbar[0].numpy(), has_u,
-                G.numpy() if has_u else zbar[0].numpy())
+def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = False, Cr=None,
+                      need_P: bool = False):
+    """The block's per-lane work on planar CPU tensors of one float dtype (module docstring):
+    ``J [K or 1, B or 1, k*k, N]``, ``V [m, K, B, k, N]``, ``G [K, B, k, N]`` or ``None``, ``c [K or 1,
+    B or 1, k, N]`` (the immediate coefficient of the matrix parameters; ``None``: the unit vector ``e_0``),
+    ``e_in [m, B, k, N]`` or ``None``; ``Cr [R, K or 1, B or 1, k, N]``: the matrix readers' coefficients;
+    ``need_P``: the matrix traces' carry coefficients. Returns ``(GH, A, Gv, b0, P, phi, e_out)`` as
+    numpy arrays, each ``None`` where not asked for (``A [R, K, B, N]``; ``Gv`` ``[m, N]``, or ``[m,
+    B, N]`` with ``per_lane``, in float64)."""
+    m, K, B, k, N = V.shape
+    kk, dt = k * k, V.numpy().dtype
+    e = lambda *s: np.empty(s, dtype=dt)  # noqa: E731
+    use_g = G is not None
+    carry = carry and use_J
+    need_P = need_P and carry
+    GH = e(K, B, k, N) if use_g else None
+    Gv = np.zeros((m, B if per_lane else 1, N), dtype=np.float64) if use_g else None
+    b0 = e(B, k, N) if use_g and use_J else None
+    P = e(B, K, k, N) if need_P else None
+    phi = e(B, kk, N) if carry else None
+    e_out = e(m, B, k, N) if carry else None
+    A = e(Cr.shape[0], K, B, N) if (use_g and Cr is not None) else None
+    pd = np.zeros((1, 1, 1, 1, 1), dtype=dt)
+    a = lambda t, d: (t.numpy() if isinstance(t, torch.Tensor) else t) if t is not None else pd[(0,) * (5 - d)]  # noqa: E731
+    _lanes(J.numpy(), V.numpy(), a(G, 4), a(c, 4), c is None, a(Cr if A is not None else None, 5), a(e_in, 4), use_g,
+           use_J, e_in is not None, carry, need_P, per_lane, a(GH, 4), A if A is not None else pd[:0, 0],
+           Gv if use_g else pd[0, 0, 0].astype(np.float64), a(b0, 3), a(P, 4), a(phi, 3), a(e_out, 4))
+    return GH, A, (None if Gv is None else Gv if per_lane else Gv[:, 0]), b0, P, phi, e_out
 
 
-for _kind in ("lif", "alif"):  # the readout filter of the spiking layers' weight traces (whole-stack step)
-    neurons.register_backend(_kind, "kernels.trace_numba (compiled readout-filter step of a weight trace)",
-                             filter_mat_step_numba,
-                             test="tests/test_online_whole_stack.py::test_whole_stack_step_equals_bptt_through_the_neuron_steps")
+def mat_carry_numba(E, q, phi, bb, Gm) -> None:
+    """:func:`_mat_carry` on CPU tensors, ``E`` advanced in place: the boundary term added to ``Gm``
+    where ``bb [B, k, N]`` is given, the carry where ``q [B, k*N, H]`` and ``phi [B, k*k, N]`` are."""
+    pd = np.zeros((1, 1, 1), dtype=E.numpy().dtype)
+    _mat_carry(E.numpy(), q.numpy() if q is not None else pd, phi.numpy() if q is not None else pd,
+               bb.contiguous().numpy() if bb is not None else pd, bb is not None,
+               Gm.numpy() if bb is not None else pd[0], q is not None)
+
+
+for _kind in ("lif", "alif", "lru", "readout"):
+    neurons.register_backend(_kind, "kernels.trace_numba (compiled block contraction: block_lanes_numba, "
+                             "mat_carry_numba)", block_lanes_numba,
+                             test="tests/test_online_partials.py::test_compiled_block_equals_the_derived_recursion")

@@ -1,120 +1,185 @@
-"""A chunked block of K steps with no autograd call (the chunked mode's compiled path).
+"""The gradient work of a block of K steps (Zucchet et al. 2023, Sec. 3; thesis Zucchet 2025,
+Sec. 4.3.2), from the rows of every layer: its input, state before and after each step, and
+output (``[K*B, ..]``), as the layers' block scans or the stream's window give them.
 
-Within a block the online rule needs, for every traced layer and step ``t``, the spatial error
-``g_t = d l_t / d s_t`` and the direct gradients of the output-map parameters (Zucchet et al.
-2023, Sec. 3; thesis Zucchet 2025, Sec. 4.3.2), then the layer-local reverse filter
-``gh_k = g_k + J_{k+1}^T gh_{k+1}`` and its contraction with the immediate partials (the adjoint
-form of the trace recursion). With the recurrent edges cut, the steps of a block are
-independent rows once the states are known, so:
+Every step starts from the detached previous state, so the steps of a block are independent rows:
 
-* forward: the states before each step by the layer's block scan (the LRU's parallel scan of
-  ``h_t = lam h_{t-1} + gamma B u_t``, Orvieto et al. 2023, Sec. 3), then every step's output
-  map on ``[K*B]`` rows at once;
-* loss: the loss's closed-form ``value_and_grad`` per step (no autograd);
-* spatial backward: the hand-written per-cell chain of :mod:`.spatial` on ``[K*B]`` rows, so
-  each output-map gradient (``dC += gy^T h``, ``dW += gy^T u``, ...) is one matrix product over
-  the whole block;
-* reverse filter and contractions: :func:`.traces_base.chunk_contract` (a reverse linear scan
-  for the LRU; the input-matrix contraction as one GEMM).
-
-Under a leaky readout with readout-filtered traces (:mod:`.readout_filter`) the layer below it
-takes the readout's errors of every later step of the block (``gbar``, a reverse filter of the
-block's output errors) and the filtered traces carried across blocks (:meth:`.ReadoutFilter.block`).
-It applies when every layer has a hand-written spatial backward (LRU, ALIF, plain LIF, leaky or
-linear readout; no active dropout) and the loss carries ``value_and_grad``; the result equals the
-autograd block of :meth:`OnlineLearner._block_batched` (tests/test_online_block.py, float64).
+* the loss's error ``gy_t = d l_t / d y_t`` of every step (closed form where the loss has one);
+* the spatial backward ``g^l_t = d l_t / d s^l_t``: per layer its hand-written form
+  (:meth:`~.traces.LayerTrace` ``errors``, one matrix product per output map for the whole block;
+  :func:`compiled_block`) or one autograd call over the block's graph (:func:`autograd_block`, the
+  reference);
+* under a leaky readout with readout-filtered traces the layer below it takes the readout's
+  errors of every later step of the block (``gbar``) and the filtered traces carried across blocks;
+* per traced layer the block contraction (:func:`.traces.chunk_contract`) of its partials.
 """
 from __future__ import annotations
 
 import torch
 
 from .readout_filter import reverse_readout_filter
-from .spatial import _lru_out, _output, _spatial_backward, compiled_kinds, filter_forms, layer_errors, supported
-from .traces_base import stack_partials
+from .traces import GenericTrace, chunk_contract
+from .traces_readout import LinearReadoutTrace, ReadoutTrace
 
-__all__ = ["block_supported", "compiled_chunk_block"]
-
-
-def block_supported(learner) -> bool:
-    """Whether :func:`compiled_chunk_block` applies to ``learner``'s stack (the losses aside)."""
-    return supported(learner)
+__all__ = ["scan_rows", "compiled_block", "autograd_block", "loss_errors", "compiled_supported"]
 
 
-def compiled_chunk_block(learner, x: torch.Tensor, vgs: list, carry: bool, block_vg=None):
-    """The gradient work of one block ``x [K, B, C]`` (states start at ``learner.states``, which
-    are advanced to the block's end). ``vgs[k](y_k) -> (loss, d loss / d y_k) | None`` per step
-    (``None`` entry: no loss at that step), or ``block_vg(Y [K, B, ...]) -> (summed loss,
-    d loss / d Y)`` for the whole block in one call. Returns the block's summed loss (detached)
-    or ``None``."""
+def compiled_supported(learner) -> bool:
+    """Whether every layer has a hand-written spatial backward (LIF, ALIF, LRU; a readout last) and
+    no dropout is active: the stack's blocks then run :func:`compiled_block`."""
+    drop = getattr(learner.model, "dropout", None)
+    trs = learner.tracers
+    return (not (drop is not None and drop.training) and all(hasattr(tr, "errors") for tr in trs)
+            and isinstance(trs[-1], (ReadoutTrace, LinearReadoutTrace))
+            and not any(isinstance(tr, (ReadoutTrace, LinearReadoutTrace)) for tr in trs[:-1]))
+
+
+def scan_rows(learner, x: torch.Tensor, compiled: bool):
+    """The rows of a block ``x [K, B, C]`` by every layer's block scan (``compiled``: the layers'
+    own kernels; else the step loop), the learner's states advanced to its end; returns ``(recs,
+    y [K, B, outputs])`` with ``recs[l] = (input, prev, new, output)``."""
     K, B = x.shape[0], x.shape[1]
-    tracers = learner.tracers
-    kinds = compiled_kinds(learner)
-    recs = []
-    with torch.no_grad():
-        h = x.reshape(K * B, *x.shape[2:])
-        for l, (tr, kind) in enumerate(zip(tracers, kinds)):
-            s = learner.states[l]
-            if kind == "readout":
-                c = tr.cell
-                y = readout_rows(h, c.weight.detach(), c.bias)
-                prev = None
-                new = (y,)
-                learner.states[l] = type(s)(y[(K - 1) * B:])
-                out = y
-            else:
-                hk = h.reshape(K, B, *h.shape[1:])
-                out = None
-                # the states before and after each step (and the outputs) from one scan
-                scan = tr.scan_block if hasattr(tr, "scan_block") else tr.scan_loop
-                prev, last, new, out = scan(hk, s, with_new=True, with_out=True)
-                learner.states[l] = last
-                if out is None:
-                    out = _lru_out(tr.cell, h, new) if kind == "lru" else _output(tr, kind, new)
-            recs.append((h, prev, new, out))
-            h = out
-        y = h.reshape(K, B, *h.shape[1:])
-        total, gy = block_loss(learner, y, vgs, block_vg)
-        filt = learner._filter
-        fl = len(tracers) - 2 if filt is not None else None  # the layer under the leaky readout
-        gs = _spatial_backward(learner, kinds, recs, None if gy is None else gy.reshape(K * B, *gy.shape[2:]), fl)
-        gbar = None
-        if filt is not None and gy is not None:  # its errors: the readout's of the block's later steps
-            gbar = reverse_readout_filter(filt.readout.alpha().detach().to(gy.dtype), gy)
-            g_in = gbar.reshape(K * B, -1) @ filt.readout.weight.detach()
-            gs[fl] = layer_errors(learner, fl, kinds[fl], recs[fl], g_in, learner.spatial, below=False)[0]
-        for l, (tr, kind) in enumerate(zip(tracers, kinds)):
-            if kind == "readout" or not tr.traced:
-                continue
-            h_in, prev, new, _ = recs[l]
-            if l == fl:  # before the traces are carried: the filtered traces meet them
-                P = stack_partials(tr.partials(h_in, prev, new), K, B)
-                with torch.enable_grad():
-                    filt.block(learner.traces[l], P, h_in, new, gbar, K, B, **filter_forms(learner, l, kind, recs[l]))
-            G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
-            tr.block_contract(learner.traces[l], h_in, prev, new, G, carry, K, B)
-    return None if total is None else total.detach()
+    h, recs = x, []
+    for l, tr in enumerate(learner.tracers):
+        s = learner.states[l]
+        if compiled and hasattr(tr, "scan_block"):
+            prev, last, new, out = tr.scan_block(h, s)
+        elif isinstance(tr, GenericTrace):
+            prevs, outs = [], []
+            for t in range(K):
+                prevs.append(s)
+                out_t, s = tr.cell.step(h[t], s)
+                outs.append(out_t)
+            prev = type(s)(*(torch.cat([p[f] for p in prevs]) for f in range(len(s))))
+            new = type(s)(*(torch.cat([p[f] for p in prevs[1:]] + [s[f]]) for f in range(len(s))))
+            last, out = s, torch.cat(outs)
+        else:
+            prev, last, new = tr.scan_loop(h, s)
+            out = tr.output(h.reshape(K * B, -1), new)
+        learner.states[l] = type(last)(*(f.detach() for f in last))
+        recs.append((h.reshape(K * B, -1), prev, new, out))
+        h = out.reshape(K, B, -1)
+    return recs, h
 
 
-def block_loss(learner, y, vgs, block_vg):
-    """The block's summed loss and ``d loss / d y [K, B, ...]`` (``(None, None)`` without a loss
-    in the block): ``block_vg(y)`` in one call, else ``vgs[k](y_k)`` per step."""
+def loss_errors(y: torch.Tensor, losses: list, block_vg=None):
+    """The summed loss (detached) and ``gy [K, B, outputs]`` (``None`` without a loss) of a block's
+    outputs ``y``: ``block_vg(y)`` in one call, or per step ``losses[k]`` ``(fn, value_and_grad)``
+    (the closed form where given, else one autograd call on the step's output)."""
     if block_vg is not None:
-        return block_vg(y)
+        total, gy = block_vg(y)
+        return total.detach(), gy
     total = gy = None
-    for k in range(y.shape[0]):
-        lg = vgs[k](y[k]) if vgs[k] is not None else None
-        if lg is None:
+    for k, (fn, vg) in enumerate(losses):
+        if fn is None:
             continue
-        loss, g = lg
-        if loss.dim() != 0:
-            raise ValueError(f"loss must return a scalar at step {learner.steps + k}, got shape {tuple(loss.shape)}")
-        total = loss if total is None else total + loss
+        if vg is not None:
+            lg = vg(y[k])
+            if lg is None:
+                continue
+            loss, g = lg
+        else:
+            yl = y[k].detach().requires_grad_()
+            with torch.enable_grad():
+                loss = fn(yl)
+            if loss is None:
+                continue
+            if loss.dim() != 0:
+                raise ValueError(f"loss must return a scalar, got shape {tuple(loss.shape)}")
+            g = torch.autograd.grad(loss, yl, allow_unused=True)[0] if loss.requires_grad else None
+            if g is None:
+                g = torch.zeros_like(yl)
+        total = loss.detach() if total is None else total + loss.detach()
         if gy is None:
-            gy = torch.zeros((y.shape[0], *g.shape), dtype=y.dtype, device=y.device)
+            gy = torch.zeros_like(y)
         gy[k] = g
     return total, gy
 
 
-def readout_rows(h, W, b):
-    """A linear readout ``y = h W^T + b`` of a block's ``[K*B, N]`` rows (one ``addmm``)."""
-    return h @ W.t() if b is None else torch.addmm(b.detach(), h, W.t())
+def _filtered_errors(learner, gy, K: int, B: int):
+    """``gbar``: the leaky readout's errors of every later step of the block (``None`` without the
+    filter or a loss)."""
+    filt = learner._filter
+    if filt is None or gy is None:
+        return None
+    return reverse_readout_filter(filt.readout.alpha().detach().to(gy.dtype), gy)
+
+
+def _contract(learner, recs, gs, gbar, carry: bool, K: int, B: int) -> None:
+    """Per traced layer: the readout filter's block (the layer under a leaky readout), then the
+    block contraction of its partials with its errors ``gs[l] [K*B, N, k]``."""
+    fl = len(learner.tracers) - 2 if learner._filter is not None else None
+    for l, tr in enumerate(learner.tracers):
+        if not tr.traced:
+            continue
+        x_in, prev, new, _ = recs[l]
+        new = type(new)(*(f.detach() for f in new))
+        P = tr.block_partials(x_in, prev, new, K, B)
+        if l == fl:  # before the traces are carried: the filtered traces meet them
+            learner._filter.block(learner._trace_states[l], P, x_in, new, gbar, K, B)
+        G = None if gs[l] is None else gs[l].reshape(K, B, *gs[l].shape[1:])
+        chunk_contract(learner._trace_states[l], P, G, carry)
+
+
+def compiled_block(learner, recs, gy, carry: bool, K: int, B: int) -> None:
+    """The gradient work of a block of ``K`` steps from its rows and the loss errors ``gy [K, B,
+    outputs]`` (or ``None``) with the layers' hand-written spatial backwards (no autograd call but
+    the readout filter's spike partials)."""
+    trs = learner.tracers
+    fl = len(trs) - 2 if learner._filter is not None else None
+    gs = [None] * len(trs)
+    with torch.no_grad():
+        gbar = _filtered_errors(learner, gy, K, B)
+        if gy is not None:
+            g_out = gy.reshape(K * B, -1)
+            for l in range(len(trs) - 1, -1, -1):
+                g, g_out = trs[l].errors(recs[l], g_out, None if l == fl else learner.spatial, l > 0)
+                gs[l] = None if l == fl else g
+            if gbar is not None:  # the filtered layer's errors: the readout's of every later step
+                g_in = gbar.reshape(K * B, -1) @ learner._filter.readout.weight.detach()
+                gs[fl] = trs[fl].errors(recs[fl], g_in, learner.spatial, False)[0]
+        _contract(learner, recs, gs, gbar, carry, K, B)
+
+
+def autograd_block(learner, recs, gy, carry: bool, K: int, B: int) -> None:
+    """:func:`compiled_block` with the spatial backward by autograd over the block's graph (every
+    layer re-advanced from its detached previous rows with the graph to its input): the reference."""
+    trs = learner.tracers
+    h, news = recs[0][0], []
+    for l, tr in enumerate(trs):
+        prev = recs[l][1]
+        if isinstance(tr, GenericTrace):
+            out, new = tr.cell.step(h, prev)
+        else:
+            new = tr.step(h, prev)
+            new = type(new)(*(f.view_as(f) if f.requires_grad else f.detach().requires_grad_() for f in new))
+            out = tr.output(h, new)
+        news.append(new)
+        h = out
+    traced = [l for l, tr in enumerate(trs) if tr.traced]
+    gs = [None] * len(trs)
+    fl = len(trs) - 2 if learner._filter is not None else None
+    gbar = _filtered_errors(learner, gy, K, B)
+    if gy is not None:
+        total = (h * gy.reshape(h.shape).detach()).sum()  # d total / d y_t = gy_t: the loss's gradient
+        inputs = [f for l in traced for f in news[l]]
+        grads = torch.autograd.grad(total, inputs + learner.params, allow_unused=True, retain_graph=fl is not None)
+        learner._add_spatial(grads[len(inputs):])
+        it = iter(grads[: len(inputs)])
+        for l in traced:
+            fields = [(next(it), f) for f in news[l]]
+            if any(g is not None for g, _ in fields):
+                gs[l] = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in fields], -1)
+        if fl is not None:  # the layer under the leaky readout: the readout's errors of every later step
+            c = trs[fl].cell
+            params = {n: p for n, p in c.named_parameters() if p.requires_grad}
+            ys = news[fl + 1][0]
+            grads = torch.autograd.grad(ys, list(news[fl]) + list(params.values()), gbar.reshape(K * B, -1),
+                                        allow_unused=True)
+            for n, g in zip(params, grads[len(news[fl]):]):
+                if g is not None:
+                    learner._trace_states[fl].add(n, g)
+            gs[fl] = torch.stack([g if g is not None else torch.zeros_like(f)
+                                  for g, f in zip(grads, news[fl])], -1)
+    with torch.no_grad():
+        _contract(learner, [(r[0], r[1], n, r[3]) for r, n in zip(recs, news)], gs, gbar, carry, K, B)

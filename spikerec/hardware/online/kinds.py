@@ -1,10 +1,10 @@
 """The registry of cell kinds with exact online learning.
 
-One entry per kind says how the learner treats a cell of it: the trace class (its state update,
-Jacobian and immediate partials, :class:`.traces_base.LayerTrace`), the tag the compiled paths
-dispatch on (the hand-written spatial backward of :mod:`.spatial`, the chunked block of
-:mod:`.block`, the whole-stack step of :mod:`.whole_stack`), and what :meth:`.learner.OnlineLearner.exactness`
-reports. A cell no entry claims learns with 1-step truncation (:class:`.traces_base.GenericTrace`).
+One entry per kind says how the learner treats a cell of it: its trace class (the state update,
+Jacobian, immediate partials, spatial backward, block scan and compiled step,
+:class:`.traces.LayerTrace`), what :meth:`.learner.OnlineLearner.exactness` reports, and the
+readout filter it carries under a leaky readout. A cell no entry claims learns with 1-step
+truncation (:class:`.traces.GenericTrace`).
 docs/architecture.md ("Adding a cell kind to online learning") lists the steps for a new kind.
 """
 from __future__ import annotations
@@ -17,9 +17,11 @@ from ...layers.lif import LIF
 from ...layers.lru import LRU
 from ...layers.readout import LeakyReadout
 from .readout_filter import LinearOutputFilter, ReadoutFilter
-from .traces_base import GenericTrace, LayerTrace
-from .traces_lif import ALIFTrace, LIFTrace, ReadoutTrace
+from .traces import GenericTrace, LayerTrace
+from .traces_alif import ALIFTrace
+from .traces_lif import LIFTrace
 from .traces_lru import LRUTrace
+from .traces_readout import LinearReadoutTrace, ReadoutTrace
 
 __all__ = ["OnlineKind", "register_online_kind", "online_kind", "online_trace", "registered_kinds"]
 
@@ -30,11 +32,10 @@ INDEPENDENT = "exact e-prop eligibility traces (independent neurons)"
 class OnlineKind:
     """How the online learner treats the cells of one kind.
 
-    ``tag``: the name the compiled paths dispatch on; ``cell``: the layer class; ``make``:
-    ``(cell, rule) -> LayerTrace``; ``exactness``: what :meth:`OnlineLearner.exactness` says of a
-    layer without lateral weights; ``claims(cell)``: whether this entry covers the cell (options of
-    the class another entry covers); ``compiled(cell)``: whether the compiled paths cover it (else
-    the layer, and so the stack, takes the reference path); ``readout_filter``: the class of the
+    ``tag``: the kind's name; ``cell``: the layer class; ``make``: ``(cell, rule) -> LayerTrace``;
+    ``exactness``: what :meth:`OnlineLearner.exactness` says of a layer without lateral weights;
+    ``claims(cell)``: whether this entry covers the cell (options of the class another entry
+    covers); ``readout_filter``: the class of the
     readout-filtered traces a layer of this kind carries under a leaky readout
     (:class:`.readout_filter.ReadoutFilter` for a spike map of the state,
     :class:`.readout_filter.LinearOutputFilter` for a linear output map; ``None``: none)."""
@@ -44,7 +45,6 @@ class OnlineKind:
     make: Callable[..., LayerTrace]
     exactness: str
     claims: Callable[[object], bool] = lambda cell: True
-    compiled: Callable[[object], bool] = lambda cell: True
     readout_filter: type | None = None
 
 
@@ -86,18 +86,11 @@ def online_trace(cell, rule: str, index: int) -> LayerTrace:
     return GenericTrace(cell, rule, stateless=False)
 
 
-def compiled_tag(tr) -> str | None:
-    """The tag of ``tr``'s kind where the compiled paths cover its cell, else ``None``."""
-    kind = getattr(tr, "online_kind", None)
-    return kind.tag if kind is not None and kind.compiled(tr.cell) else None
-
-
 register_online_kind(OnlineKind("lru", LRU, LRUTrace, "exact RTRL traces (diagonal linear recurrence)",
                                 readout_filter=LinearOutputFilter))
-register_online_kind(OnlineKind("lif", LIF, LIFTrace, INDEPENDENT, compiled=lambda c: not c.cuba,
-                                readout_filter=ReadoutFilter))
+register_online_kind(OnlineKind("lif", LIF, LIFTrace, INDEPENDENT, readout_filter=ReadoutFilter))
 register_online_kind(OnlineKind("alif", ALIF, ALIFTrace, INDEPENDENT, readout_filter=ReadoutFilter))
 register_online_kind(OnlineKind("leaky_readout", LeakyReadout, ReadoutTrace,
                                 "exact eligibility traces (leaky integrator)", claims=lambda c: c.leaky))
-register_online_kind(OnlineKind("readout", LeakyReadout, lambda c, rule: GenericTrace(c, rule, stateless=True),
-                                "stateless (exact)", claims=lambda c: not c.leaky))
+register_online_kind(OnlineKind("readout", LeakyReadout, LinearReadoutTrace, "stateless (exact)",
+                                claims=lambda c: not c.leaky))
