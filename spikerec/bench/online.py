@@ -24,10 +24,9 @@ of a per-step MSE loss is computed by
 (``tau`` 20 steps), on which the default learner carries readout-filtered traces
 (:mod:`spikerec.hardware.online.readout_filter`): the row's ``readout`` column says which.
 
-``--device cuda`` runs the model, input and learner on the GPU (the online learner's matrix
-traces through its Triton kernel; the clock read after a device synchronisation, peak memory from
-the CUDA allocator); ``--trace-kernel N,B,H`` times the matrix-trace kernel alone against a copy of
-the trace's bytes. Every method runs once before the measured runs (compilation, first-call
+``--device cuda`` runs the model, input and learner on the GPU (the online learner's blocks with
+the Triton reverse filter; the clock read after a device synchronisation, peak memory from the
+CUDA allocator). Every method runs once before the measured runs (compilation, first-call
 allocations).
 
 Each method's learner is made once, as the model is, and each run is one sequence through it
@@ -274,40 +273,6 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     return rows
 
 
-def trace_kernel(device: str, N: int, B: int, H: int, k: int = 2, repeat: int = 20) -> list[dict]:
-    """The matrix-trace step alone (advance ``eps [N, B, k, H]`` and contract it with one error
-    ``g``) by the fused kernel of ``device`` (Triton on CUDA, numba on the CPU) and by the torch
-    reference, against the floor: a copy of the trace (its bytes read once and written once,
-    which is what the fused step must move). Float32; the time is the best of ``repeat`` after
-    a warm-up; GB/s counts the trace's bytes read plus written."""
-    import torch
-
-    from spikerec.kernels.trace_numba import mat_trace_step_numba, mat_trace_step_torch
-    from spikerec.kernels.trace_triton import mat_trace_step
-
-    g = torch.Generator().manual_seed(2)
-    r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
-    eps, J, c, x, gv = r(N, B, k, H), 0.9 * r(B, N, k, k) / k, r(B, N, k), r(B, H), r(B, N, k)
-    dst = torch.empty_like(eps)
-    fused = mat_trace_step if device.startswith("cuda") else mat_trace_step_numba
-    fns = {"fused": lambda: fused(eps, J, c, x, [gv]), "torch": lambda: mat_trace_step_torch(eps, J, c, x, [gv]),
-           "copy (floor)": lambda: dst.copy_(eps)}
-    nbytes = 2 * eps.numel() * eps.element_size()
-    best = {m: float("inf") for m in fns}
-    for m, f in fns.items():  # warm-up (compilation)
-        f()
-    for _ in range(repeat):
-        for m, f in fns.items():
-            eps.mul_(0.5)  # keeps the values bounded over the rounds (not timed)
-            _sync(device)
-            t0 = time.perf_counter()
-            f()
-            _sync(device)
-            best[m] = min(best[m], time.perf_counter() - t0)
-    return [{"what": m, "N": N, "B": B, "H": H, "k": k, "ms": best[m] * 1e3, "GB_s": nbytes / best[m] / 1e9,
-             "x_floor": best[m] / best["copy (floor)"], "device": device} for m in fns]
-
-
 def _best_over_processes(runs: list[list[dict]]) -> list[dict]:
     """One row per method from the rows of several processes: the best time (and the largest
     peak memory) over them, the range of the times, and the ratio of the best times to BPTT's."""
@@ -356,13 +321,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="fresh processes per (net, T); each method's time is its best over them and the "
                          "range is printed (the BPTT reference moves by 10-30%% from one process to another)")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N: where the model, input and "
-                    "learner run (on CUDA the online learner's matrix traces use the Triton kernel)")
+                    "learner run (on CUDA the online learner's blocks use the Triton reverse filter)")
     ap.add_argument("--batch", type=whole_number(1), default=None, help="batch size (overrides the preset)")
     ap.add_argument("--hidden", type=whole_number(1), default=None,
                     help="input features and state size of each layer (overrides the preset)")
-    ap.add_argument("--trace-kernel", default=None, metavar="N,B,H",
-                    help="instead: time the matrix-trace step alone (fused kernel, torch reference, a copy of the "
-                         "trace as the floor) for traces [N, B, 2, H], e.g. 1024,32,1024")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -414,22 +376,6 @@ def main(argv: list[str] | None = None) -> int:
               "(the readout filter applies only under a leaky readout; the linear readout's rows skip them)",
               file=sys.stderr)
         return 2
-    if args.trace_kernel:
-        try:
-            N, B, H = (int(v) for v in args.trace_kernel.split(","))
-        except ValueError:
-            print(f"spikerec bench online: --trace-kernel expects N,B,H (three integers), got {args.trace_kernel!r}",
-                  file=sys.stderr)
-            return 2
-        print(f"machine: {_machine(args.device)}")
-        rows = trace_kernel(args.device, N, B, H, repeat=args.repeat)
-        print(f"matrix-trace step, eps [{N}, {B}, 2, {H}] float32 ({2 * N * B * 2 * H * 4 / 1e6:.1f} MB read + written)")
-        for row in rows:
-            print(f"{row['what']:<14} {row['ms']:>9.3f} ms {row['GB_s']:>8.1f} GB/s {row['x_floor']:>6.2f}x floor")
-        if args.json:
-            with atomic_path(args.json) as tmp, open(tmp, "w") as f:
-                json.dump({"machine": _machine(args.device), "rows": rows}, f, indent=1)
-        return 0
     print(f"machine: {_machine(args.device)}; torch threads per run: {os.environ.get('SPIKEREC_BENCH_THREADS', '1')}; "
           f"numba threads: {os.environ.get('NUMBA_NUM_THREADS', os.environ.get('SPIKEREC_BENCH_THREADS', '1'))}")
     print(f"sizes: batch {size['B']}, features {size['H']}, state {size['N']}; chunk {args.chunk}")
