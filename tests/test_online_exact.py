@@ -309,10 +309,16 @@ def test_spatial_and_trunc1_set_zero_gradients_not_none():
 def test_a_registered_kind_gives_the_learner_its_trace_and_exactness():
     """The registry decides a cell's online form: a subclass of LIF that no entry claims as
     itself is claimed by LIF's entry; registering a kind for it gives the learner that kind's
-    trace and exactness text, and the compiled paths leave it to the reference."""
+    trace and exactness text. The compiled paths are the trace class's own pieces (``errors``,
+    ``row_kernel``, ``block_partials``, ``scan_block``): a trace that inherits LIF's rides them,
+    one with only the reference pieces (``step``, ``partials``) is left to the reference (the
+    autograd block, the torch steps); both give the LIF kind's gradient."""
     from spikerec.hardware.online import OnlineKind, online_kind, register_online_kind
     from spikerec.hardware.online import kinds as kinds_mod
+    from spikerec.hardware.online.traces import LayerTrace
     from spikerec.hardware.online.traces_lif import LIFTrace
+
+    from online_helpers import block_spy
 
     class MyLIF(LIF):
         pass
@@ -320,18 +326,56 @@ def test_a_registered_kind_gives_the_learner_its_trace_and_exactness():
     class MyTrace(LIFTrace):
         pass
 
-    cell = MyLIF(3, 4)
+    class MyReferenceTrace(LayerTrace):
+        """LIF's reference pieces only: no hand-written spatial backward, no compiled steps."""
+
+        kind, input_params, k = LIFTrace.kind, LIFTrace.input_params, 1  # a plain LIF without lateral weights
+        state_params, make_consts = LIFTrace.state_params, LIFTrace.make_consts
+        step, partials = LIFTrace.step, LIFTrace.partials
+
+    def stream(lr, x, tgt):
+        lr.model.zero_grad()
+        for t in range(x.shape[0]):
+            lr.step(x[t], tgt[t])
+        lr.update()
+        return {n: p.grad.clone() for n, p in named(lr.model)}
+
+    torch.manual_seed(9)
+    cell = MyLIF(3, 4, surrogate=SURR, tau_mem=5.0, learn_threshold=True)
+    with torch.no_grad():
+        cell.weight.abs_().mul_(3.0)  # every neuron spikes
+    model = RecurrentStack([cell], LeakyReadout(4, 2))
+    x, tgt = torch.rand(12, 2, 3), torch.randn(12, 2, 2)
+    step_loss = lambda y, t: ((y - t) ** 2).sum()  # noqa: E731
     assert online_kind(cell).tag == "lif"
+    ref = stream(OnlineLearner(model, loss=step_loss, backend="reference"), x, tgt)
+    assert all(g.abs().sum() > 0 for g in ref.values())
     saved = list(kinds_mod._KINDS)
     try:
         kinds_mod._KINDS.insert(0, OnlineKind("my_lif", MyLIF, MyTrace, "my exactness"))
         assert online_kind(cell).tag == "my_lif" and online_kind(LIF(3, 4)).tag == "lif"
-        register_online_kind(OnlineKind("my_lif", MyLIF, MyTrace, "my own exactness", compiled=lambda c: False))
-        lr = OnlineLearner(RecurrentStack([cell], LeakyReadout(4, 2)), loss=lambda y, t: ((y - t) ** 2).sum())
+        register_online_kind(OnlineKind("my_lif", MyLIF, MyTrace, "my own exactness"))
+        assert sum(k.tag == "my_lif" for k in kinds_mod._KINDS) == 1  # the same tag is replaced
+        lr = OnlineLearner(model, loss=step_loss)
         assert type(lr.tracers[0]) is MyTrace
         assert lr.exactness()[0][2] == "my own exactness"
-        lr.step(torch.rand(2, 3), torch.randn(2, 2))
-        assert lr._compiled_kinds is None  # not covered by the compiled paths: the reference
+        with block_spy() as calls:
+            got = stream(lr, x, tgt)
+        assert lr._compiled_block and lr._window.fast is not None  # LIF's compiled pieces, inherited
+        assert calls == {"compiled": 1, "autograd": 0}
+        for n in ref:
+            assert rel(got[n], ref[n]) < 1e-10, n
+        register_online_kind(OnlineKind("my_lif", MyLIF, MyReferenceTrace, "reference only"))
+        lr = OnlineLearner(model, loss=step_loss)
+        assert type(lr.tracers[0]) is MyReferenceTrace and lr.exactness()[0][2] == "reference only"
+        with block_spy() as calls:
+            got = stream(lr, x, tgt)
+        assert not lr._compiled_block and lr._window.fast is None  # not covered: the reference pieces
+        assert calls == {"compiled": 0, "autograd": 1}
+        for n in ref:
+            assert rel(got[n], ref[n]) < 1e-10, n
+        with pytest.raises(ValueError, match="backend 'compiled' needs a stack of LIF, ALIF or LRU"):
+            OnlineLearner(model, loss=step_loss, backend="compiled").step(x[0], tgt[0])
     finally:
         kinds_mod._KINDS[:] = saved
     assert online_kind(cell).tag == "lif"

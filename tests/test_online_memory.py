@@ -44,10 +44,11 @@ def peak_growth(model, T, B, H, seed, loss=None):
 @pytest.mark.skipif(alloc_in_use() is None, reason="needs glibc's mallinfo2")
 @pytest.mark.parametrize("net", ["lru_alif", "lif", "lif_mse", "alif_leaky"])
 def test_stream_peak_allocator_memory_is_flat_in_T(net):
-    """The LRU/ALIF stack, and a LIF stack whose matrix traces are applied in windows of steps
-    (the windows' buffers are the same size at any T), also with the package's MSE (its readout,
-    loss and gradient in one compiled call), and an ALIF layer under a leaky readout (with the
-    readout-filtered traces, per-output taus: two filtered copies)."""
+    """The LRU/ALIF stack and a LIF stack (lateral weights in the first layer), whose steps fill the
+    step window and are worked as blocks of ``STREAM_WINDOW`` steps (the window's rows are the same
+    size at any T), also with the package's MSE (its loss and gradient in one compiled call per
+    step), and an ALIF layer under a leaky readout (with the readout-filtered traces, per-output
+    taus: two filtered copies)."""
     torch.manual_seed(0)
     loss = mse_step_loss if net == "lif_mse" else None
     if net == "alif_leaky":

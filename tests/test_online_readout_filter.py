@@ -7,7 +7,8 @@ from spikerec.hardware.online import OnlineLearner, mse_loss, mse_step_loss
 from spikerec.layers import ALIF, LIF, LeakyReadout
 from spikerec.models import RecurrentStack
 
-from online_helpers import _fp64_one_thread, bptt_grads, cos, named, online_grads, rel  # noqa: F401
+from online_helpers import (_fp64_one_thread, block_spy, bptt_grads, cos, counted, named, online_grads,  # noqa: F401
+                            rel, torch_forms)
 
 SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
 CONFIGS = [
@@ -106,19 +107,34 @@ def test_step_api_and_reset_equal_bptt_of_each_sequence():
         assert rel(p.grad, refs[0][n] + refs[1][n]) < 1e-10, n
 
 
-def test_a_checkpoint_carries_the_filtered_traces():
-    """A stream saved and restored mid-sequence into a fresh learner gives the uninterrupted gradient."""
+@pytest.mark.parametrize("backend,mode,chunk", [("reference", "stream", None), ("compiled", "chunked", 3),
+                                                ("compiled", "stream", None)])
+def test_a_checkpoint_carries_the_filtered_traces(backend, mode, chunk):
+    """A stream saved and restored mid-sequence into a fresh learner gives the uninterrupted gradient:
+    the reference stream's checkpoint holds the filtered traces; the compiled window's holds the
+    filtered traces of the blocks worked (chunked: 3 of the 5 steps) and the pending rows as they
+    are (``window/...``; stream: all 5 steps wait in the window, no filtered trace yet)."""
+    if backend == "compiled" and "compiled" not in OnlineLearner.supported_backends("cpu"):
+        pytest.skip("numba is not installed")
     torch.manual_seed(4)
     model = leaky_model(*CONFIGS[0])
     x, t = torch.rand(10, 2, 4), torch.randn(10, 2, 2)
     ref = bptt_grads(model, x, t, mse_loss)
     model.zero_grad()
-    first = OnlineLearner(model, loss=mse_step_loss, readout_filter=True)
+
+    def make():
+        return OnlineLearner(model, loss=mse_step_loss, readout_filter=True, backend=backend, mode=mode, chunk=chunk)
+
+    first = make()
     for k in range(5):
         first.step(x[k], t[k])
     tensors, meta = first.state_tensors()
-    assert any(key.startswith("trace_filt/") for key in tensors)
-    second = OnlineLearner(model, loss=mse_step_loss, readout_filter=True)
+    worked, pending = mode == "chunked" or backend == "reference", backend == "compiled"
+    assert any(key.startswith("trace_filt/") for key in tensors) == worked
+    assert any(key.startswith("window/") for key in tensors) == pending
+    if pending:
+        assert tensors["window/x"].shape[0] == (2 if mode == "chunked" else 5)
+    second = make()
     second.load_state_tensors(tensors, meta)
     for k in range(5, 10):
         second.step(x[k], t[k])
@@ -202,29 +218,43 @@ def test_lru_under_a_leaky_readout_equals_bptt(mode, chunk):
 @pytest.mark.parametrize("mode,chunk", [("stream", None), ("chunked", 4)])
 @pytest.mark.parametrize("kind,kw", COMPILED)
 def test_compiled_paths_carry_the_filtered_traces(kind, kw, mode, chunk, monkeypatch):
-    """``backend="compiled"`` with the filter on by default (the compiled stream step; the chunked
-    blocks with the filtered traces carried across them): every parameter equals BPTT."""
+    """``backend="compiled"`` with the filter on by default: ``backward`` (stream: one block of the
+    13 steps; chunked: 4 blocks with the filtered traces carried across them) and the step API (the
+    window's compiled row kernels for every layer, worked as blocks at the chunk's end or at
+    ``update``) run ``block.compiled_block``, never the autograd block, with the readout filter's
+    block form; every parameter equals BPTT."""
     if "compiled" not in OnlineLearner.supported_backends("cpu"):
         pytest.skip("numba is not installed")
+    from spikerec.hardware.online import readout_filter
+
     torch.manual_seed(11)
     model = compiled_model(kind, kw)
     x = torch.rand(13, 3, 4) if kind != "lru" else torch.randn(13, 3, 4)
     tgt = torch.randn(13, 3, 2)
     ref = bptt_grads(model, x, tgt, mse_loss)
-    from spikerec.hardware.online import learner as learner_module
-
-    blocks = []
-    real = learner_module.compiled_chunk_block
-    monkeypatch.setattr(learner_module, "compiled_chunk_block", lambda *a, **k: blocks.append(1) or real(*a, **k))
+    filt_cls = readout_filter.LinearOutputFilter if kind == "lru" else readout_filter.ReadoutFilter
+    filtered = counted(monkeypatch, filt_cls, "block")
     learner = OnlineLearner(model, mode=mode, chunk=chunk, backend="compiled")
-    assert learner._filter is not None
+    assert type(learner._filter) is filt_cls and learner._compiled_block
     model.zero_grad()
-    learner.backward(x, tgt, mse_loss)
-    assert (learner._compiled_kinds is not None) == (mode == "stream")  # the compiled stream step ran
-    assert len(blocks) == (4 if mode == "chunked" else 0)  # the compiled blocks ran
+    with block_spy() as calls:
+        learner.backward(x, tgt, mse_loss)
+    blocks = 4 if mode == "chunked" else 1
+    assert calls == {"compiled": blocks, "autograd": 0} and len(filtered) == blocks
     for n, p in named(model):
         assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
         assert rel(p.grad, ref[n]) < 1e-10, n
+    filtered.clear()
+    model.zero_grad()
+    learner = OnlineLearner(model, mode=mode, chunk=chunk, backend="compiled", loss=mse_step_loss)
+    with block_spy() as calls:
+        for k in range(x.shape[0]):
+            learner.step(x[k], tgt[k])
+        assert learner._window.fast is not None  # every layer's compiled row kernel
+        learner.update()
+    assert calls == {"compiled": blocks, "autograd": 0} and len(filtered) == blocks
+    for n, p in named(model):
+        assert rel(p.grad, ref[n]) < 1e-10, ("step", n)
 
 
 def test_compiled_step_api_equals_bptt():
@@ -237,9 +267,12 @@ def test_compiled_step_api_equals_bptt():
     for mode, chunk in (("stream", None), ("chunked", 3)):
         model.zero_grad()
         learner = OnlineLearner(model, mode=mode, chunk=chunk, loss=mse_step_loss, backend="compiled")
-        for k in range(x.shape[0]):
-            learner.step(x[k], t[k])
-        learner.update()
+        with block_spy() as calls:
+            for k in range(x.shape[0]):
+                learner.step(x[k], t[k])
+            assert learner._window.fast is not None  # the compiled window: every layer's row kernel
+            learner.update()
+        assert calls == {"compiled": 4 if mode == "chunked" else 1, "autograd": 0}, mode
         for n, p in named(model):
             assert rel(p.grad, ref[n]) < 1e-10, (mode, n)
 
@@ -247,17 +280,20 @@ def test_compiled_step_api_equals_bptt():
 @pytest.mark.parametrize("torch_rows", [False, True])
 @pytest.mark.parametrize("kind", ["lif", "alif", "lru"])
 def test_compiled_paths_in_a_two_layer_stack(kind, torch_rows, monkeypatch):
-    """The compiled stream step and chunked block with two hidden layers of different parameters:
-    the top layer (under the readout) equals BPTT in every parameter, on the compiled paths as on
-    the reference; the lower layer keeps its documented bias, the same on both. ``torch_rows``:
-    the spatial backward's torch forms instead of its numba passes (what a CUDA device runs)."""
+    """The compiled backend with two hidden layers of different parameters (``backward`` in
+    stream and chunked mode, and the step API's window): the top layer (under the readout) equals
+    BPTT in every parameter, on the compiled paths as on the reference; the lower layer keeps its
+    documented bias, the same on both. ``torch_rows``: the compiled pieces' torch forms (the
+    window's torch steps, torch partials, ``lanes_torch``) instead of their numba passes (what a
+    CUDA device runs, there with its Triton filter); the hand-written block runs either way."""
     if "compiled" not in OnlineLearner.supported_backends("cpu"):
         pytest.skip("numba is not installed")
-    from spikerec.hardware.online import spatial
+    from spikerec.hardware.online import traces
     from spikerec.layers.lru import LRU
 
+    lanes = counted(monkeypatch, traces, "block_lanes_numba")
     if torch_rows:
-        monkeypatch.setattr(spatial, "_compiled_rows", lambda *t: False)
+        torch_forms(monkeypatch)
 
     torch.manual_seed(21)
     if kind == "lru":
@@ -276,36 +312,34 @@ def test_compiled_paths_in_a_two_layer_stack(kind, torch_rows, monkeypatch):
     tgt = torch.randn(13, 3, 2)
     ref = bptt_grads(model, x, tgt, mse_loss)
     reference = online_grads(model, x, tgt, mse_loss, backend="reference")
+    assert not lanes  # the reference: torch forms only
+
+    def by_steps(mode, chunk):
+        model.zero_grad()
+        lr = OnlineLearner(model, loss=mse_step_loss, backend="compiled", mode=mode, chunk=chunk)
+        for k in range(x.shape[0]):
+            lr.step(x[k], tgt[k])
+        assert (lr._window.fast is not None) == (not torch_rows)
+        lr.update()
+        out = {n: p.grad.clone() for n, p in named(model)}
+        model.zero_grad()
+        return out
+
     for mode, chunk in (("stream", None), ("chunked", 4)):
-        est = online_grads(model, x, tgt, mse_loss, backend="compiled", mode=mode, chunk=chunk)
+        with block_spy() as calls:
+            est = online_grads(model, x, tgt, mse_loss, backend="compiled", mode=mode, chunk=chunk)
+            steps = by_steps(mode, chunk)
+        blocks = 4 if mode == "chunked" else 1
+        assert calls == {"compiled": 2 * blocks, "autograd": 0}, mode
         for n in ref:
             assert rel(est[n], reference[n]) < 1e-10, (mode, n)
+            assert rel(steps[n], reference[n]) < 1e-10, (mode, "step", n)
             if not n.startswith("cells.0"):
                 assert ref[n].abs().sum() > 0, f"{n}: vacuous test (zero gradient)"
                 assert rel(est[n], ref[n]) < 1e-10, (mode, n)
+    assert bool(lanes) == (not torch_rows)  # numba's per-lane pass ran, or (torch_rows) never
     first = "cells.0.weight" if kind != "lru" else "cells.0.B_re"
     assert rel(reference[first], ref[first]) > 1e-3
-
-
-@pytest.mark.parametrize("kind,kw", [CONFIGS[0], CONFIGS[3]])
-def test_written_spike_partials_equal_autograd(kind, kw):
-    """The compiled paths' spike-map partials (:func:`spikerec.hardware.online.spatial.spike_partials`)
-    equal the autograd ones of :meth:`ReadoutFilter.spike_partials`, per sample, fresh random states."""
-    from spikerec.hardware.online.spatial import compiled_kinds, spike_partials
-
-    torch.manual_seed(31)
-    model = leaky_model(kind, kw)
-    learner = OnlineLearner(model, backend="reference")
-    tr = learner.tracers[0]
-    state = model.cells[0].initial_state(5)
-    new = type(state)(*(torch.randn_like(f) for f in state))
-    x = torch.rand(5, 4)
-    psi0, direct0 = learner._filter.spike_partials(x, new)
-    psi1, direct1 = spike_partials(learner, 0, compiled_kinds(learner)[0], (x, state, new, None))
-    assert psi0.abs().sum() > 0 and torch.allclose(psi0, psi1, rtol=1e-12, atol=0)
-    assert direct0.keys() == direct1.keys() and direct0
-    for n in direct0:
-        assert torch.allclose(direct0[n], direct1[n], rtol=1e-12, atol=0), n
 
 
 def test_a_checkpoint_resumes_only_with_the_same_filter_setting():

@@ -1,6 +1,6 @@
 """The streaming interface of the online learner: step-by-step == backward == BPTT (float64),
 per-sample resets, update policies, bad input, checkpoint and bit-identical resume in a new
-process, the compiled CPU kernel against the torch reference."""
+process, the learner with its compiled CPU pieces (numba) against the same without them."""
 import os
 import subprocess
 import sys
@@ -167,7 +167,7 @@ def test_bad_streaming_input_errors():
         lr.step(torch.randn(2, 4))
     bad = torch.randn(3, 4)
     bad[1, 2] = float("nan")
-    assert lr._whole_stack is not None  # the whole-stack step checks x_t itself
+    assert lr._window.fast is not None  # the compiled window (every layer compiled) checks x_t itself
     before = [f.clone() for s in lr.states for f in s]
     with pytest.raises(ValueError, match=r"step 1\) x_t: contains NaN"):
         lr.step(bad)
@@ -333,6 +333,15 @@ def test_checkpoint_mid_stream_resumes_bit_identically_in_a_new_process(tmp_path
     ck, a, b = tmp_path / "ck.safetensors", tmp_path / "a.pt", tmp_path / "b.pt"
     here["main"](0, 20, str(ck), str(a))
     here["main"](0, 11, str(ck))
+    from safetensors.torch import load_file
+
+    pending = load_file(str(ck))
+    # chunked: steps 8-10 wait in the window (the reset before step 8 worked the block before it),
+    # stored as they are; stream with active dropout: the reference stream, nothing pending
+    assert ("learner/window/x" in pending) == (mode == "chunked")
+    if mode == "chunked":
+        xs = torch.randn(20, 3, 4, generator=torch.Generator().manual_seed(5))  # the script's inputs
+        assert torch.equal(pending["learner/window/x"], xs[8:11])
     r = subprocess.run([sys.executable, str(script), "11", "20", str(ck), str(b)], env=dict(os.environ),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -342,8 +351,6 @@ def test_checkpoint_mid_stream_resumes_bit_identically_in_a_new_process(tmp_path
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     here["main"](0, 1, str(ck))  # a checkpoint after one step only has the initial weights
-    from safetensors.torch import load_file
-
     w0 = {k[6:]: v for k, v in load_file(str(ck)).items() if k.startswith("model/")}
     assert max(float((wa[k] - w0[k]).abs().max()) for k in w0) > 1e-4
 
@@ -373,37 +380,88 @@ def test_load_stream_errors(tmp_path):
         load_stream(tmp_path / "ok.safetensors", OnlineLearner(RecurrentStack([LRU(4, 9)], LeakyReadout(4, 2))))
 
 
-@pytest.mark.parametrize("k,bj,two", [(1, 3, False), (2, 1, True), (2, 3, False)])
-def test_numba_kernel_matches_torch_reference(k, bj, two):
+def test_an_old_format_checkpoint_is_refused_before_anything_is_overwritten(tmp_path):
+    """The per-neuron traces are one tensor per layer (``trace_vec/<layer>``, rows named by
+    ``meta["trace_names"]``); a checkpoint of the earlier format (one ``trace_vec/<layer>/<name>``
+    per trace, no ``trace_names``) is refused with a message, and, as every other mismatch, before
+    the model is overwritten."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    model = one_layer("alif")
+    lr = OnlineLearner(model, loss=step_loss)
+    for t in range(3):
+        lr.step(torch.rand(2, 4), torch.randn(2, 2))
+    names = lr.traces[0].names  # (reading the traces works the window)
+    assert names and lr._window.j == 0
+    save_stream(tmp_path / "ok.safetensors", lr)
+    tensors = load_file(str(tmp_path / "ok.safetensors"))
+    with safe_open(str(tmp_path / "ok.safetensors"), framework="pt") as f:
+        meta = json.loads(f.metadata()["spikerec"])
+    assert meta["learner"]["trace_names"][0] == list(names)
+    ev = tensors.pop("learner/trace_vec/0")
+    assert ev.shape[0] == len(names) and not any(k.startswith("learner/trace_vec/0/") for k in tensors)
+    # the earlier format: one [B, N, k] tensor per trace
+    for n, v in zip(meta["learner"].pop("trace_names")[0], ev.unbind(0)):
+        tensors[f"learner/trace_vec/0/{n}"] = v.transpose(-1, -2).contiguous()
+    save_file(tensors, str(tmp_path / "old.safetensors"), metadata={"spikerec": json.dumps(meta)})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match="written by an earlier version"):
+        load_stream(tmp_path / "old.safetensors", OnlineLearner(model, loss=step_loss))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    load_stream(tmp_path / "ok.safetensors", OnlineLearner(model, loss=step_loss))  # the current format loads
+
+
+def _hide_numba(monkeypatch):
+    """The learner as on an install without numba: :func:`spikerec.kernels.trace_numba.compiled_cpu`
+    (which the window, the kinds' ``block_partials``/``scan_block``, the spatial backward's surrogate
+    and the per-lane pass ask) and ``numba_available`` read the module's ``_HAVE_NUMBA``."""
+    from spikerec.kernels import trace_numba
+
+    monkeypatch.setattr(trace_numba, "_HAVE_NUMBA", False)
+
+
+@pytest.mark.parametrize("kind", ["alif", "lif", "lru"])
+def test_learner_with_and_without_numba_agree(kind, monkeypatch):
+    """The compiled pieces (the window's row kernels, the block partials and scans, the per-lane
+    pass) and their torch forms give the same gradient, by ``backward`` and by the step API; the
+    spies show that numba ran in the first learner and not in the second."""
     pytest.importorskip("numba")
-    from spikerec.kernels.trace_numba import mat_trace_step_numba, mat_trace_step_torch
-
-    B, N, H = 3, 5, 7
-    for dtype in (torch.float64, torch.float32):
-        eps = torch.randn(N, B, k, H, dtype=dtype)
-        J, c, x = torch.randn(bj, N, k, k, dtype=dtype), torch.randn(B, N, k, dtype=dtype), torch.randn(B, H, dtype=dtype)
-        gs = [torch.randn(B, N, k, dtype=dtype)] + ([torch.randn(B, N, k, dtype=dtype)] if two else [])
-        e_ref = eps.clone()
-        out = mat_trace_step_numba(eps, J, c, x, gs)
-        ref = mat_trace_step_torch(e_ref, J, c, x, gs)
-        tol = 1e-12 if dtype == torch.float64 else 1e-5
-        assert torch.allclose(eps, e_ref, rtol=tol, atol=tol)
-        for a, b in zip(out, ref):
-            assert torch.allclose(a, b, rtol=tol, atol=tol)
-        out = mat_trace_step_numba(eps, J, c, x, [None] * len(gs))  # no loss: traces still advance
-        mat_trace_step_torch(e_ref, J, c, x, [None] * len(gs))
-        assert all(o is None for o in out) and torch.allclose(eps, e_ref, rtol=tol, atol=tol)
-
-
-def test_learner_with_and_without_numba_agree(monkeypatch):
-    pytest.importorskip("numba")
-    from spikerec.hardware.online import learner as learner_mod
+    from spikerec.hardware.online import traces
+    from spikerec.hardware.online.learner import mse_step_loss
 
     T, B = 12, 3
-    model = one_layer("alif")
-    x, tgt = torch.rand(T, B, 4), torch.randn(T, B, 2)
-    b = online_grads(model, x, tgt, mse_loss)
-    monkeypatch.setattr(learner_mod, "matrix_trace_kernel", lambda device: None)  # as without numba
-    a = online_grads(model, x, tgt, mse_loss)
-    for n in a:
-        assert rel(b[n], a[n]) < 1e-12, n
+    model = one_layer(kind)
+    x, tgt = torch.rand(T, B, 4) if kind != "lru" else torch.randn(T, B, 4), torch.randn(T, B, 2)
+    lanes = []
+    real = traces.block_lanes_numba
+    monkeypatch.setattr(traces, "block_lanes_numba", lambda *a: lanes.append(1) or real(*a))
+
+    def both():
+        whole = online_grads(model, x, tgt, mse_loss)
+        model.zero_grad()
+        lr = OnlineLearner(model, loss=mse_step_loss, mode="chunked", chunk=5)
+        for t in range(T):
+            lr.step(x[t], tgt[t])
+        lr.update()
+        steps = {n: p.grad.clone() for n, p in named(model)}
+        model.zero_grad()
+        return whole, steps, lr._window.fast is not None
+
+    b_whole, b_steps, b_fast = both()
+    assert b_fast and lanes  # the compiled window and the compiled per-lane pass ran
+    lanes.clear()
+    _hide_numba(monkeypatch)
+    assert OnlineLearner.supported_backends("cpu") == ("reference",)
+    a_whole, a_steps, a_fast = both()
+    assert not a_fast and not lanes  # the torch steps and lanes_torch
+    for n in a_whole:
+        assert a_whole[n].abs().sum() > 0, n
+        assert rel(b_whole[n], a_whole[n]) < 1e-12, n
+        assert rel(b_steps[n], a_steps[n]) < 1e-12, n
+        assert rel(a_steps[n], a_whole[n]) < 1e-12, n

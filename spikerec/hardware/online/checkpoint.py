@@ -109,10 +109,10 @@ def load_stream(path: str | os.PathLike, learner, optimizer=None) -> None:
     if meta["optimizer"] is not None and opt is not None and meta["optimizer"]["class"] != type(opt).__name__:
         raise ValueError(f"online checkpoint {path}: optimiser state of a {meta['optimizer']['class']}, got a "
                          f"{type(opt).__name__}")
+    learner.check_state_meta(lmeta)
     model.load_state_dict(msd)
     if meta["optimizer"] is not None and opt is not None:
         _unpack_optimizer(opt, {k: v.to(dev) for k, v in tensors.items() if k.startswith("optim/")}, meta["optimizer"])
     learner.load_state_tensors({k[8:]: v.to(dev) for k, v in tensors.items() if k.startswith("learner/")},
                                meta["learner"])
-    learner._prepare()
     torch.random.set_rng_state(tensors["rng/torch"])

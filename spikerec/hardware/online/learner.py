@@ -404,8 +404,9 @@ class OnlineLearner:
                 tensors[f"window/{k}"] = v
         return tensors, meta
 
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        """Restore what :meth:`state_tensors` returned (same model structure, rule and mode)."""
+    def check_state_meta(self, meta: dict) -> None:
+        """Refuse a stream state this learner cannot resume (another rule, mode, chunk or readout-filter
+        setting, or an earlier format), before anything is restored."""
         for k in ("rule", "mode", "chunk"):
             if meta.get(k) != getattr(self, k):
                 raise ValueError(f"OnlineLearner checkpoint: {k} is {meta.get(k)!r}, this learner has "
@@ -418,6 +419,12 @@ class OnlineLearner:
         if meta["started"] and "trace_names" not in meta:
             raise ValueError("OnlineLearner checkpoint: written by an earlier version (per-name eligibility traces); "
                              "resume the stream with that version")
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Restore what :meth:`state_tensors` returned (same model structure, rule and mode), after the
+        model's parameters (the constants are derived from them again)."""
+        self.check_state_meta(meta)
+        self._prepare()
         self.steps, self.since_update = int(meta["steps"]), int(meta["since_update"])
         self._target_shape = None if meta["target_shape"] is None else tuple(meta["target_shape"])
         self._window = None
