@@ -1,5 +1,7 @@
 """Shared oracles of the online-learning tests: autograd BPTT through ``model.step`` and the
 online learner's gradients, as ``{name: grad}`` dicts, plus the comparison measures."""
+import contextlib
+
 import pytest
 import torch
 
@@ -73,3 +75,60 @@ def step_stream(lr, x, tgt, resets=(), period=4):
 def traces_of(lr):
     """The learner's traces (``vec`` and ``mat``) by ``layer/name``, copied."""
     return {f"{i}/{n}": v.clone() for i, ts in enumerate(lr.traces) for d in (ts.vec, ts.mat) for n, v in d.items()}
+
+
+@contextlib.contextmanager
+def block_spy():
+    """Count the blocks worked by :func:`spikerec.hardware.online.block.compiled_block` (the
+    hand-written spatial backward) and by ``autograd_block`` (the reference block) while inside:
+    yields ``{"compiled": n, "autograd": n}``. The window and the learner import both functions by
+    name, so both modules' names are wrapped (and put back on exit)."""
+    from spikerec.hardware.online import learner, window
+
+    calls = {"compiled": 0, "autograd": 0}
+    saved = [(m, n, getattr(m, n)) for m in (window, learner) for n in ("compiled_block", "autograd_block")]
+
+    def spy(key, fn):
+        def counted(*a, **kw):
+            calls[key] += 1
+            return fn(*a, **kw)
+        return counted
+
+    try:
+        for m, n, fn in saved:
+            setattr(m, n, spy(n.split("_")[0], fn))
+        yield calls
+    finally:
+        for m, n, fn in saved:
+            setattr(m, n, fn)
+
+
+def counted(monkeypatch, owner, attr):
+    """Wrap ``owner.attr`` (a function a module or class holds) so that its calls are counted:
+    returns a list that grows by one per call (the call itself runs as before)."""
+    calls, real = [], getattr(owner, attr)
+
+    def wrapped(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(owner, attr, wrapped)
+    return calls
+
+
+def torch_forms(monkeypatch):
+    """The online learner's compiled pieces in their torch forms, as on a device numba does not
+    serve (a CUDA device, without its Triton filter): ``compiled_cpu`` answers ``False`` where the
+    window (row kernels), the kinds (``block_partials``, ``scan_block``) and the block engine (the
+    per-lane pass, the surrogate of ``spike_grad``) ask it; the backend stays ``compiled`` (the
+    hand-written spatial backward ``block.compiled_block`` still runs)."""
+    import sys
+
+    import spikerec.hardware.online  # noqa: F401 (every module of the package imported)
+
+    askers = [m for name, m in list(sys.modules.items())
+              if name.startswith("spikerec.hardware.online.") and hasattr(m, "compiled_cpu")]
+    assert {m.__name__.rsplit(".", 1)[1] for m in askers} >= {"window", "traces", "traces_lif", "traces_alif",
+                                                               "traces_lru"}
+    for m in askers:
+        monkeypatch.setattr(m, "compiled_cpu", lambda *t: False)

@@ -1,42 +1,68 @@
 """Issue 12 item 2: the online-learning partials are a backend of the one neuron step. The
-hand-written per-neuron Jacobians and immediate partials of the trace classes equal the ones
-derived with ``torch.func.jvp`` over ``spikerec.neurons.<kind>.step`` (float64), and the trace
-classes' state updates equal that step."""
+hand-written per-neuron Jacobians and immediate partials of the trace classes, and every compiled
+form of the online learner (the kinds' block partials, the per-lane block pass, the block scans,
+the row kernels of the step window, the spike map's surrogate gradient), equal the ones derived
+with ``torch.func.jvp`` over (or a loop of) ``spikerec.neurons.<kind>.step`` (float64, fresh
+random states, inputs, parameters and errors)."""
 import pytest
 import torch
 
 from spikerec import neurons
 from derived_partials import derived_partials
+from spikerec.hardware.online import traces
 from spikerec.hardware.online.kinds import online_trace
-from spikerec.layers import ALIF, LIF, LeakyReadout
+from spikerec.hardware.online.traces import TraceState, chunk_contract, planar, planar_inv, stream_step
+from spikerec.hardware.online.traces_readout import LinearReadoutTrace
+from spikerec.layers import ALIF, LIF, LRU, LeakyReadout
 from spikerec.neurons import alif as _alif
 from spikerec.neurons import lif as _lif
+from spikerec.neurons import lru as _lru
 from spikerec.neurons import readout as _readout
 
 from online_helpers import _fp64_one_thread  # noqa: F401
 
 SURR = {"name": "fast_sigmoid", "slope": 2.0, "scale": 0.5}
-CASES = [
-    ("lif", dict(reset="subtract", detach_reset=False, learn_threshold=True)),
-    ("lif", dict(reset="zero", detach_reset=False, learn_threshold=True)),
-    ("lif", dict(reset="zero", detach_reset=True)),
-    ("lif", dict(reset="none", tau_syn=3.0)),
-    ("lif", dict(reset="subtract", tau_syn=3.0, detach_reset=False, learn_threshold=True)),
-    ("alif", dict(recurrent=False, detach_reset=False, tau_adapt=10.0, b=0.5, beta=0.5)),
-    ("alif", dict(recurrent=False, detach_reset=True, tau_adapt=10.0, b=0.5, beta=0.5)),
-    ("readout", dict(tau=4.0)),
-]
-MODULE = {"lif": (LIF, _lif), "alif": (ALIF, _alif), "readout": (LeakyReadout, _readout)}
+ATAN = {"name": "atan", "slope": 2.0, "scale": 0.7}
+GAUSS = {"name": "gaussian", "width": 0.6, "scale": 0.8}  # no compiled CPU form: psi by torch
+MULTI = {"name": "multi_gaussian", "width": 0.6, "scale": 0.8}  # no compiled form at all
+ALIF_KW = dict(bias=True, tau_adapt=10.0, b=0.5, beta=0.5)
+MODULE = {"lif": (LIF, _lif), "alif": (ALIF, _alif), "readout": (LeakyReadout, _readout), "lru": (LRU, _lru)}
+
+pytestmark = pytest.mark.filterwarnings("ignore:surrogate '.*' has no compiled CPU form")
 
 
-def make(kind, kw, H=4, N=6):
+def block_cell(kind, kw, H, N):
+    """A layer of ``kind`` with heterogeneous per-neuron parameters and diagonal lateral weights
+    (where the layer's online partials are exact), its definition's module and its step's options
+    (``None`` for the LRU). ``kw["frozen"]``: parameters made untrained (not traced)."""
+    kw = dict(kw)
+    frozen = kw.pop("frozen", ())
     cls, mod = MODULE[kind]
-    cell = cls(H, N, **kw) if kind == "readout" else cls(H, N, surrogate=SURR, tau_mem=5.0, **kw)
+    if kind in ("lru", "readout"):
+        cell = cls(H, N, **kw)
+    else:
+        cell = cls(H, N, tau_mem=5.0, zero_diagonal=False, **{"surrogate": SURR, **kw})
     with torch.no_grad():
-        for n, p in cell.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))  # heterogeneous per-neuron values
-    return cell, mod
+        if kind != "lru":
+            for n, p in cell.named_parameters():
+                if p.dim() == 1:
+                    p.add_(0.1 * torch.randn_like(p))  # heterogeneous per-neuron values
+        if getattr(cell, "recurrent_weight", None) is not None:
+            cell.recurrent_weight.copy_(torch.diag(torch.randn(N)))
+    for n in frozen:
+        getattr(cell, n).requires_grad_(False)
+    return cell, mod, (None if kind == "lru" else cell.options())
+
+
+def step_of(mod, opts):
+    """``(params, state, x) -> new state`` of the definition."""
+    if opts is None:
+        return lambda p, s, x_: mod.step(p, s, x_)[1]
+    return lambda p, s, x_: mod.step(p, s, x_, opts)[1]
+
+
+def detached(params):
+    return type(params)(*(None if p is None else p.detach() for p in params))
 
 
 def random_state(cell, B):
@@ -44,127 +70,546 @@ def random_state(cell, B):
     return type(s)(*(torch.randn_like(f) + 0.8 for f in s))
 
 
+def weight_partials(step, params, state, x, name):
+    """``d s_t[b, n] / d W[n, h]`` as ``[B, N, k, H]`` for the matrix ``name`` of ``params`` (one
+    ``torch.func.jvp`` of the step per column ``h``; exact where each neuron reads its own row only)."""
+    from torch.func import jvp
+
+    W = getattr(params, name).detach()
+    cols = []
+    for h in range(W.shape[1]):
+        tangent = torch.zeros_like(W)
+        tangent[:, h] = 1
+        _, out = jvp(lambda w: tuple(step(params._replace(**{name: w}), state, x)), (W,), (tangent,))
+        cols.append(torch.stack(out, -1))
+    return torch.stack(cols, -1)
+
+
+def spy(monkeypatch, owner, attr):
+    """Count the calls of ``owner.attr`` (replaced by a counting wrapper)."""
+    real, calls = getattr(owner, attr), []
+    monkeypatch.setattr(owner, attr, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+def rows_of(states):
+    """A list of states ``[B, ..]`` as one state of ``[len * B]`` rows."""
+    return type(states[0])(*(torch.cat([s[f] for s in states]) for f in range(len(states[0]))))
+
+
+def derived_recursion(step, params, states, xs, G, names, use_J=True):
+    """The trace recursion ``eps_t = J_t eps_{t-1} + d s_t / d p`` (``J = 0`` without ``use_J``)
+    and ``dL/dp = sum_t g_t . eps_t`` run step by step on the partials of ``step`` derived with
+    ``torch.func.jvp``: ``(eps after the last step, {name: dL/dp})`` for the parameters ``names``
+    (a matrix parameter's trace ``[B, N, k, H]``); ``G[t]`` ``[B, N, k]`` or ``None`` (no loss)."""
+    vec_names = tuple(n for n in names if getattr(params, n).dim() <= 1)
+    eps, want = {}, {n: 0 for n in names}
+    for t in range(len(xs)):
+        J, imm = derived_partials(step, params, states[t], xs[t], vec_names)
+        for n in names:
+            i = imm[n] if n in vec_names else weight_partials(step, params, states[t], xs[t], n)
+            e = eps.get(n)
+            eps[n] = i if (e is None or not use_J) else (torch.einsum("bnij,bnj...->bni...", J, e) + i)
+            if G[t] is not None:
+                want[n] = want[n] + torch.einsum("bni,bni...->n...", G[t], eps[n])
+    return eps, want
+
+
+# --- the hand-written (torch) partials and steps ------------------------------------------------------
+
+CASES = [
+    ("lif", dict(reset="subtract", detach_reset=False, learn_threshold=True)),
+    ("lif", dict(reset="zero", detach_reset=False, learn_threshold=True)),
+    ("lif", dict(reset="zero", detach_reset=True)),
+    ("lif", dict(reset="none", tau_syn=3.0)),
+    ("lif", dict(reset="subtract", tau_syn=3.0, detach_reset=False, learn_threshold=True)),
+    ("lif", dict(reset="subtract", detach_reset=False, recurrent=True, learn_threshold=True)),
+    ("lif", dict(reset="zero", tau_syn=3.0, detach_reset=False, recurrent=True, learn_threshold=True)),
+    ("alif", dict(recurrent=False, detach_reset=False, tau_adapt=10.0, b=0.5, beta=0.5)),
+    ("alif", dict(recurrent=False, detach_reset=True, tau_adapt=10.0, b=0.5, beta=0.5)),
+    ("alif", dict(recurrent=True, detach_reset=False, tau_adapt=10.0, b=0.5, beta=0.5)),
+    ("readout", dict(tau=4.0)),
+    ("readout", dict(tau=4.0, learn_tau=True, bias=False)),
+    ("lru", {}),
+]
+
+
 @pytest.mark.parametrize("kind,kw", CASES)
 def test_hand_written_partials_equal_derived_ones(kind, kw):
-    B = 5
-    cell, mod = make(kind, kw)
+    B, H, N = 5, 4, 6
+    cell, mod, opts = block_cell(kind, kw, H, N)
     tr = online_trace(cell, "full", 0)
     tr.prepare()
-    x = torch.rand(B, 4) * 2
+    x = torch.rand(B, H) * 2
     prev = random_state(cell, B)
     new = tr.step(x, prev)
     P = tr.partials(x, prev, new)
     per_neuron = tuple(n for n in P.vec if getattr(cell, n, None) is not None)
-    J, vec = derived_partials(lambda p, s, x_: mod.step(p, s, x_, cell.options())[1], cell.params(), prev, x,
-                              per_neuron)
+    step = step_of(mod, opts)
+    J, vec = derived_partials(step, cell.params(), prev, x, per_neuron)
     Jh = P.J.expand_as(J)
     assert torch.allclose(Jh, J, rtol=1e-12, atol=1e-12)
     assert float(J.abs().sum()) > 0
     for n in per_neuron:
         assert torch.allclose(P.vec[n], vec[n], rtol=1e-12, atol=1e-12), n
     assert per_neuron, "vacuous: no per-neuron parameter compared"
-    assert "online_partials" in neurons.backends_of(kind)
+    params = detached(cell.params())
+    for name, (c, pre) in P.mat.items():  # the matrix parameters' immediate partials c (x) pre
+        want = weight_partials(step, params, prev, x, name)
+        assert float(want.abs().sum()) > 0, name
+        assert torch.allclose(c.expand(B, N, -1)[..., None] * pre[:, None, None, :], want, rtol=1e-12,
+                              atol=1e-12), name
+    assert any(b.fn is type(tr).partials for b in neurons.backends_of(kind).values())
 
 
 @pytest.mark.parametrize("kind,kw", CASES)
 def test_trace_state_update_equals_the_neuron_step(kind, kw):
-    B = 4
-    cell, mod = make(kind, kw)
+    B, H, N = 4, 4, 6
+    cell, mod, opts = block_cell(kind, kw, H, N)
     tr = online_trace(cell, "full", 0)
     tr.prepare()
-    x, prev = torch.rand(B, 4) * 2, random_state(cell, B)
-    ref = mod.step(cell.params(), prev, x, cell.options())[1]
+    x, prev = torch.rand(B, H) * 2, random_state(cell, B)
+    ref = step_of(mod, opts)(cell.params(), prev, x)
     got = tr.step(x, prev)
     for a, b in zip(got, ref):
         assert torch.equal(a, b.detach()) or torch.allclose(a, b.detach(), rtol=1e-14, atol=1e-14)
 
 
+MATRIX_TRACE_CASES = [
+    ("lif", dict(reset="subtract", detach_reset=False, recurrent=True, learn_threshold=True, surrogate=ATAN)),
+    ("lif", dict(reset="zero", detach_reset=False, recurrent=True, tau_syn=3.0, learn_threshold=True)),
+    ("alif", dict(detach_reset=False, recurrent=True, surrogate=ATAN, **ALIF_KW)),
+    ("lru", {}), ("readout", dict(tau=4.0))]
+
+
+@pytest.mark.parametrize("kind,kw", MATRIX_TRACE_CASES)
+def test_stream_step_equals_the_derived_recursion(kind, kw):
+    """The reference stream's trace step (:func:`~spikerec.hardware.online.traces.stream_step`,
+    per-step traces in torch) over T steps equals the recursion run on the derived partials: every
+    traced parameter's gradient, the per-neuron traces and the matrix traces (one and two states
+    per neuron, lateral self-weights; the LRU's ``B_im`` read from the trace of ``B_re``)."""
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    T, B, H, N = 4, 3, 4, 5
+    cell, mod, opts = block_cell(kind, kw, H, N)
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    params, step = detached(cell.params()), step_of(mod, opts)
+    s = random_state(cell, B)
+    xs = torch.rand(T, B, H) * 2
+    G = torch.randn(T, B, N, len(s))
+    ts, states = TraceState(tr), [s]
+    for t in range(T):
+        new = type(s)(*(f.detach() for f in step(params, s, xs[t])))
+        stream_step(ts, tr.partials(xs[t], s, new), G[t])
+        s = new
+        states.append(s)
+    got = ts.take()
+    assert set(got) == set(tr.traced), sorted(got)
+    eps, want = derived_recursion(step, params, states, xs, G, tuple(got))
+    for n in got:
+        assert torch.allclose(got[n], want[n].reshape(got[n].shape), rtol=1e-10, atol=1e-11), n
+    assert set(ts.vec) == {n for n in got if getattr(params, n).dim() <= 1}
+    for n, v in ts.vec.items():
+        assert torch.allclose(v, planar(eps[n]), rtol=1e-10, atol=1e-11), n
+    assert ts.mat, "the matrix traces were carried"
+    for n, e in ts.mat.items():
+        assert float(want[n].abs().sum()) > 0, n
+        assert torch.allclose(e, eps[n].permute(1, 0, 2, 3), rtol=1e-10, atol=1e-11), n
+
+
+# --- the compiled block partials -----------------------------------------------------------------------
+
 COMPILED_CASES = (
-    [("lif", dict(reset=r, detach_reset=d, recurrent=rec, learn_threshold=True,
-                  surrogate=SURR if rec else {"name": "atan", "slope": 2.0, "scale": 0.7}))
+    [("lif", dict(reset=r, detach_reset=d, recurrent=rec, learn_threshold=True, surrogate=SURR if rec else ATAN))
      for r in ("subtract", "zero", "none") for d in (False, True) for rec in (False, True)]
-    + [("alif", dict(detach_reset=d, recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5,
-                     surrogate=SURR if d else {"name": "atan", "slope": 2.0, "scale": 0.7}))
-       for d in (False, True) for rec in (False, True)])
+    + [("lif", dict(reset="subtract", detach_reset=False, recurrent=True, learn_threshold=True, surrogate=GAUSS)),
+       ("lif", dict(reset="zero", detach_reset=False, recurrent=False, learn_threshold=True, surrogate=MULTI)),
+       ("lif", dict(reset="subtract", detach_reset=False, recurrent=True, learn_threshold=True, tau_syn=3.0)),
+       ("lif", dict(reset="zero", detach_reset=True, recurrent=False, learn_threshold=True, tau_syn=3.0,
+                    surrogate=ATAN))]
+    + [("alif", dict(detach_reset=d, recurrent=rec, surrogate=SURR if d else ATAN, **ALIF_KW))
+       for d in (False, True) for rec in (False, True)]
+    + [("alif", dict(detach_reset=False, recurrent=True, surrogate=GAUSS, **ALIF_KW))]
+    + [("lru", {}), ("lru", dict(frozen=("nu_log", "B_im")))])
+COMPILED_PARTIALS = {"lif": ("spikerec.kernels.lif_online", "lif_block_partials"),
+                     "alif": ("spikerec.kernels.alif_online", "alif_block_partials"),
+                     "lru": ("spikerec.kernels.lru_online", "lru_block_partials")}
+STATE_PARAMS = {"lif": {"weight", "log_tau_mem", "threshold", "bias"},
+                "alif": {"weight", "log_tau_mem", "log_tau_adapt", "b", "beta", "bias"},
+                "lru": {"nu_log", "theta_log", "gamma_log", "B_re", "B_im"},
+                "readout": {"weight"}}
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
 @pytest.mark.parametrize("kind,kw", COMPILED_CASES)
-def test_compiled_partials_equal_derived_ones(kind, kw):
-    """The compiled (numba) partials of the online paths, registered backends of the neuron kinds,
-    equal the ones derived with ``torch.func.jvp`` over ``spikerec.neurons.<kind>.step`` (float64,
-    fresh random states and per-neuron parameters, every reset mode, with and without the reset's
-    gradient, with a lateral self-connection: the recurrent weights are made diagonal, where the
-    layer's partials are exact)."""
-    pytest.importorskip("numba")
-    from spikerec.kernels.alif_online import alif_partials_numba
-    from spikerec.kernels.lif_online import lif_partials_numba
-    from spikerec.surrogate import heaviside
+def test_compiled_partials_equal_derived_ones(kind, kw, compiled, monkeypatch):
+    """The block partials of a kind (``block_partials``: compiled, registered backends of the kinds,
+    where ``tr.compiled``: :func:`~spikerec.kernels.lif_online.lif_block_partials` for a plain LIF
+    layer, :func:`~spikerec.kernels.alif_online.alif_block_partials`,
+    :func:`~spikerec.kernels.lru_online.lru_block_partials`; else the stacked torch partials) of a
+    block of ``K x B`` rows equal the ones derived with ``torch.func.jvp`` over
+    ``spikerec.neurons.<kind>.step`` (float64, fresh random states and per-neuron parameters, every
+    reset mode, with and without the reset's gradient, with a lateral self-connection: the
+    recurrent weights are made diagonal, where the layer's partials are exact; surrogates with a
+    compiled form and without, whose derivative torch takes): the planar Jacobian ``[K or 1, B or 1,
+    k*k, N]``, the per-neuron partials ``[m, K, B, k, N]`` and the matrix parameters' immediate
+    partials ``c (x) pre`` (``c`` the unit vector where ``None``; the LRU's ``B_im`` by its reader's
+    coefficient ``Cr``)."""
+    import importlib
 
+    pytest.importorskip("numba")
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
-    B, H, N = 5, 4, 6
-    cell, mod, _ = block_cell(kind, kw, H, N)
+    K, B, H, N = 3, 4, 4, 6
+    cell, mod, opts = block_cell(kind, kw, H, N)
     tr = online_trace(cell, "full", 0)
     tr.prepare()
-    x, prev = torch.rand(B, H) * 2, random_state(cell, B)
-    names, cols, cn, Rd = tr.compiled_trace_setup(torch.float64)
-    assert (Rd is not None) == kw["recurrent"]
-    if kind == "lif":
-        J, imm = lif_partials_numba(prev.v, tr._block_plan(torch.float64, 1, B)["consts"])
-        J, imm = J[..., None, None], [i[..., None] for i in imm]
-    else:
-        u = prev.v - (cn[5] + cn[6] * prev.a)
-        J, ev = alif_partials_numba(prev.v, prev.a, cell.surrogate.derivative(u), heaviside(u), cn, cols, Rd,
-                                    cell.detach_reset)
-        imm = list(ev.unbind(-1))
-    Jd, vec = derived_partials(lambda p, s, x_: mod.step(p, s, x_, cell.options())[1], cell.params(), prev, x,
-                               tuple(names))
-    assert torch.allclose(J, Jd, rtol=1e-12, atol=1e-12)
+    tr.compiled = compiled
+    owner, attr = importlib.import_module(COMPILED_PARTIALS[kind][0]), COMPILED_PARTIALS[kind][1]
+    entry = getattr(owner, attr)
+    calls = spy(monkeypatch, owner, attr)
+    R = K * B
+    x, prev = torch.rand(R, H) * 2, random_state(cell, R)
+    new = tr.step(x, prev)
+    bp = tr.block_partials(x, prev, new, K, B)
+    cuba = kind == "lif" and cell.cuba
+    assert len(calls) == (1 if compiled and not cuba else 0), "the compiled block partials ran where they apply"
+    k = len(prev)
+    step = step_of(mod, opts)
+    params = detached(cell.params())
+    Jd, vec = derived_partials(step, params, prev, x, tuple(bp.names))
+    assert torch.allclose(bp.J.expand(K, B, k * k, N), planar(Jd.flatten(-2)).reshape(K, B, k * k, N),
+                          rtol=1e-12, atol=1e-12)
     assert float(Jd.abs().sum()) > 0
-    expected = {"lif": {"log_tau_mem", "threshold", "bias"}, "alif": {"log_tau_mem", "log_tau_adapt", "b", "beta",
-                                                                      "bias"}}[kind]
-    assert expected <= set(names) <= set(vec), (names, sorted(vec))
-    for name, got in zip(names, imm):
-        assert torch.allclose(got, vec[name], rtol=1e-12, atol=1e-12), name
-    assert any(b.name.startswith("kernels.") for b in neurons.backends_of(kind).values())
+    frozen = set(kw.get("frozen", ()))
+    assert set(bp.names) == {n for n in tr.traced if getattr(cell, n).dim() <= 1}
+    assert {n for n in STATE_PARAMS[kind] if getattr(cell, n).dim() <= 1} - frozen <= set(bp.names)
+    assert bp.V.shape == (len(bp.names), K, B, k, N)
+    # d v / d thr is 0 where the threshold enters neither the reset's gradient nor a lateral spike
+    silent = {"threshold"} if (kind == "lif" and not kw["recurrent"] and (kw["reset"] == "none" or (
+        kw["reset"] == "zero" and kw["detach_reset"]))) else set()
+    for j, name in enumerate(bp.names):
+        assert (float(vec[name].abs().sum()) > 0) != (name in silent), name
+        assert torch.allclose(bp.V[j], planar(vec[name]).reshape(K, B, k, N), rtol=1e-12, atol=1e-12), name
+    readers = tr.mat_readers(bp.pre)
+    assert {r for _, r, _ in readers} == {n for n in tr.traced if getattr(cell, n).dim() == 2}
+    c = torch.zeros(1, 1, k, N).index_fill_(2, torch.tensor([0]), 1.0) if bp.c is None else bp.c
+    if bp.Cr is not None:
+        assert bp.Cr.shape[0] == len(readers)
+    for q, (base, reader, M) in enumerate(readers):
+        cr = c if M is None else M.to(c.dtype) @ c  # the reader's coefficient M c, planar [.., k, N]
+        if bp.Cr is not None:
+            assert torch.allclose(bp.Cr[q].expand(K, B, k, N), cr.expand(K, B, k, N), rtol=1e-14, atol=1e-14)
+        imm = planar_inv(cr.expand(K, B, k, N)).reshape(R, N, k)[..., None] * bp.pre[base].reshape(R, 1, 1, -1)
+        want = weight_partials(step, params, prev, x, reader)
+        assert float(want.abs().sum()) > 0, reader
+        assert torch.allclose(imm, want, rtol=1e-12, atol=1e-12), reader
+    if compiled and not cuba:
+        assert any(b.fn is entry for b in neurons.backends_of(kind).values())
 
 
-def test_compiled_lru_trace_step_equals_derived_partials():
-    """The compiled LRU trace step (a registered backend of the kind) from zero traces holds the
-    immediate partials of ``spikerec.neurons.lru.step`` derived with ``torch.func.jvp`` (float64,
-    fresh random states and parameters), the input matrix's trace ``gamma x`` and the contraction
-    ``G += sum_b g . eps``."""
+# --- the spike map's surrogate gradient and the spatial backward --------------------------------------
+
+@pytest.mark.parametrize("surrogate", [SURR, ATAN, GAUSS, MULTI], ids=lambda s: s["name"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_spike_grad_equals_the_surrogate_autograd(surrogate, dtype, monkeypatch):
+    """``spike_grad(g, u, surrogate)`` (``g sigma'(u)``; on the CPU the surrogate's compiled form,
+    :func:`spikerec.kernels.surrogate_numba.scaled_derivative`, where it has one) equals the
+    gradient of ``sum(g * surrogate(u))`` by autograd through the surrogate's spike function
+    (float64 to 1e-12; float32 to its rounding)."""
     pytest.importorskip("numba")
-    from spikerec.kernels.lru_online import lru_trace_step_numba
-    from spikerec.layers import LRU
-    from spikerec.neurons import lru as _lru
+    from spikerec.kernels import surrogate_numba
+    from spikerec.surrogate import get_surrogate
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
-    B, H, N = 5, 4, 6
-    cell = LRU(H, N)
+    sur = get_surrogate(surrogate)
+    calls = spy(monkeypatch, surrogate_numba, "scaled_derivative")
+    u64, g64 = torch.randn(7, 9) * 1.5, torch.randn(7, 9)
+    u = u64.clone().requires_grad_()
+    want = torch.autograd.grad((g64 * sur(u)).sum(), u)[0]
+    assert float(want.abs().sum()) > 0
+    got = traces.spike_grad(g64.to(dtype), u64.to(dtype), sur)
+    assert len(calls) == (1 if surrogate["name"] in ("fast_sigmoid", "atan") else 0), "the compiled form ran"
+    assert got.dtype == dtype
+    if dtype == torch.float64:
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+    else:
+        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+SPATIAL_CASES = ([("lif", dict(learn_threshold=True, surrogate=s)) for s in (SURR, ATAN, GAUSS)]
+                 + [("lif", dict(learn_threshold=True, tau_syn=3.0, surrogate=ATAN))]
+                 + [("alif", dict(surrogate=s, **ALIF_KW)) for s in (SURR, ATAN, GAUSS)]
+                 + [("lru", {}), ("lru", dict(output_size=3)), ("readout", dict(tau=4.0)), ("readout", {})])
+
+
+@pytest.mark.parametrize("kind,kw", SPATIAL_CASES)
+def test_compiled_spatial_backward_equals_the_output_gradient(kind, kw):
+    """The hand-written spatial backward of a layer (``errors`` of its trace, the compiled block's;
+    the spikes' surrogate gradient by :func:`~spikerec.hardware.online.traces.spike_grad`) equals
+    the gradient of ``sum(g_out * output)`` by autograd through the definition: in the layer's new
+    state (the errors handed to the traces), in the output map's parameters (the threshold's; the
+    LRU's ``C``, ``D``; a linear readout's ``W``, ``b``) and in the layer's input (the error handed
+    to the layer below; float64, fresh random states, inputs, parameters and output errors)."""
+    pytest.importorskip("numba")
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    R, H, N = 7, 4, 6
+    cell, mod, opts = block_cell(kind, kw, H, N)
     tr = online_trace(cell, "full", 0)
     tr.prepare()
-    x, prev = torch.randn(B, H), random_state(cell, B)
-    new = _lru.step(cell.params(), prev, x)[1]
-    cols, names, wnu, wth, lam, gam = tr.compiled_trace_setup(torch.float64)
-    assert set(names) == {"nu_log", "theta_log", "gamma_log"}
-    ev = torch.zeros(B, N, 2, len(names))
-    em = torch.zeros(N, B, 2, H)
-    g = torch.randn(B, N, 2)
-    G_vec = [torch.zeros(N) for _ in range(3)]
-    G_bre, G_bim = torch.zeros(N, H), torch.zeros(N, H)
-    lru_trace_step_numba(prev, _lru.LRUState(*(f.detach().contiguous() for f in new)), x, g, lam, gam, wnu, wth,
-                         cols, ev, em, G_vec, G_bre, G_bim)
-    _, vec = derived_partials(lambda p, s, x_: _lru.step(p, s, x_)[1], cell.params(), prev, x, tuple(names))
-    for j, name in enumerate(names):
-        assert torch.allclose(ev[..., j], vec[name], rtol=1e-12, atol=1e-12), name
-        k = ("nu_log", "theta_log", "gamma_log").index(name)
-        assert torch.allclose(G_vec[k], (g * vec[name]).sum((0, 2)), rtol=1e-12, atol=1e-12), name
-    assert torch.allclose(em[:, :, 0], gam.detach()[:, None, None] * x[None], rtol=1e-14, atol=1e-14)
-    assert torch.equal(em[:, :, 1], torch.zeros(N, B, H))
-    assert torch.allclose(G_bre, torch.einsum("bn,nbh->nh", g[..., 0], em[:, :, 0]), rtol=1e-12, atol=1e-12)
-    assert torch.allclose(G_bim, torch.einsum("bn,nbh->nh", g[..., 1], em[:, :, 0]), rtol=1e-12, atol=1e-12)
-    assert "kernels.lru_online (compiled trace step of online learning)" in neurons.backends_of("lru")
+    x, prev = torch.rand(R, H) * 2, random_state(cell, R)
+    with torch.no_grad():
+        out_new, new = cell.step(x, prev)
+    new = type(new)(*(f.detach() for f in new))
+    out = cell.output(x, new).detach() if hasattr(cell, "output") else out_new.detach()
+    g_out = torch.randn_like(out)
+    sp = {}
+    with torch.no_grad():
+        g, gin = tr.errors((x, prev, new, out), g_out, sp, True)
+    # autograd: the state's and the output map's parameters' gradients, then the input's through the step
+    leaf = type(new)(*(f.clone().requires_grad_() for f in new))
+    trained = [p for p in cell.parameters() if p.requires_grad]
+    linear = isinstance(tr, LinearReadoutTrace)  # stateless: its output is its step's
+    y = cell.step(x, prev)[0] if linear else cell.output(x, leaf)
+    grads = torch.autograd.grad((g_out * y).sum(), [*leaf, *trained], allow_unused=True)
+    gs, gp = grads[:len(leaf)], dict(zip(map(id, trained), grads[len(leaf):]))
+    xl = x.clone().requires_grad_()
+    y_x = cell.step(xl, prev)[0]
+    want_in = torch.autograd.grad((g_out * y_x).sum(), xl)[0]
+    if linear:  # no trace errors
+        assert g is None
+    else:
+        assert g.shape == (R, N, len(new))
+        for f in range(len(new)):
+            want = gs[f] if gs[f] is not None else torch.zeros_like(new[f])
+            assert torch.allclose(g[..., f], want, rtol=1e-12, atol=1e-13), f
+        assert float(g.abs().sum()) > 0
+    assert torch.allclose(gin, want_in, rtol=1e-12, atol=1e-12)
+    assert float(want_in.abs().sum()) > 0
+    for p, v in sp.items():  # the output map's parameters
+        want = gp[id(p)]
+        assert want is not None and torch.allclose(v.reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+    expected = {"lif": {"threshold"}, "alif": {"b", "beta"}, "lru": {"C_re", "C_im", "D"},
+                "readout": {"weight", "bias"} if linear else set()}[kind]
+    assert {n for n, p in cell.named_parameters() if p in sp} == expected
+    for n, p in cell.named_parameters():  # the output map's other parameters have no gradient
+        if p.requires_grad and p not in sp:
+            assert gp[id(p)] is None or float(gp[id(p)].abs().sum()) == 0, n
 
+
+# --- the per-lane block pass and the block contraction -----------------------------------------------
+
+LANE_CASES = [  # (k, J broadcast over (K, B), c: "unit" | "full" | "bcast", e_in, G, use_J, carry, per_lane, readers)
+    (1, (False, False), "unit", True, True, True, True, False, 1),
+    (1, (True, True), "full", False, True, True, True, False, 0),
+    (2, (False, False), "unit", True, True, True, True, False, 2),
+    (2, (True, True), "bcast", True, True, True, True, False, 2),
+    (2, (False, True), "full", True, True, True, True, True, 1),
+    (2, (False, False), "full", True, False, True, True, False, 1),
+    (1, (False, False), "unit", True, True, False, False, False, 1),
+    (2, (False, False), "bcast", False, True, True, False, True, 2),
+    (1, (True, False), "unit", False, True, True, False, True, 0),
+]
+
+
+@pytest.mark.parametrize("k,jb,cmode,has_e,has_g,use_J,carry,per_lane,nread", LANE_CASES)
+def test_block_lanes_numba_equals_lanes_torch(k, jb, cmode, has_e, has_g, use_J, carry, per_lane, nread):
+    """The compiled per-lane pass (:func:`spikerec.kernels.trace_numba.block_lanes_numba`) equals its
+    torch form (:func:`spikerec.hardware.online.traces.lanes_torch`) on fresh random planar operands:
+    every result (the reverse filter ``GH``, the readers' errors ``A``, the sums ``Gv``, the boundary
+    term ``b0``, the matrix traces' carry coefficients ``P``, the Jacobian product ``phi`` and the
+    carried traces ``e_out``), with one and two states per neuron, Jacobians and coefficients given
+    per step and sample or broadcast (``[1, 1, ..]``), the unit coefficient (``c`` None), with and
+    without carried traces, errors, the Jacobian, the carry and per-sample sums (float64)."""
+    pytest.importorskip("numba")
+    from spikerec.kernels.trace_numba import block_lanes_numba
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    m, K, B, N = 3, 5, 3, 4
+    J = torch.randn(1 if jb[0] else K, 1 if jb[1] else B, k * k, N) * 0.7
+    V = torch.randn(m, K, B, k, N)
+    G = torch.randn(K, B, k, N) if has_g else None
+    c = None if cmode == "unit" else torch.randn(*((K, B) if cmode == "full" else (1, 1)), k, N)
+    cc = torch.zeros(1, 1, k, N).index_fill_(2, torch.tensor([0]), 1.0) if c is None else c
+    Ms = [torch.eye(k), torch.randn(k, k)][:nread]
+    Cr = torch.stack([(M @ cc).expand(*cc.shape) for M in Ms]).contiguous() if nread else None
+    e_in = torch.randn(m, B, k, N) if has_e else None
+    need_P = carry
+    got = block_lanes_numba(J, V, G, c, e_in, use_J, carry, per_lane, Cr, need_P)
+    want = traces.lanes_torch(J, V, G, c, e_in, use_J, carry, per_lane, False, Cr, need_P)
+    names = ("GH", "A", "Gv", "b0", "P", "phi", "e_out")
+    present = {n for n, w in zip(names, want) if w is not None}
+    assert present == {n for n, a in zip(names, got) if a is not None}
+    assert present >= ({"GH", "Gv"} if has_g else set()) | ({"phi", "e_out", "P"} if carry and use_J else set())
+    for n, a, w in zip(names, got, want):
+        if w is None:
+            continue
+        a = torch.from_numpy(a)
+        assert a.shape == w.shape, (n, a.shape, w.shape)
+        assert torch.allclose(a.to(w.dtype), w, rtol=1e-12, atol=1e-12), n
+    if has_g and use_J and K > 1:  # the filter is not vacuous: gh differs from g
+        assert not torch.allclose(want[0], G)
+
+
+BLOCK_CASES = (  # also used by tests/test_online_triton.py (the Triton forms of the block scans)
+    [("lif", dict(reset=r, detach_reset=d, recurrent=rec, learn_threshold=True, bias=True,
+                  surrogate=SURR if d else ATAN))
+     for r, d, rec in (("subtract", False, True), ("zero", True, False), ("none", True, True), ("subtract", True, False))]
+    + [("alif", dict(detach_reset=d, recurrent=rec, surrogate=SURR if d else ATAN, **ALIF_KW))
+       for d, rec in ((False, True), (True, False))]
+    + [("lru", {})])
+BLOCK_RECURSION_CASES = (  # (kind, kw, rule, loss on the first block)
+    [(kind, kw, "full", True) for kind, kw in BLOCK_CASES]
+    + [("lif", dict(reset="zero", detach_reset=False, recurrent=True, learn_threshold=True, surrogate=GAUSS),
+        "full", True),
+       ("lif", dict(reset="subtract", detach_reset=False, recurrent=True, learn_threshold=True, tau_syn=3.0,
+                    surrogate=ATAN), "full", True),
+       ("alif", dict(detach_reset=True, recurrent=True, surrogate=SURR, **ALIF_KW), "full", False),
+       ("alif", dict(detach_reset=False, recurrent=True, surrogate=ATAN, **ALIF_KW), "spatial", True),
+       ("lru", dict(frozen=("B_re",)), "full", False),
+       ("lru", {}, "trunc1", True),
+       ("lif", dict(reset="subtract", detach_reset=False, recurrent=True, learn_threshold=True, surrogate=SURR),
+        "trunc1", False),
+       ("readout", dict(tau=torch.tensor([2.0, 3.0, 5.0, 8.0, 4.0]), learn_tau=True), "full", True),
+       ("readout", dict(tau=4.0, bias=False), "full", False)])
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+@pytest.mark.parametrize("kind,kw,rule,loss_first", BLOCK_RECURSION_CASES)
+def test_compiled_block_equals_the_derived_recursion(kind, kw, rule, loss_first, compiled, monkeypatch):
+    """The block contraction (:func:`~spikerec.hardware.online.traces.chunk_contract` on a
+    :class:`~spikerec.hardware.online.traces.TraceState` of the kind's ``block_partials``; with
+    ``tr.compiled`` the compiled per-lane pass :func:`spikerec.kernels.trace_numba.block_lanes_numba`
+    and matrix-trace carry ``mat_carry_numba``, registered backends of the kinds, else their torch
+    form :func:`~spikerec.hardware.online.traces.lanes_torch`) over two blocks of K steps, the second
+    taking the traces the first carried, equals the recursion ``eps_t = J_t eps_{t-1} + imm_t``,
+    ``dL/dp = sum_t g_t . eps_t`` run step by step with ``J_t``, ``imm_t`` and the matrices' ``d s_t /
+    d W`` derived with ``torch.func.jvp`` over ``spikerec.neurons.<kind>.step`` (float64, fresh random
+    states, inputs, parameters and errors): the gradients of every traced parameter, the carried
+    per-neuron traces and the carried matrix traces (the LRU's ``B_im`` read from ``B_re``'s trace;
+    Jacobians and coefficients broadcast over the block, the unit coefficient; rules full, trunc1 and
+    spatial; a first block without a loss)."""
+    import importlib
+
+    pytest.importorskip("numba")
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    K, B, H, N = 3, 4, 3, 5
+    cell, mod, opts = block_cell(kind, kw, H, N)
+    tr = online_trace(cell, rule, 0)
+    tr.prepare()
+    tr.compiled = compiled
+    lanes_c, lanes_t = spy(monkeypatch, traces, "block_lanes_numba"), spy(monkeypatch, traces, "lanes_torch")
+    carries = spy(monkeypatch, traces, "mat_carry_numba")
+    owner = COMPILED_PARTIALS.get(kind)
+    partials = spy(monkeypatch, importlib.import_module(owner[0]), owner[1]) if owner else []
+    params, step = detached(cell.params()), step_of(mod, opts)
+    s = random_state(cell, B)
+    xs = torch.rand(2 * K, B, H) * 2
+    states = [s]
+    for t in range(2 * K):
+        states.append(type(s)(*(f.detach() for f in step(params, states[-1], xs[t]))))
+    k = len(s)
+    G = torch.randn(2 * K, B, N, k)
+    Gs = [None if (t < K and not loss_first) else G[t] for t in range(2 * K)]
+    ts = TraceState(tr)
+    for blk in range(2):
+        rows = range(blk * K, blk * K + K)
+        x = xs[blk * K:blk * K + K].reshape(K * B, H)
+        bp = tr.block_partials(x, rows_of([states[t] for t in rows]), rows_of([states[t + 1] for t in rows]), K, B)
+        chunk_contract(ts, bp, None if Gs[blk * K] is None else G[blk * K:blk * K + K], True)
+    use_J = tr.use_J()
+    assert use_J == (rule == "full")
+    ran = 2 if (use_J or loss_first) else 1  # a block without a loss and without the carry has nothing to do
+    assert (len(lanes_c), len(lanes_t)) == ((ran, 0) if compiled else (0, ran)), "the compiled pass ran"
+    cuba = kind == "lif" and cell.cuba
+    assert len(partials) == (2 if compiled and owner and not cuba else 0), "the compiled partials ran"
+    got = ts.take()
+    assert set(got) == set(tr.traced) and got, sorted(got)
+    if rule == "full":
+        assert STATE_PARAMS[kind] - set(kw.get("frozen", ())) <= set(got), sorted(got)
+    readers = tr.mat_readers(bp.pre)
+    bases = {b for b, _, _ in readers}
+    eps, want = derived_recursion(step, params, states[:-1], xs, Gs, tuple(got) + tuple(bases - set(got)), use_J)
+    mats = {n for n in got if getattr(params, n).dim() == 2}
+    assert mats and all(float(want[n].abs().sum()) > 0 for n in mats)
+    for n in got:
+        assert torch.allclose(got[n], want[n].reshape(got[n].shape), rtol=1e-10, atol=1e-11), n
+    if not use_J:  # no memory: nothing carried
+        assert ts.ev is None and not ts.mat
+        return
+    assert set(ts.vec) == {n for n in got if n not in mats}
+    for n, v in ts.vec.items():
+        assert torch.allclose(v, planar(eps[n]), rtol=1e-10, atol=1e-11), n
+    assert set(ts.mat) == bases and bases, "the matrix traces were carried"
+    for n, e in ts.mat.items():
+        assert torch.allclose(e, eps[n].permute(1, 0, 2, 3), rtol=1e-10, atol=1e-11), n
+    assert len(carries) == (len(readers) if compiled else 0), "the compiled matrix-trace carry ran"
+    from spikerec.kernels.trace_numba import block_lanes_numba
+
+    assert any(b.fn is block_lanes_numba for b in neurons.backends_of(kind).values())
+
+
+# --- the block scans ------------------------------------------------------------------------------------
+
+SCAN_CASES = ([("lif", dict(reset=r)) for r in ("subtract", "zero", "none")]
+              + [("lif", dict(reset="subtract", tau_syn=3.0)), ("lif", dict(reset="zero", tau_syn=3.0)),
+                 ("lif", dict(reset="subtract", recurrent=True))]
+              + [("alif", dict(recurrent=rec, **ALIF_KW)) for rec in (False, True)]
+              + [("lru", {}), ("lru", dict(output_size=3))]
+              + [("readout", dict(tau=torch.tensor([2.0, 3.0, 5.0, 8.0, 4.0]), learn_tau=True)),
+                 ("readout", dict(bias=False))])
+
+
+@pytest.mark.parametrize("kind,kw", SCAN_CASES)
+def test_compiled_block_scan_equals_the_step_loop(kind, kw, monkeypatch):
+    """The block's scan of the states (``scan_block`` of the kind's trace, a registered backend:
+    the layer's own compiled forward kernel on the CPU where it applies, LIF plain and CUBA without
+    lateral weights, ALIF, the LRU's compiled complex scan; else its torch loop; the leaky and the
+    linear readout by their linear scan / one GEMM) equals a loop of ``spikerec.neurons.<kind>.step``
+    (float64, fresh random states, inputs and parameters): the states before each step, after each
+    step, the last one and the outputs."""
+    pytest.importorskip("numba")
+    from spikerec.kernels import alif_sequence_numba, lif_sequence_numba, scan_numba
+
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    K, B, H, N = 6, 3, 4, 5
+    cell, mod, opts = block_cell(kind, kw, H, N)
+    tr = online_trace(cell, "full", 0)
+    tr.prepare()
+    calls = []
+    if kind == "lif":
+        real = lif_sequence_numba.forward_kernel
+        monkeypatch.setattr(lif_sequence_numba, "forward_kernel",
+                            lambda *a, **k: (lambda f: lambda *b: calls.append(1) or f(*b))(real(*a, **k)))
+    elif kind in ("alif", "lru"):
+        calls = spy(monkeypatch, *{"alif": (alif_sequence_numba, "alif_forward"),
+                                   "lru": (scan_numba, "scan_forward")}[kind])
+    s = random_state(cell, B)
+    xs = torch.rand(K, B, H) * 2
+    prev, last, new, out = tr.scan_block(xs, s)
+    compiled = kind in ("alif", "lru") or (kind == "lif" and not kw.get("recurrent"))
+    assert len(calls) == (1 if compiled else 0), "the compiled scan ran where it applies"
+    params = cell.params()
+    outs = []
+    for t in range(K):
+        if prev is not None:
+            for f in range(len(s)):
+                assert torch.allclose(prev[f].view(K, B, -1)[t], s[f].detach(), rtol=1e-13, atol=1e-13), (t, f)
+        o, s = mod.step(params, s, xs[t]) if opts is None else mod.step(params, s, xs[t], opts)
+        outs.append(o.detach())
+        for f in range(len(s)):
+            assert torch.allclose(new[f].view(K, B, -1)[t], s[f].detach(), rtol=1e-13, atol=1e-13), (t, f)
+    for a, b in zip(last, s):
+        assert torch.allclose(a, b.detach(), rtol=1e-13, atol=1e-13)
+    want = torch.cat(outs)
+    assert torch.allclose(out.reshape(want.shape), want, rtol=1e-13, atol=1e-13)
+    if kind in ("lif", "alif"):
+        assert 0 < float(want.sum()) < want.numel(), "spikes and silence both occur"
+    if kind != "readout":
+        entry = type(tr).scan_block
+        assert any(b.fn is entry for b in neurons.backends_of(kind).values())
+
+
+# --- the compiled row kernels of the step window --------------------------------------------------------
 
 FORWARD_CASES = (
     [("lif", dict(reset=r, recurrent=rec, surrogate=SURR)) for r in ("subtract", "zero", "none") for rec in (False, True)]
@@ -175,17 +620,16 @@ FORWARD_CASES = (
 
 @pytest.mark.parametrize("kind,kw", FORWARD_CASES)
 def test_compiled_forward_steps_equal_the_neuron_steps(kind, kw):
-    """The compiled forward steps of the whole-stack stream step (registered backends of the
-    kinds) equal ``spikerec.neurons.<kind>.step`` (float64, fresh random states, inputs and
-    per-neuron parameters; every reset mode; lateral weights; an LRU with a diagonal and a dense
-    skip; a linear and a leaky readout)."""
+    """The compiled forward steps of the step window (``lif_step_numba``, ``alif_step_numba``,
+    ``lru_step_numba``, ``readout_step_numba``: the row kernels ``*_rows`` on one row; registered
+    backends of the kinds) equal ``spikerec.neurons.<kind>.step`` (float64, fresh random states,
+    inputs and per-neuron parameters; every reset mode; lateral weights; an LRU with a diagonal and a
+    dense skip; a linear and a leaky readout)."""
     pytest.importorskip("numba")
     from spikerec.kernels.alif_online import alif_step_numba
     from spikerec.kernels.lif_online import lif_step_numba
     from spikerec.kernels.lru_online import lru_step_numba
     from spikerec.kernels.readout_online import readout_step_numba
-    from spikerec.layers import LRU
-    from spikerec.neurons import lru as _lru
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
     B, H, N = 5, 4, 6
@@ -214,316 +658,80 @@ def test_compiled_forward_steps_equal_the_neuron_steps(kind, kw):
     assert any(b.fn is fn for b in neurons.backends_of(kind).values())
 
 
-def weight_partials(step, params, state, x, name):
-    """``d s_t[b, n] / d W[n, h]`` as ``[B, N, k, H]`` for the matrix ``name`` of ``params`` (one
-    ``torch.func.jvp`` of the step per column ``h``; exact where each neuron reads its own row only)."""
-    from torch.func import jvp
-
-    W = getattr(params, name).detach()
-    cols = []
-    for h in range(W.shape[1]):
-        tangent = torch.zeros_like(W)
-        tangent[:, h] = 1
-        _, out = jvp(lambda w: tuple(step(params._replace(**{name: w}), state, x)), (W,), (tangent,))
-        cols.append(torch.stack(out, -1))
-    return torch.stack(cols, -1)
+ROW_CASES = ([("lif", dict(reset=r, recurrent=rec)) for r in ("subtract", "zero", "none") for rec in (False, True)]
+             + [("lif", dict(tau_syn=3.0))]
+             + [("alif", dict(recurrent=rec, **ALIF_KW)) for rec in (False, True)]
+             + [("lru", {}), ("lru", dict(output_size=3))]
+             + [("readout", dict(tau=torch.tensor([2.0, 3.0, 5.0, 8.0, 4.0]), learn_tau=True)),
+                ("readout", dict(bias=False)), ("readout", {})])
 
 
-@pytest.mark.parametrize("detach,recurrent", [(True, False), (False, False), (True, True), (False, True)])
-def test_compiled_alif_trace_step_equals_derived_partials(detach, recurrent):
-    """The compiled ALIF trace step (a registered backend of the kind) on fresh random traces: the
-    per-neuron traces become ``J eps + imm``, the input and lateral matrix traces ``J eps + d s_t / d W``,
-    and ``G += sum_b g . eps``, with ``J``, ``imm`` and ``d s_t / d W`` derived with ``torch.func.jvp``
-    over ``spikerec.neurons.alif.step`` (float64, fresh random states, parameters and traces, with and
-    without the reset's gradient, with a lateral self-connection)."""
+@pytest.mark.parametrize("kind,kw", ROW_CASES)
+def test_row_kernels_with_the_layers_constants_equal_the_neuron_steps(kind, kw):
+    """The row kernel of a layer with the constants its trace gives the step window
+    (``tr.row_kernel(dtype, B)``, called as :class:`~spikerec.hardware.online.window.StepWindow`
+    calls it: ``fn(j, X, *state rows, O, *consts)``) over several rows of a window equals a loop of
+    ``spikerec.neurons.<kind>.step`` (float64, fresh random states, inputs and parameters; lateral
+    weights; the CUBA LIF has none: its window steps in torch)."""
     pytest.importorskip("numba")
-    from spikerec.kernels.alif_online import alif_trace_step_numba
-    from spikerec.surrogate import heaviside
-
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
-    B, H, N = 5, 4, 6
-    cell = ALIF(H, N, tau_mem=5.0, zero_diagonal=False, detach_reset=detach, recurrent=recurrent, bias=True,
-                tau_adapt=10.0, b=0.5, beta=0.5, surrogate=SURR)
-    with torch.no_grad():
-        for n, p in cell.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-        if recurrent:
-            cell.recurrent_weight.copy_(torch.diag(torch.randn(N)))
-    tr = online_trace(cell, "full", 0)
-    tr.prepare()
-    x, prev = torch.rand(B, H) * 2, random_state(cell, B)
-    names, cols, cn, Rd = tr.compiled_trace_setup(torch.float64)
-    u = prev.v - (cn[5] + cn[6] * prev.a)
-    ev0, ew0, g = torch.randn(B, N, 2, len(names)), torch.randn(N, B, 2, H), torch.randn(B, N, 2)
-    er0 = torch.randn(N, B, 2, N) if recurrent else None
-    ev, ew, er = ev0.clone(), ew0.clone(), (er0.clone() if recurrent else None)
-    G_vec, G_w, G_r = torch.zeros(5, N), torch.zeros(N, H), (torch.zeros(N, N) if recurrent else None)
-    alif_trace_step_numba(prev.v, prev.a, cell.surrogate.derivative(u), heaviside(u), x, g, cn, cols, ev, ew, er,
-                          G_vec, G_w, G_r, Rd, detach)
-
-    step = lambda p, s, x_: _alif.step(p, s, x_, cell.options())[1]  # noqa: E731
-    J, vec = derived_partials(step, cell.params(), prev, x, tuple(names))
-    assert float(J[..., 1, 0].abs().sum()) > 0, "the membrane enters the adaptation's Jacobian"
-    for j, name in enumerate(names):
-        want = torch.einsum("bnij,bnj->bni", J, ev0[..., j]) + vec[name]
-        assert torch.allclose(ev[..., j], want, rtol=1e-12, atol=1e-12), name
-        assert torch.allclose(G_vec[cols[j]], (g * want).sum((0, 2)), rtol=1e-12, atol=1e-12), name
-    mats = [("weight", ew0, ew, G_w)] + ([("recurrent_weight", er0, er, G_r)] if recurrent else [])
-    for name, e0, e, G in mats:
-        imm = weight_partials(step, cell.params(), prev, x, name).detach()  # [B, N, 2, H]
-        want = torch.einsum("bnij,nbjh->nbih", J, e0) + imm.permute(1, 0, 2, 3)
-        assert float(imm.abs().sum()) > 0
-        assert torch.allclose(e, want, rtol=1e-12, atol=1e-12), name
-        assert torch.allclose(G, torch.einsum("bni,nbih->nh", g, want), rtol=1e-12, atol=1e-12), name
-    assert any(b.fn is alif_trace_step_numba for b in neurons.backends_of("alif").values())
-
-
-@pytest.mark.parametrize("kind", ["lif", "alif"])
-@pytest.mark.parametrize("surrogate", ["fast_sigmoid", "atan"])
-def test_compiled_spatial_backward_equals_the_output_gradient(kind, surrogate):
-    """The compiled spatial backward of a layer's spikes (a registered backend of the kind) equals
-    the gradient of ``sum(g_out * spikerec.neurons.<kind>.output(...))`` by autograd through the
-    definition, in the state and the threshold's parameters (float64, fresh random states, parameters
-    and output errors)."""
-    pytest.importorskip("numba")
-    from spikerec.kernels.alif_online import alif_spatial_numba
-    from spikerec.kernels.lif_online import lif_spatial_numba
-    from spikerec.kernels.lif_sequence_numba import surrogate_code
-
-    torch.manual_seed(int(torch.randint(0, 10_000, ())))
-    R, H, N = 7, 4, 6
-    sur = {"name": surrogate, "slope": 3.0, "scale": 0.7}
-    cls, mod = MODULE[kind]
-    cell = cls(H, N, tau_mem=5.0, surrogate=sur, **({"learn_threshold": True} if kind == "lif" else
-                                                     {"tau_adapt": 10.0, "b": 0.5, "beta": 0.5}))
-    state = type(cell.initial_state(R))(*(torch.randn(R, N) * 0.5 + 0.6 for _ in cell.initial_state(R)))
-    gout = torch.randn(R, N)
-    state = type(state)(*(f.requires_grad_() for f in state))
-    params = cell.params()
-    thr_names = ("threshold",) if kind == "lif" else ("b", "beta")
-    thr = {n: (getattr(params, n).detach().expand(N) + 0.1 * torch.randn(N)).requires_grad_() for n in thr_names}
-    params = params._replace(**thr)
-    z = mod.output(params, state, cell.options())
-    assert 0 < float(z.detach().sum()) < z.numel()
-    want = torch.autograd.grad((gout * z).sum(), [*state, *thr.values()])
-    if kind == "lif":
-        code = surrogate_code(cell.surrogate)
-        gp, s = lif_spatial_numba(gout, state.v.detach(), thr["threshold"].detach().numpy(), code, True)
-        assert torch.allclose(gp, want[0], rtol=1e-12, atol=1e-13)
-        assert torch.allclose(-s, want[1], rtol=1e-12, atol=1e-12)
-        fn = lif_spatial_numba
-    else:
-        gp, gl, s_gp, s_gpa = alif_spatial_numba(gout, state.v.detach(), state.a.detach(), thr["b"].detach(),
-                                                 thr["beta"].detach(), cell.surrogate)
-        assert torch.allclose(gl[..., 0], want[0], rtol=1e-12, atol=1e-13)
-        assert torch.allclose(gl[..., 1], want[1], rtol=1e-12, atol=1e-13)
-        assert torch.equal(gp, gl[..., 0])
-        assert torch.allclose(-s_gp, want[2], rtol=1e-12, atol=1e-12)
-        assert torch.allclose(-s_gpa, want[3], rtol=1e-12, atol=1e-12)
-        fn = alif_spatial_numba
-    assert any(b.fn is fn for b in neurons.backends_of(kind).values())
-
-
-BLOCK_CASES = (
-    [("lif", dict(reset=r, detach_reset=d, recurrent=rec, learn_threshold=True, bias=True,
-                  surrogate=SURR if d else {"name": "atan", "slope": 2.0, "scale": 0.7}))
-     for r, d, rec in (("subtract", False, True), ("zero", True, False), ("none", True, True), ("subtract", True, False))]
-    + [("alif", dict(detach_reset=d, recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5,
-                     surrogate=SURR if d else {"name": "atan", "slope": 2.0, "scale": 0.7}))
-       for d, rec in ((False, True), (True, False))]
-    + [("lru", {})])
-BLOCK_KERNELS = {"lif": ("spikerec.kernels.lif_online", "_lif_block_vec"),
-                 "alif": ("spikerec.hardware.online.traces_lif", "alif_block_numba"),
-                 "lru": ("spikerec.hardware.online.traces_lru", "lru_block_traces_numba")}
-STATE_PARAMS = {"lif": {"weight", "log_tau_mem", "threshold", "bias"},
-                "alif": {"weight", "log_tau_mem", "log_tau_adapt", "b", "beta", "bias"},
-                "lru": {"nu_log", "theta_log", "gamma_log", "B_re", "B_im"}}
-
-
-def block_cell(kind, kw, H, N):
-    """A layer of ``kind`` with heterogeneous per-neuron parameters and diagonal lateral weights
-    (where the layer's online partials are exact), its definition's module and its step's options."""
-    from spikerec.layers import LRU
-    from spikerec.neurons import lru as _lru
-
-    if kind == "lru":
-        return LRU(H, N), _lru, None
-    if kind == "readout":
-        cell = LeakyReadout(H, N, **kw)
-        return cell, _readout, cell.options()
-    cls, mod = MODULE[kind]
-    cell = cls(H, N, tau_mem=5.0, zero_diagonal=False, **kw)
-    with torch.no_grad():
-        for n, p in cell.named_parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-        if cell.recurrent_weight is not None:
-            cell.recurrent_weight.copy_(torch.diag(torch.randn(N)))
-    return cell, mod, cell.options()
-
-
-@pytest.mark.parametrize("kind,kw", BLOCK_CASES)
-def test_compiled_block_equals_the_derived_recursion(kind, kw, monkeypatch):
-    """The chunked block's compiled contraction (``block_contract`` of the kind's trace, a registered
-    backend) over two blocks of K steps, the second taking the traces the first carried, equals the
-    recursion ``eps_t = J_t eps_{t-1} + imm_t``, ``dL/dp = sum_t g_t . eps_t`` run step by step with
-    ``J_t``, ``imm_t`` and the matrices' ``d s_t / d W`` derived with ``torch.func.jvp`` over
-    ``spikerec.neurons.<kind>.step`` (float64, fresh random states, inputs, parameters and errors):
-    the gradients of every traced parameter and the carried traces."""
-    pytest.importorskip("numba")
-    import importlib
-
-    from spikerec.hardware.online.traces_base import TraceState
-
-    torch.manual_seed(int(torch.randint(0, 10_000, ())))
-    K, B, H, N = 3, 4, 3, 5
+    W, B, H, N = 4, 3, 4, 5
     cell, mod, opts = block_cell(kind, kw, H, N)
+    if getattr(cell, "recurrent_weight", None) is not None:
+        with torch.no_grad():
+            cell.recurrent_weight.add_(0.3 * torch.randn(N, N))  # the forward step reads the full lateral weights
     tr = online_trace(cell, "full", 0)
     tr.prepare()
-    tr.compiled = True  # the closed-form block scans, as the compiled chunked path sets
-    owner, attr = BLOCK_KERNELS[kind]
-    owner = importlib.import_module(owner)
-    real, calls = getattr(owner, attr), []
-    monkeypatch.setattr(owner, attr, lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    params = type(cell.params())(*(None if p is None else p.detach() for p in cell.params()))
-    step = (lambda p, s, x_: mod.step(p, s, x_)[1]) if kind == "lru" else (lambda p, s, x_: mod.step(p, s, x_, opts)[1])
+    rk = tr.row_kernel(torch.float64, B)
+    if kind == "lif" and cell.cuba:
+        assert rk is None
+        return
+    fn, consts = rk
     s = random_state(cell, B)
-    xs = torch.rand(2 * K, B, H) * 2
-    states = [s]
-    for t in range(2 * K):
-        states.append(type(s)(*(f.detach() for f in step(params, states[-1], xs[t]))))
-    k_fields = len(s)
-    G = torch.randn(2 * K, B, N, k_fields)
-    ts = TraceState(tr)
-    for blk in range(2):
-        rows = range(blk * K, blk * K + K)
-        cat = lambda ss: type(s)(*(torch.cat([st[f] for st in ss]) for f in range(k_fields)))  # noqa: E731
-        prev, new = cat([states[t] for t in rows]), cat([states[t + 1] for t in rows])
-        tr.block_contract(ts, xs[blk * K:blk * K + K].reshape(K * B, H), prev, new, G[blk * K:blk * K + K], True, K, B)
-    assert len(calls) == 2, "the compiled block ran"
-    got = ts.take()
-    assert STATE_PARAMS[kind] <= set(got), sorted(got)
-    eps, want = {}, {n: 0 for n in got}
-    vec_names = tuple(n for n in got if getattr(params, n).dim() == 1)
-    for t in range(2 * K):
-        J, imm = derived_partials(step, params, states[t], xs[t], vec_names)
-        for n in got:
-            i = imm[n] if n in vec_names else weight_partials(step, params, states[t], xs[t], n)  # [B, N, k(, H)]
-            e = eps.get(n)
-            eps[n] = i if e is None else (torch.einsum("bnij,bnj...->bni...", J, e) + i)
-            want[n] = want[n] + torch.einsum("bni,bni...->n...", G[t], eps[n])
-    assert all(float(want[n].abs().sum()) > 0 for n in got if n not in vec_names)
-    for n in got:
-        assert torch.allclose(got[n], want[n].reshape(got[n].shape), rtol=1e-10, atol=1e-11), n
-    for n in vec_names:
-        assert torch.allclose(ts.vec[n].reshape(eps[n].shape), eps[n], rtol=1e-10, atol=1e-11), n
-    for n, e in ts.mat.items():
-        assert torch.allclose(e, eps[n].permute(1, 0, 2, 3), rtol=1e-10, atol=1e-11), n
-    assert ts.mat, "the matrix traces were carried"
-    entry = type(tr).block_contract
-    assert any(b.fn is entry for b in neurons.backends_of(kind).values())
-
-
-@pytest.mark.parametrize("kind,kw", [("lif", dict(reset=r, surrogate=SURR)) for r in ("subtract", "zero", "none")]
-                         + [("alif", dict(recurrent=rec, bias=True, tau_adapt=10.0, b=0.5, beta=0.5, surrogate=SURR))
-                            for rec in (False, True)]
-                         + [("lru", {})])
-def test_compiled_block_scan_equals_the_step_loop(kind, kw, monkeypatch):
-    """The chunked block's compiled scan of the states (``scan_block`` of the kind's trace, a
-    registered backend) equals a loop of ``spikerec.neurons.<kind>.step`` (float64, fresh random
-    states, inputs and parameters): the states before each step, after each step and the last one."""
-    pytest.importorskip("numba")
-    from spikerec.kernels import lif_sequence_numba_kernels
-    from spikerec.hardware.online import traces_lru
-
-    torch.manual_seed(int(torch.randint(0, 10_000, ())))
-    K, B, H, N = 6, 3, 4, 5
-    cell, mod, opts = block_cell(kind, dict(kw, recurrent=False) if kind == "lif" else kw, H, N)
-    tr = online_trace(cell, "full", 0)
-    tr.prepare()
-    from spikerec.kernels import alif_sequence_numba
-
-    owner, attr = {"lif": (lif_sequence_numba_kernels, "fwd_serial"), "alif": (alif_sequence_numba, "alif_forward"),
-                   "lru": (traces_lru, "lru_block_scan_numba")}[kind]
-    real, calls = getattr(owner, attr), []
-    monkeypatch.setattr(owner, attr, lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    s = random_state(cell, B)
-    xs = torch.rand(K, B, H) * 2
-    prev, last, new = tr.scan_block(xs, s, with_new=True)
-    assert calls, "the compiled scan ran"
+    X = torch.rand(W, B, H) * 2
+    S = [torch.zeros(W + 1, *f.shape) for f in s]
+    for r, f in zip(S, s):
+        r[0] = f
+    O = torch.zeros(W, B, getattr(cell, "output_size", None) or N)
+    for j in range(W):
+        fn(j, X.numpy(), *(r.numpy() for r in S), O.numpy(), *consts)
     params = cell.params()
-    for t in range(K):
-        for f in range(len(s)):
-            assert torch.allclose(prev[f].view(K, B, N)[t], s[f].detach(), rtol=1e-13, atol=1e-13), (t, f)
-        s = (mod.step(params, s, xs[t]) if kind == "lru" else mod.step(params, s, xs[t], opts))[1]
-        for f in range(len(s)):
-            assert torch.allclose(new[f].view(K, B, N)[t], s[f].detach(), rtol=1e-13, atol=1e-13), (t, f)
-    for a, b in zip(last, s):
-        assert torch.allclose(a, b.detach(), rtol=1e-13, atol=1e-13)
-    entry = type(tr).scan_block
-    assert any(b.fn is entry for b in neurons.backends_of(kind).values())
+    for j in range(W):
+        o, s = mod.step(params, s, X[j]) if opts is None else mod.step(params, s, X[j], opts)
+        for r, f in zip(S, s):
+            assert torch.allclose(r[j + 1], f.detach(), rtol=1e-13, atol=1e-13), j
+        assert torch.allclose(O[j], o.detach(), rtol=1e-13, atol=1e-13), j
+    if kind in ("lif", "alif"):
+        assert 0 < float(O.sum()) < O.numel(), "spikes and silence both occur"
+    assert any(getattr(b.fn, "__module__", "") == fn.__module__ and "rows" in b.name
+               for b in neurons.backends_of(kind).values())
 
 
-MATRIX_TRACE_CASES = [BLOCK_CASES[0], BLOCK_CASES[4], ("lru", {}), ("readout", dict(tau=4.0))]
 
-
-@pytest.mark.parametrize("kind,kw", MATRIX_TRACE_CASES)
-def test_compiled_matrix_trace_equals_the_derived_recursion(kind, kw):
-    """The stream step's compiled matrix trace (``mat_trace_step_numba``, a registered backend of the
-    kinds, one and two states per neuron, one and two readers of a trace) over T steps of
-    :func:`~spikerec.hardware.online.traces_base.stream_step` equals the recursion ``eps_t = J_t
-    eps_{t-1} + d s_t / d W``, ``dL/dW = sum_t g_t . eps_t`` with ``J_t`` and ``d s_t / d W``
-    derived with ``torch.func.jvp`` over ``spikerec.neurons.<kind>.step`` (float64, fresh random
-    states, inputs, parameters and errors): every traced parameter's gradient and the traces. The
-    Triton form runs the same check in ``tests/test_online_triton.py``."""
+def test_compiled_loss_row_and_input_row_equal_their_torch_forms():
+    """The step window's compiled loss row (:func:`spikerec.kernels.readout_online.mse_row`: the
+    package's MSE step loss and its error ``d l / d y`` in one call) equals
+    :func:`~spikerec.hardware.online.losses.mse_step_loss` and its gradient by autograd, and the
+    compiled input row (``copy_row``) copies a row and tells whether it holds a NaN (float64, fresh
+    random outputs and targets; rows other than ``j`` untouched)."""
     pytest.importorskip("numba")
-    from spikerec.kernels import trace_numba
+    from spikerec.hardware.online.losses import mse_step_loss
+    from spikerec.kernels.readout_online import copy_row, mse_row
 
     torch.manual_seed(int(torch.randint(0, 10_000, ())))
-    matrix_trace_against_derived(kind, kw, trace_numba.mat_trace_step_numba)
-    assert any(b.fn is trace_numba.mat_trace_step_numba for b in neurons.backends_of(kind).values())
-
-
-def matrix_trace_against_derived(kind, kw, matrix_trace):
-    """The check of :func:`test_compiled_matrix_trace_equals_the_derived_recursion` for the matrix
-    trace step ``matrix_trace`` (a ``kernel`` of ``stream_step``)."""
-    from spikerec.hardware.online.traces_base import TraceState, stream_step
-
-    T, B, H, N = 4, 3, 4, 5
-    cell, mod, opts = block_cell(kind, kw, H, N)
-    tr = online_trace(cell, "full", 0)
-    tr.prepare()
-    calls = []
-    kernel = lambda *a: calls.append(1) or matrix_trace(*a)  # noqa: E731
-    params = type(cell.params())(*(None if p is None else p.detach() for p in cell.params()))
-    step = (lambda p, s, x_: mod.step(p, s, x_, opts)[1]) if opts is not None else (lambda p, s, x_: mod.step(p, s, x_)[1])
-    s = random_state(cell, B)
-    xs = torch.rand(T, B, H) * 2
-    G = torch.randn(T, B, N, len(s))
-    ts = TraceState(tr)
-    states = [s]
-    for t in range(T):
-        new = type(s)(*(f.detach() for f in step(params, s, xs[t])))
-        stream_step(ts, tr.partials(xs[t], s, new), G[t], kernel=kernel)
-        s = new
-        states.append(s)
-    assert calls, "the compiled matrix trace ran"
-    got = ts.take()
-    mats = {n for n in got if getattr(params, n).dim() == 2}
-    assert mats >= {"lru": {"B_re", "B_im"}}.get(kind, {"weight"}), sorted(got)
-    eps, want = {}, {n: 0 for n in got}
-    vec_names = tuple(n for n in got if n not in mats)
-    for t in range(T):
-        J, imm = derived_partials(step, params, states[t], xs[t], vec_names)
-        for n in got:
-            i = imm[n] if n in vec_names else weight_partials(step, params, states[t], xs[t], n)
-            e = eps.get(n)
-            eps[n] = i if e is None else (torch.einsum("bnij,bnj...->bni...", J, e) + i)
-            want[n] = want[n] + torch.einsum("bni,bni...->n...", G[t], eps[n])
-    for n in got:
-        assert torch.allclose(got[n], want[n].reshape(got[n].shape), rtol=1e-10, atol=1e-11), n
-    for n in mats:
-        assert float(want[n].abs().sum()) > 0, n
-        if n in ts.mat:
-            assert torch.allclose(ts.mat[n], eps[n].permute(1, 0, 2, 3), rtol=1e-10, atol=1e-11), n
+    W, B, O, j = 4, 3, 5, 2
+    Y, target = torch.randn(W, B, O), torch.randn(B, O)
+    GY, L = torch.full((W, B, O), 7.0), torch.full((W,), 7.0)
+    mse_row(j, Y.numpy(), target.numpy(), GY.numpy(), L.numpy())
+    y = Y[j].clone().requires_grad_()
+    loss = mse_step_loss(y, target)
+    (grad,) = torch.autograd.grad(loss, y)
+    assert torch.allclose(L[j], loss.detach(), rtol=1e-13, atol=1e-13) and float(loss.detach()) > 0
+    assert torch.allclose(GY[j], grad, rtol=1e-13, atol=1e-13)
+    keep = [r for r in range(W) if r != j]
+    assert torch.equal(GY[keep], torch.full((W - 1, B, O), 7.0)) and torch.equal(L[keep], torch.full((W - 1,), 7.0))
+    X, u = torch.zeros(W, B, O), torch.randn(B, O)
+    assert not copy_row(j, u.numpy(), X.numpy())
+    assert torch.equal(X[j], u) and torch.equal(X[keep], torch.zeros(W - 1, B, O))
+    u[1, 3] = float("nan")
+    assert copy_row(j + 1, u.numpy(), X.numpy())

@@ -48,132 +48,85 @@ if _HAVE_NUMBA:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _lanes(J, V, G, c, unit, Cr, e_in, use_g, use_J, has_e, carry, need_P, per_lane, GH, A, Gv, b0, P, phi,
-               e_out):
+               e_out):  # pragma: no cover - compiled
         """The block's per-lane work (module docstring) in one sweep back over the steps: ``J [K or 1,
-        B or 1, k*k, N]`` (a Jacobian constant in time or over the batch given once), ``V [m, K, B, k,
-        N]``, ``G, GH [K, B, k, N]``, ``c [K or 1, B or 1, k, N]``, ``e_in, e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B, k*k,
-        N]``, ``P [B, K, k, N]`` (``c`` the unit vector ``e_0`` where ``unit``); ``Gv [m, N]`` (``[m, B, N]``
-        with ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K, B, N]`` (the matrix parameters'
-        errors, ``Cr [R, K or 1, B or 1, k, N]``, as ``c``). Every inner loop runs over the neurons ``n`` and writes one
-        array."""  # pragma: no cover
-        K, B, N = V.shape[1], V.shape[2], V.shape[4]
-        kk = J.shape[2]
-        m = V.shape[0]
-        one, zero = J.dtype.type(1), J.dtype.type(0)
+        B or 1, k*k, N]`` (row-major ``k x k``; constant in time or over the batch given once), ``V [m,
+        K, B, k, N]``, ``G, GH [K, B, k, N]``, ``c [K or 1, B or 1, k, N]`` (the unit vector ``e_0`` where
+        ``unit``), ``e_in, e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B, k*k, N]``, ``P [B, K, k,
+        N]``; ``Gv [m, N]`` (``[m, B, N]`` with ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K,
+        B, N]`` (``Cr`` shaped as ``c``). Every inner loop runs over the neurons ``n``."""
+        m, K, B, k, N = V.shape
+        tmp = np.empty((k * k, N), dtype=J.dtype)
         if carry:
+            e_out[:] = 0
             for b in range(B):
-                for n in range(N):
-                    phi[b, 0, n] = one
-                if kk == 4:
+                for f in range(k * k):
                     for n in range(N):
-                        phi[b, 1, n] = zero
-                    for n in range(N):
-                        phi[b, 2, n] = zero
-                    for n in range(N):
-                        phi[b, 3, n] = one
-            e_out[:] = zero
+                        phi[b, f, n] = 1 if f % (k + 1) == 0 else 0
         for t in range(K - 1, -1, -1):
-            jt = t if J.shape[0] > 1 else 0
-            jn = t + 1 if J.shape[0] > 1 else 0  # J_{t+1}
-            ct = t if c.shape[0] > 1 else 0
+            jt, jn, ct = min(t, J.shape[0] - 1), min(t + 1, J.shape[0] - 1), min(t, c.shape[0] - 1)
             for b in range(B):
-                jb = b if J.shape[1] > 1 else 0
-                cb = b if c.shape[1] > 1 else 0
-                gb = b if per_lane else 0
+                jb, cb, gb = min(b, J.shape[1] - 1), min(b, c.shape[1] - 1), b if per_lane else 0
                 if use_g:  # gh_t = g_t + J_{t+1}^T gh_{t+1}
-                    if t == K - 1 or not use_J:
-                        for f in range(kk if kk == 1 else 2):
+                    for f in range(k):
+                        for n in range(N):
+                            GH[t, b, f, n] = G[t, b, f, n]
+                        for g in range(k if use_J and t < K - 1 else 0):
                             for n in range(N):
-                                GH[t, b, f, n] = G[t, b, f, n]
-                    elif kk == 1:
-                        for n in range(N):
-                            GH[t, b, 0, n] = G[t, b, 0, n] + J[jn, jb, 0, n] * GH[t + 1, b, 0, n]
-                    else:
-                        for n in range(N):
-                            GH[t, b, 0, n] = (G[t, b, 0, n] + J[jn, jb, 0, n] * GH[t + 1, b, 0, n]
-                                              + J[jn, jb, 2, n] * GH[t + 1, b, 1, n])
-                        for n in range(N):
-                            GH[t, b, 1, n] = (G[t, b, 1, n] + J[jn, jb, 1, n] * GH[t + 1, b, 0, n]
-                                              + J[jn, jb, 3, n] * GH[t + 1, b, 1, n])
+                                GH[t, b, f, n] += J[jn, jb, g * k + f, n] * GH[t + 1, b, g, n]
                     for j in range(m):
-                        for n in range(N):
-                            Gv[j, gb, n] += GH[t, b, 0, n] * V[j, t, b, 0, n]
-                        if kk == 4:
+                        for f in range(k):
                             for n in range(N):
-                                Gv[j, gb, n] += GH[t, b, 1, n] * V[j, t, b, 1, n]
+                                Gv[j, gb, n] += GH[t, b, f, n] * V[j, t, b, f, n]
                     for q in range(A.shape[0]):
-                        if kk == 1:
+                        for n in range(N):
+                            A[q, t, b, n] = GH[t, b, 0, n] * Cr[q, ct, cb, 0, n]
+                        for f in range(1, k):
                             for n in range(N):
-                                A[q, t, b, n] = GH[t, b, 0, n] * Cr[q, ct, cb, 0, n]
-                        else:
-                            for n in range(N):
-                                A[q, t, b, n] = GH[t, b, 0, n] * Cr[q, ct, cb, 0, n] + GH[t, b, 1, n] * Cr[q, ct, cb, 1, n]
+                                A[q, t, b, n] += GH[t, b, f, n] * Cr[q, ct, cb, f, n]
                 if not carry:
                     continue
                 # e_out += Phi_t V_t; P[b, t] = Phi_t c_t; then Phi_{t-1} = Phi_t J_t
-                if kk == 1:
-                    for j in range(m):
-                        for n in range(N):
-                            e_out[j, b, 0, n] += phi[b, 0, n] * V[j, t, b, 0, n]
-                    if need_P and unit:
-                        for n in range(N):
-                            P[b, t, 0, n] = phi[b, 0, n]
-                    elif need_P:
-                        for n in range(N):
-                            P[b, t, 0, n] = phi[b, 0, n] * c[ct, cb, 0, n]
+                for j in range(m):
+                    for f in range(k):
+                        for g in range(k):
+                            for n in range(N):
+                                e_out[j, b, f, n] += phi[b, f * k + g, n] * V[j, t, b, g, n]
+                for f in range(k if need_P else 0):
                     for n in range(N):
-                        phi[b, 0, n] *= J[jt, jb, 0, n]
-                else:
-                    for j in range(m):
+                        P[b, t, f, n] = phi[b, f * k, n] if unit else phi[b, f * k, n] * c[ct, cb, 0, n]
+                    for g in range(1, 1 if unit else k):
                         for n in range(N):
-                            e_out[j, b, 0, n] += phi[b, 0, n] * V[j, t, b, 0, n] + phi[b, 1, n] * V[j, t, b, 1, n]
+                            P[b, t, f, n] += phi[b, f * k + g, n] * c[ct, cb, g, n]
+                for f in range(k):
+                    for g in range(k):
                         for n in range(N):
-                            e_out[j, b, 1, n] += phi[b, 2, n] * V[j, t, b, 0, n] + phi[b, 3, n] * V[j, t, b, 1, n]
-                    if need_P and unit:  # c = (1, 0): the first column of Phi_t
-                        for n in range(N):
-                            P[b, t, 0, n] = phi[b, 0, n]
-                        for n in range(N):
-                            P[b, t, 1, n] = phi[b, 2, n]
-                    elif need_P:
-                        for n in range(N):
-                            P[b, t, 0, n] = phi[b, 0, n] * c[ct, cb, 0, n] + phi[b, 1, n] * c[ct, cb, 1, n]
-                        for n in range(N):
-                            P[b, t, 1, n] = phi[b, 2, n] * c[ct, cb, 0, n] + phi[b, 3, n] * c[ct, cb, 1, n]
+                            tmp[f * k + g, n] = phi[b, f * k, n] * J[jt, jb, g, n]
+                        for h in range(1, k):
+                            for n in range(N):
+                                tmp[f * k + g, n] += phi[b, f * k + h, n] * J[jt, jb, h * k + g, n]
+                for f in range(k * k):
                     for n in range(N):
-                        p00, p01, p10, p11 = phi[b, 0, n], phi[b, 1, n], phi[b, 2, n], phi[b, 3, n]
-                        j00, j01, j10, j11 = J[jt, jb, 0, n], J[jt, jb, 1, n], J[jt, jb, 2, n], J[jt, jb, 3, n]
-                        phi[b, 0, n] = p00 * j00 + p01 * j10
-                        phi[b, 1, n] = p00 * j01 + p01 * j11
-                        phi[b, 2, n] = p10 * j00 + p11 * j10
-                        phi[b, 3, n] = p10 * j01 + p11 * j11
+                        phi[b, f, n] = tmp[f, n]
         if use_g and use_J:  # b0 = J_0^T gh_0, the boundary term with the traces carried in
             for b in range(B):
-                jb = b if J.shape[1] > 1 else 0
-                gb = b if per_lane else 0
-                if kk == 1:
+                jb, gb = min(b, J.shape[1] - 1), b if per_lane else 0
+                for f in range(k):
                     for n in range(N):
-                        b0[b, 0, n] = J[0, jb, 0, n] * GH[0, b, 0, n]
-                else:
-                    for n in range(N):
-                        b0[b, 0, n] = J[0, jb, 0, n] * GH[0, b, 0, n] + J[0, jb, 2, n] * GH[0, b, 1, n]
-                    for n in range(N):
-                        b0[b, 1, n] = J[0, jb, 1, n] * GH[0, b, 0, n] + J[0, jb, 3, n] * GH[0, b, 1, n]
-                if has_e:
-                    for j in range(m):
-                        for f in range(kk if kk == 1 else 2):
-                            for n in range(N):
-                                Gv[j, gb, n] += b0[b, f, n] * e_in[j, b, f, n]
-        if carry and has_e:
-            for j in range(m):
-                for b in range(B):
-                    if kk == 1:
+                        b0[b, f, n] = J[0, jb, f, n] * GH[0, b, 0, n]
+                    for g in range(1, k):
                         for n in range(N):
-                            e_out[j, b, 0, n] += phi[b, 0, n] * e_in[j, b, 0, n]
-                    else:
+                            b0[b, f, n] += J[0, jb, g * k + f, n] * GH[0, b, g, n]
+                for j in range(m if has_e else 0):
+                    for f in range(k):
                         for n in range(N):
-                            e_out[j, b, 0, n] += phi[b, 0, n] * e_in[j, b, 0, n] + phi[b, 1, n] * e_in[j, b, 1, n]
+                            Gv[j, gb, n] += b0[b, f, n] * e_in[j, b, f, n]
+        for j in range(m if carry and has_e else 0):
+            for b in range(B):
+                for f in range(k):
+                    for g in range(k):
                         for n in range(N):
-                            e_out[j, b, 1, n] += phi[b, 2, n] * e_in[j, b, 0, n] + phi[b, 3, n] * e_in[j, b, 1, n]
+                            e_out[j, b, f, n] += phi[b, f * k + g, n] * e_in[j, b, g, n]
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _mat_carry(E, q, phi, bb, use_b, Gm, carry):  # pragma: no cover - compiled
@@ -227,7 +180,7 @@ def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool
     a = lambda t, d: (t.numpy() if isinstance(t, torch.Tensor) else t) if t is not None else pd[(0,) * (5 - d)]  # noqa: E731
     _lanes(J.numpy(), V.numpy(), a(G, 4), a(c, 4), c is None, a(Cr if A is not None else None, 5), a(e_in, 4), use_g,
            use_J, e_in is not None, carry, need_P, per_lane, a(GH, 4), A if A is not None else pd[:0, 0],
-           Gv if use_g else pd[0, 0, 0].astype(np.float64), a(b0, 3), a(P, 4), a(phi, 3), a(e_out, 4))
+           Gv if use_g else pd[0, 0].astype(np.float64), a(b0, 3), a(P, 4), a(phi, 3), a(e_out, 4))
     return GH, A, (None if Gv is None else Gv if per_lane else Gv[:, 0]), b0, P, phi, e_out
 
 

@@ -144,6 +144,11 @@ def compiled_block(learner, recs, gy, carry: bool, K: int, B: int) -> None:
 def autograd_block(learner, recs, gy, carry: bool, K: int, B: int) -> None:
     """:func:`compiled_block` with the spatial backward by autograd over the block's graph (every
     layer re-advanced from its detached previous rows with the graph to its input): the reference."""
+    with torch.enable_grad():  # (the traces property works a window under no_grad)
+        _autograd_block(learner, recs, gy, carry, K, B)
+
+
+def _autograd_block(learner, recs, gy, carry: bool, K: int, B: int) -> None:
     trs = learner.tracers
     h, news = recs[0][0], []
     for l, tr in enumerate(trs):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ... import neurons
 from ...kernels.trace_numba import block_lanes_numba, compiled_cpu, mat_carry_numba
 from ...kernels.trace_triton import block_filter, triton_available
 from ...neurons.roles import Role, parameters_by_role
@@ -335,7 +336,7 @@ def lanes_torch(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = Fal
     Gi = None if G is None else planar_inv(G)  # [K, B, N, k]
     carry = carry and use_J
     GH = PH = phim = None
-    if fused and (G is not None or carry):
+    if fused and use_J and (G is not None or carry):
         GH, PH, phim = block_filter(Jm, Gi if use_J else None, carry)
     if Gi is not None and GH is None:
         GH = Gi.clone()
@@ -465,3 +466,9 @@ def chunk_contract(ts: TraceState, bp: BlockPartials, G: torch.Tensor | None, ca
             if e is not None:
                 new = new + torch.einsum("bnij,nbjh->nbih", planar_inv(phi).unflatten(-1, (k, k)), e)
             ts.mat[base] = new.contiguous()
+
+
+for _kind in ("lif", "alif", "lru", "readout"):
+    neurons.register_backend(_kind, "online_block (the block contraction, chunk_contract: the compiled per-lane pass and "
+                             "the matrix traces' pass)", chunk_contract,
+                             test="tests/test_online_partials.py::test_compiled_block_equals_the_derived_recursion")

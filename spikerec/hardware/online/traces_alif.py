@@ -127,7 +127,7 @@ class ALIFTrace(LayerTrace):
         k = self.consts(dt)
         I = block_current(k, x)
         N = I.shape[-1]
-        S = torch.empty((2, K + 1, B, N), dtype=dt)  # v, a before and after each step
+        S = torch.empty((2, K + 1, B, N), dtype=dt, device=x.device)  # v, a before and after each step
         S[0, 0], S[1, 0] = state.v, state.a
         if compiled_cpu(x) and alif_sequence_numba.available():
             fc = k.get("fc")
@@ -164,6 +164,6 @@ class ALIFTrace(LayerTrace):
 neurons.register_backend("alif", "online_partials (ALIFTrace.partials)", ALIFTrace.partials,
                          test="tests/test_online_partials.py::test_hand_written_partials_equal_derived_ones")
 neurons.register_backend("alif", "online_spatial (ALIFTrace.errors)", ALIFTrace.errors,
-                         test="tests/test_online_fast.py::test_fast_stream_equals_autograd_stream")
+                         test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
 neurons.register_backend("alif", "online_block_scan (ALIFTrace.scan_block)", ALIFTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")

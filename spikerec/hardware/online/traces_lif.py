@@ -196,6 +196,6 @@ class LIFTrace(LayerTrace):
 neurons.register_backend("lif", "online_partials (LIFTrace.partials)", LIFTrace.partials,
                          test="tests/test_online_partials.py::test_hand_written_partials_equal_derived_ones")
 neurons.register_backend("lif", "online_spatial (LIFTrace.errors)", LIFTrace.errors,
-                         test="tests/test_online_fast.py::test_fast_stream_equals_autograd_stream")
+                         test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
 neurons.register_backend("lif", "online_block_scan (LIFTrace.scan_block)", LIFTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")

@@ -83,7 +83,7 @@ class LRUTrace(LayerTrace):
             z = torch.zeros_like(k["lr"])
             W = torch.stack([torch.stack(k.get(n, (z, z))) for n in ("nu_log", "theta_log")]).contiguous()
             fixed = k["block"] = (planar(k["J"][None].flatten(-2)).contiguous(), W,  # J [1, 1, 4, N]
-                                  np.asarray([("nu_log", "theta_log", "gamma_log").index(n) for n in names]))
+                                  np.asarray([("nu_log", "theta_log", "gamma_log").index(n) for n in names], dtype=np.int64))
         Jp, W, kinds = fixed
         cc = k.get("c")
         if cc is None:  # c = (gamma, 0), the same at every step and sample, and the readers' M c (B_im: (0, gamma))
@@ -145,6 +145,6 @@ class LRUTrace(LayerTrace):
 neurons.register_backend("lru", "online_partials (LRUTrace.partials)", LRUTrace.partials,
                          test="tests/test_online_partials.py::test_hand_written_partials_equal_derived_ones")
 neurons.register_backend("lru", "online_spatial (LRUTrace.errors)", LRUTrace.errors,
-                         test="tests/test_online_fast.py::test_fast_stream_equals_autograd_stream")
+                         test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
 neurons.register_backend("lru", "online_block_scan (LRUTrace.scan_block)", LRUTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")

@@ -113,4 +113,4 @@ class LinearReadoutTrace(GenericTrace):
 neurons.register_backend("readout", "online_partials (ReadoutTrace.partials)", ReadoutTrace.partials,
                          test="tests/test_online_partials.py::test_hand_written_partials_equal_derived_ones")
 neurons.register_backend("readout", "online_spatial (ReadoutTrace.errors, LinearReadoutTrace.errors)",
-                         LinearReadoutTrace.errors, test="tests/test_online_fast.py::test_fast_stream_equals_autograd_stream")
+                         LinearReadoutTrace.errors, test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import neurons
 from ...kernels import readout_online
 from ...kernels.trace_numba import compiled_cpu
 from .block import autograd_block, compiled_block
@@ -193,3 +194,8 @@ class StepWindow:
                 r[: n + 1].copy_(rows[f"state/{l}/{f}"])
         self.j, self.any_loss = n, bool(rows["loss"][0])
         self._sync_states()
+
+
+for _kind in ("lif", "alif", "lru", "readout"):
+    neurons.register_backend(_kind, "online_window (the step API's window of compiled steps, StepWindow.step)",
+                             StepWindow.step, test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
