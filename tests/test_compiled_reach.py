@@ -159,7 +159,7 @@ def test_the_call_graph_follows_imports_aliases_modules_and_methods(graph):
     assert "spikerec.kernels.lif_sequence_numba_kernels.bwd" in lif_fn
     assert "spikerec.kernels.lif_triton._lif_bwd" in lif_fn
     assert not any(".lif_online." in q for q in lif_fn)
-    step = graph.reached_from(["spikerec.kernels.lif_online.lif_step_numba"])  # imports under ``if _nb``
+    step = graph.reached_from(["spikerec.hardware.online.traces_lif.LIFTrace.row_kernel"])  # imports under ``if _nb``
     assert {"spikerec.kernels.lif_online.lif_rows", "spikerec.kernels.readout_online.events"} <= step
     assert not any(".lif_sequence_numba_kernels." in q or ".surrogate_numba." in q for q in step)
     assert "spikerec.kernels.lif_online._partials" not in step

@@ -21,7 +21,7 @@ try:  # numba is optional
 except Exception:  # pragma: no cover - depends on the install
     _nb = None
 
-__all__ = ["alif_rows", "alif_step_numba", "alif_block_partials", "COLUMNS"]
+__all__ = ["alif_rows", "alif_block_partials", "COLUMNS"]
 
 COLUMNS = ("log_tau_mem", "log_tau_adapt", "b", "beta", "bias")  # the per-neuron parameters, in kernel order
 
@@ -148,27 +148,6 @@ def alif_block_partials(v0, a0, surrogate, cn, cols, rd, detach: bool):
     return J, V, zp
 
 
-def alif_step_numba(params, state, x_t, options):
-    """One ALIF step (:func:`spikerec.neurons.alif.step`, ``adapt_gain`` None, bias into the current)
-    by :func:`alif_rows`; returns ``(z_t, ALIFState(v_t, a_t))`` (for the equality test)."""
-    from ..neurons import alif as _alif
-
-    dt, (B, N) = state.v.dtype, state.v.shape
-    f = lambda t: t.detach().to(dt).contiguous().numpy()  # noqa: E731
-    V, A = (torch.stack([s.detach(), s.detach()]).to(dt).contiguous() for s in state)
-    Z = torch.empty((1, B, N), dtype=dt)
-    alpha, rho = (d.expand(N) for d in _alif.decays(params, options))
-    R, bias = params.recurrent_weight, params.bias
-    alif_rows(0, f(x_t[None]), V.numpy(), A.numpy(), Z.numpy(), f(params.weight.t()),
-              f(bias) if bias is not None else np.zeros(N, f(V).dtype), bias is not None,
-              f(R.t()) if R is not None else np.zeros((N, N), f(V).dtype), R is not None, f(alpha), f(rho),
-              f(params.b.expand(N)), f(params.beta.expand(N)), *(np.empty((B, N), f(V).dtype) for _ in range(3)))
-    return Z[0], _alif.ALIFState(V[1], A[1])
-
-
-neurons.register_backend("alif", "kernels.alif_online (compiled step of the online stream, alif_rows)",
-                         alif_step_numba,
-                         test="tests/test_online_partials.py::test_compiled_forward_steps_equal_the_neuron_steps")
 neurons.register_backend("alif", "kernels.alif_online (compiled block partials, alif_block_partials)",
                          alif_block_partials,
                          test="tests/test_online_partials.py::test_compiled_partials_equal_derived_ones")

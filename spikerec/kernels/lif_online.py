@@ -13,7 +13,6 @@ and the Jacobian ``J = d v_t / d v_{t-1}`` with the immediate partials of a bloc
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .. import neurons
@@ -26,7 +25,7 @@ if _nb is not None:
     from .readout_online import events
     from .surrogate_numba import atan_d, fast_sigmoid_d, sd_consts
 
-__all__ = ["lif_rows", "lif_step_numba", "lif_block_partials", "RESET_CODES", "COLUMNS"]
+__all__ = ["lif_rows", "lif_block_partials", "RESET_CODES", "COLUMNS"]
 
 COLUMNS = ("log_tau_mem", "threshold", "bias")  # the per-neuron parameters, in kernel order
 
@@ -131,25 +130,5 @@ def lif_block_partials(v0, surrogate, k: dict, cols, reset: str, detach_reset: b
     return J, V, zp
 
 
-def lif_step_numba(params, state, x_t, options):
-    """One plain LIF step (:func:`spikerec.neurons.lif.step`) by :func:`lif_rows`; returns
-    ``(z_t, LIFState(v_t))`` (for the equality test against the definition)."""
-    from ..neurons import lif as _lif
-
-    dt, (B, N) = state.v.dtype, state.v.shape
-    a = lambda t: t.detach().to(dt).contiguous().numpy()  # noqa: E731
-    V = torch.stack([state.v.detach(), state.v.detach()]).to(dt).contiguous()
-    Z = torch.empty((1, B, N), dtype=dt)
-    R = params.recurrent_weight
-    lif_rows(0, a(x_t[None]), V.numpy(), Z.numpy(), a(params.weight.t()),
-             a(params.bias) if params.bias is not None else np.zeros(N, a(V).dtype), params.bias is not None,
-             a(R.t()) if R is not None else np.zeros((N, N), a(V).dtype), R is not None,
-             a(_lif.decays(params, options)[0].expand(N)), a(params.threshold.expand(N)), RESET_CODES[options.reset],
-             *(np.empty((B, N), a(V).dtype) for _ in range(3)))
-    return Z[0], _lif.LIFState(V[1])
-
-
-neurons.register_backend("lif", "kernels.lif_online (compiled step of the online stream, lif_rows)", lif_step_numba,
-                         test="tests/test_online_partials.py::test_compiled_forward_steps_equal_the_neuron_steps")
 neurons.register_backend("lif", "kernels.lif_online (compiled block partials, lif_block_partials)",
                          lif_block_partials, test="tests/test_online_partials.py::test_compiled_partials_equal_derived_ones")

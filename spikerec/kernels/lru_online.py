@@ -9,7 +9,6 @@ and the immediate partials of a block's rows (:func:`lru_block_partials`, the co
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .. import neurons
@@ -19,7 +18,7 @@ try:  # numba is optional
 except Exception:  # pragma: no cover - depends on the install
     _nb = None
 
-__all__ = ["lru_rows", "lru_step_numba", "lru_block_partials"]
+__all__ = ["lru_rows", "lru_consts", "lru_block_partials"]
 
 if _nb is not None:
     from .readout_online import events
@@ -95,21 +94,5 @@ def lru_consts(params, dt):
             f(-params.C_im.t()), f(params.D[None] if dvec else params.D.t()), dvec)
 
 
-def lru_step_numba(params, state, x_t, options=None):
-    """One LRU step (:func:`spikerec.neurons.lru.step`) by :func:`lru_rows`; returns ``(y_t, LRUState)``."""
-    from ..neurons import lru as _lru
-
-    dt, (B, N) = state.x_re.dtype, state.x_re.shape
-    HR, HI = (torch.stack([s.detach(), s.detach()]).to(dt).contiguous() for s in state)
-    Y = torch.empty((1, B, params.C_re.shape[0]), dtype=dt)
-    O = Y.shape[-1]
-    lru_rows(0, x_t[None].detach().to(dt).contiguous().numpy(), HR.numpy(), HI.numpy(), Y.numpy(),
-             *lru_consts(params, dt), np.empty((B, 2 * N), HR.numpy().dtype),
-             *(np.empty((B, O), HR.numpy().dtype) for _ in range(3)))
-    return Y[0], _lru.LRUState(HR[1], HI[1])
-
-
-neurons.register_backend("lru", "kernels.lru_online (compiled step of the online stream, lru_rows)", lru_step_numba,
-                         test="tests/test_online_partials.py::test_compiled_forward_steps_equal_the_neuron_steps")
 neurons.register_backend("lru", "kernels.lru_online (compiled block partials, lru_block_partials)", lru_block_partials,
                          test="tests/test_online_partials.py::test_compiled_partials_equal_derived_ones")

@@ -5,17 +5,12 @@ for NaN.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
-
-from .. import neurons
-
 try:  # numba is optional
     import numba as _nb
 except Exception:  # pragma: no cover - depends on the install
     _nb = None
 
-__all__ = ["readout_rows", "mse_row", "copy_row", "events", "readout_step_numba"]
+__all__ = ["readout_rows", "mse_row", "copy_row", "events"]
 
 if _nb is not None:
 
@@ -68,26 +63,3 @@ if _nb is not None:
         return nan
 else:
     readout_rows = mse_row = copy_row = events = None
-
-
-def readout_step_numba(params, state, x_t, options=None):
-    """One readout step (:func:`spikerec.neurons.readout.step`, bias into the current) by
-    :func:`readout_rows`; returns ``(y_t, ReadoutState(y_t))``."""
-    from ..neurons import readout as _readout
-
-    options = _readout.ReadoutOptions() if options is None else options
-    dt, O = x_t.dtype, params.weight.shape[0]
-    f = lambda t: t.detach().to(dt).contiguous().numpy()  # noqa: E731
-    S = torch.stack([state.y.detach(), state.y.detach()]).to(dt).contiguous()
-    Y = torch.empty((1, x_t.shape[0], O), dtype=dt)
-    alpha = _readout.decay(params, options)
-    readout_rows(0, f(x_t[None]), S.numpy(), Y.numpy(), f(params.weight.t()),
-                 f(params.bias) if params.bias is not None else np.zeros(O, f(S).dtype), params.bias is not None,
-                 f(alpha.expand(O)) if alpha is not None else np.zeros(O, f(S).dtype), alpha is not None,
-                 np.empty((x_t.shape[0], O), f(S).dtype))
-    return Y[0], _readout.ReadoutState(S[1])
-
-
-neurons.register_backend("readout", "kernels.readout_online (compiled step of the online stream, readout_rows)",
-                         readout_step_numba,
-                         test="tests/test_online_partials.py::test_compiled_forward_steps_equal_the_neuron_steps")

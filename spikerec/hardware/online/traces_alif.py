@@ -167,3 +167,5 @@ neurons.register_backend("alif", "online_spatial (ALIFTrace.errors)", ALIFTrace.
                          test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
 neurons.register_backend("alif", "online_block_scan (ALIFTrace.scan_block)", ALIFTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")
+neurons.register_backend("alif", "online_rows (the compiled step of the step window, ALIFTrace.row_kernel)", ALIFTrace.row_kernel,
+                         test="tests/test_online_partials.py::test_row_kernels_with_the_layers_constants_equal_the_neuron_steps")

@@ -15,7 +15,7 @@ from ...kernels.trace_numba import compiled_cpu
 from ...kernels.trace_triton import triton_available
 from ...neurons import lif as _lif
 from ...surrogate import heaviside
-from .traces import BlockPartials, LayerTrace, Partials, acc_add, acc_mm, spike_grad
+from .traces import BlockPartials, LayerTrace, Partials, acc_add, spike_grad
 
 __all__ = ["LIFTrace", "decay_partials", "block_current", "detached"]
 
@@ -199,3 +199,5 @@ neurons.register_backend("lif", "online_spatial (LIFTrace.errors)", LIFTrace.err
                          test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
 neurons.register_backend("lif", "online_block_scan (LIFTrace.scan_block)", LIFTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")
+neurons.register_backend("lif", "online_rows (the compiled step of the step window, LIFTrace.row_kernel)", LIFTrace.row_kernel,
+                         test="tests/test_online_partials.py::test_row_kernels_with_the_layers_constants_equal_the_neuron_steps")

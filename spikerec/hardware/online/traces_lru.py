@@ -148,3 +148,5 @@ neurons.register_backend("lru", "online_spatial (LRUTrace.errors)", LRUTrace.err
                          test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
 neurons.register_backend("lru", "online_block_scan (LRUTrace.scan_block)", LRUTrace.scan_block,
                          test="tests/test_online_partials.py::test_compiled_block_scan_equals_the_step_loop")
+neurons.register_backend("lru", "online_rows (the compiled step of the step window, LRUTrace.row_kernel)", LRUTrace.row_kernel,
+                         test="tests/test_online_partials.py::test_row_kernels_with_the_layers_constants_equal_the_neuron_steps")

@@ -114,3 +114,7 @@ neurons.register_backend("readout", "online_partials (ReadoutTrace.partials)", R
                          test="tests/test_online_partials.py::test_hand_written_partials_equal_derived_ones")
 neurons.register_backend("readout", "online_spatial (ReadoutTrace.errors, LinearReadoutTrace.errors)",
                          LinearReadoutTrace.errors, test="tests/test_online_compiled.py::test_compiled_stream_equals_reference_stream")
+neurons.register_backend("readout", "online_rows (the compiled step of the step window, ReadoutTrace.row_kernel)", ReadoutTrace.row_kernel,
+                         test="tests/test_online_partials.py::test_row_kernels_with_the_layers_constants_equal_the_neuron_steps")
+neurons.register_backend("readout", "online_rows (the linear readout's compiled step, LinearReadoutTrace.row_kernel)",
+                         LinearReadoutTrace.row_kernel, test="tests/test_online_partials.py::test_row_kernels_with_the_layers_constants_equal_the_neuron_steps")
