@@ -95,7 +95,7 @@ def n_blocks(T, chunk, cuts):
 def test_compiled_chunk_block_equals_autograd_block_and_stream(kind, leaky, rule):
     """step() in chunked mode (blocks of 4, a per-sample reset mid-block, steps without a loss):
     the compiled block (every layer's step compiled in the window) equals the autograd block, the
-    reference stream and the compiled backend's stream mode (windows of 64 steps)."""
+    reference stream and the compiled backend's stream mode (windows of ``STREAM_WINDOW`` steps)."""
     model = build(kind, leaky)
     T, B = int(torch.randint(11, 18, ())), 3
     x = torch.randn(T, B, 5)
@@ -211,9 +211,9 @@ def test_compiled_lanes_reverse_filter_equals_the_complex_scans(dtype):
     want = {"GH": (torch.from_numpy(GH), torch.stack([gh.real, gh.imag], 2)),
             "b0": (torch.from_numpy(b0), torch.stack([(lam.conj() * gh[0]).real, (lam.conj() * gh[0]).imag], 1)),
             "e_out": (torch.from_numpy(e_out), torch.stack([es[:, -1].real, es[:, -1].imag], 2)),
-            "P": (torch.from_numpy(P), torch.stack([powers.real, powers.imag], 1).expand(B, K, 2, N)),
+            "P": (torch.from_numpy(P), torch.stack([powers.real, powers.imag], 1)[None]),  # one row: every sample's
             "phi": (torch.from_numpy(phi), torch.stack([(lam ** K).real, -(lam ** K).imag, (lam ** K).imag,
-                                                        (lam ** K).real]).expand(B, 4, N)),
+                                                        (lam ** K).real])[None]),
             "Gv": (torch.from_numpy(Gv), (cplx(G).conj()[None] * es).real.sum((1, 2)).to(torch.float64))}
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for name, (got, ref) in want.items():
@@ -456,7 +456,7 @@ def test_update_policy_and_checkpoint_mid_block(tmp_path, mode):
     """Adam every 6 steps (not a multiple of the block of 4), a checkpoint mid-block (the window's
     pending steps stored as they are) restored into a new learner: the same weights as the
     reference's uninterrupted run (the autograd block; in stream mode the reference stream, the
-    compiled backend working windows of 64 steps)."""
+    compiled backend working windows of ``STREAM_WINDOW`` steps)."""
     kind = "lru_alif"
     model = build(kind, True)
     init = {k: v.clone() for k, v in model.state_dict().items()}

@@ -13,6 +13,7 @@ and the Jacobian ``J = d v_t / d v_{t-1}`` with the immediate partials of a bloc
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .. import neurons
@@ -113,7 +114,6 @@ def lif_block_partials(v0, surrogate, k: dict, cols, reset: str, detach_reset: b
     from .lif_sequence_numba import surrogate_code
 
     K, B, N = v0.shape
-    dt = v0.dtype
     sur, p1, p2 = surrogate_code(surrogate)
     psi = surrogate.derivative(v0 - k["thr"]).contiguous() if sur == 0 else torch.empty_like(v0)
     co = k.get(("co", reset, detach_reset))
@@ -122,12 +122,13 @@ def lif_block_partials(v0, surrogate, k: dict, cols, reset: str, detach_reset: b
         nd = float(not detach_reset and reset != "none")
         a, thr = k["alpha"], k["thr"]
         r = k["Rd"] if k["Rd"] is not None else torch.zeros_like(a)
-        co = k[("co", reset, detach_reset)] = (torch.stack([a * m1, r - thr * nd * m0, -a * nd * m1, thr * nd * m0 - r,
-                                                            a * nd * m1]).contiguous(), m0, m1)
-    J, V, zp = torch.empty((K, B, 1, N), dtype=dt), torch.empty((len(cols), K, B, 1, N), dtype=dt), torch.empty_like(v0)
-    _partials(v0.numpy(), psi.numpy(), sur, p1, p2, k["alpha"].numpy(), k["dalpha"].numpy(), k["thr"].numpy(),
-              co[0].numpy(), co[1], co[2], cols, J.numpy(), V.numpy(), zp.numpy())
-    return J, V, zp
+        co = k[("co", reset, detach_reset)] = (
+            torch.stack([a * m1, r - thr * nd * m0, -a * nd * m1, thr * nd * m0 - r, a * nd * m1]).contiguous().numpy(),
+            m0, m1, k["alpha"].numpy(), k["dalpha"].numpy(), k["thr"].numpy())
+    J, V, zp = np.empty((K, B, 1, N), dtype=co[0].dtype), np.empty((len(cols), K, B, 1, N), dtype=co[0].dtype), \
+        np.empty((K, B, N), dtype=co[0].dtype)
+    _partials(v0.numpy(), psi.numpy(), sur, p1, p2, co[3], co[4], co[5], co[0], co[1], co[2], cols, J, V, zp)
+    return torch.from_numpy(J), torch.from_numpy(V), torch.from_numpy(zp)
 
 
 neurons.register_backend("lif", "kernels.lif_online (compiled block partials, lif_block_partials)",

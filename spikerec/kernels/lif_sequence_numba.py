@@ -75,9 +75,10 @@ def forward_consts(alpha, alpha_s, thr, B: int, N: int, dtype) -> tuple:
 
 def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str, consts=None):
     """Forward loop: returns ``(Z, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``);
-    ``consts``: :func:`forward_consts` of the same parameters and batch (else made here)."""
-    fwd, _ = _kernels()
+    ``consts``: :func:`forward_consts` of the same parameters and batch (else made here). One block of
+    neurons (:data:`BLOCK`) runs on the calling thread."""
     T, B, N = I.shape
+    fwd = forward_kernel(serial=B * N <= BLOCK)
     syn = i0 is not None
     a, a_s, th, zeros = consts if consts is not None else forward_consts(alpha, alpha_s, thr, B, N, I.dtype)
     # separate buffers: autograd keeps V (and the synaptic currents) for the backward, not Z

@@ -52,21 +52,22 @@ if _HAVE_NUMBA:
         """The block's per-lane work (module docstring) in one sweep back over the steps: ``J [K or 1,
         B or 1, k*k, N]`` (row-major ``k x k``; constant in time or over the batch given once), ``V [m,
         K, B, k, N]``, ``G, GH [K, B, k, N]``, ``c [K or 1, B or 1, k, N]`` (the unit vector ``e_0`` where
-        ``unit``), ``e_in, e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B, k*k, N]``, ``P [B, K, k,
-        N]``; ``Gv [m, N]`` (``[m, B, N]`` with ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K,
+        ``unit``), ``e_in, e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B or 1, k*k, N]`` (one where ``J``
+        is the same for every sample), ``P [B or 1, K, k, N]`` (one where ``c`` is too); ``Gv [m, N]`` (``[m, B, N]`` with ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K,
         B, N]`` (``Cr`` shaped as ``c``). Every inner loop runs over the neurons ``n``."""
         m, K, B, k, N = V.shape
+        Bj = phi.shape[0]
         tmp = np.empty((k * k, N), dtype=J.dtype)
         if carry:
             e_out[:] = 0
-            for b in range(B):
+            for b in range(Bj):
                 for f in range(k * k):
                     for n in range(N):
                         phi[b, f, n] = 1 if f % (k + 1) == 0 else 0
         for t in range(K - 1, -1, -1):
             jt, jn, ct = min(t, J.shape[0] - 1), min(t + 1, J.shape[0] - 1), min(t, c.shape[0] - 1)
             for b in range(B):
-                jb, cb, gb = min(b, J.shape[1] - 1), min(b, c.shape[1] - 1), b if per_lane else 0
+                jb, cb, gb, pb = min(b, J.shape[1] - 1), min(b, c.shape[1] - 1), b if per_lane else 0, min(b, Bj - 1)
                 if use_g:  # gh_t = g_t + J_{t+1}^T gh_{t+1}
                     for f in range(k):
                         for n in range(N):
@@ -86,28 +87,29 @@ if _HAVE_NUMBA:
                                 A[q, t, b, n] += GH[t, b, f, n] * Cr[q, ct, cb, f, n]
                 if not carry:
                     continue
-                # e_out += Phi_t V_t; P[b, t] = Phi_t c_t; then Phi_{t-1} = Phi_t J_t
-                for j in range(m):
+                for j in range(m):  # e_out += Phi_t V_t
                     for f in range(k):
                         for g in range(k):
                             for n in range(N):
-                                e_out[j, b, f, n] += phi[b, f * k + g, n] * V[j, t, b, g, n]
-                for f in range(k if need_P else 0):
+                                e_out[j, b, f, n] += phi[pb, f * k + g, n] * V[j, t, b, g, n]
+                for f in range(k if need_P and b < P.shape[0] else 0):  # P[b, t] = Phi_t c_t
                     for n in range(N):
-                        P[b, t, f, n] = phi[b, f * k, n] if unit else phi[b, f * k, n] * c[ct, cb, 0, n]
+                        P[b, t, f, n] = phi[pb, f * k, n] if unit else phi[pb, f * k, n] * c[ct, cb, 0, n]
                     for g in range(1, 1 if unit else k):
                         for n in range(N):
-                            P[b, t, f, n] += phi[b, f * k + g, n] * c[ct, cb, g, n]
+                            P[b, t, f, n] += phi[pb, f * k + g, n] * c[ct, cb, g, n]
+            for pb in range(Bj if carry else 0):  # Phi_{t-1} = Phi_t J_t
+                jb = min(pb, J.shape[1] - 1)
                 for f in range(k):
                     for g in range(k):
                         for n in range(N):
-                            tmp[f * k + g, n] = phi[b, f * k, n] * J[jt, jb, g, n]
+                            tmp[f * k + g, n] = phi[pb, f * k, n] * J[jt, jb, g, n]
                         for h in range(1, k):
                             for n in range(N):
-                                tmp[f * k + g, n] += phi[b, f * k + h, n] * J[jt, jb, h * k + g, n]
+                                tmp[f * k + g, n] += phi[pb, f * k + h, n] * J[jt, jb, h * k + g, n]
                 for f in range(k * k):
                     for n in range(N):
-                        phi[b, f, n] = tmp[f, n]
+                        phi[pb, f, n] = tmp[f, n]
         if use_g and use_J:  # b0 = J_0^T gh_0, the boundary term with the traces carried in
             for b in range(B):
                 jb, gb = min(b, J.shape[1] - 1), b if per_lane else 0
@@ -126,7 +128,7 @@ if _HAVE_NUMBA:
                 for f in range(k):
                     for g in range(k):
                         for n in range(N):
-                            e_out[j, b, f, n] += phi[b, f * k + g, n] * e_in[j, b, g, n]
+                            e_out[j, b, f, n] += phi[min(b, Bj - 1), f * k + g, n] * e_in[j, b, g, n]
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _mat_carry(E, q, phi, bb, use_b, Gm, carry):  # pragma: no cover - compiled
@@ -142,12 +144,13 @@ if _HAVE_NUMBA:
                         for h in range(H):
                             Gm[n, h] += s * E[n, b, f, h]
                 if carry:
+                    pb = min(b, phi.shape[0] - 1)
                     if k == 1:
-                        p = phi[b, 0, n]
+                        p = phi[pb, 0, n]
                         for h in range(H):
                             E[n, b, 0, h] = q[b, n, h] + p * E[n, b, 0, h]
                     else:
-                        p00, p01, p10, p11 = phi[b, 0, n], phi[b, 1, n], phi[b, 2, n], phi[b, 3, n]
+                        p00, p01, p10, p11 = phi[pb, 0, n], phi[pb, 1, n], phi[pb, 2, n], phi[pb, 3, n]
                         for h in range(H):
                             e0, e1 = E[n, b, 0, h], E[n, b, 1, h]
                             E[n, b, 0, h] = q[b, n, h] + p00 * e0 + p01 * e1
@@ -155,25 +158,28 @@ if _HAVE_NUMBA:
 
 
 def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = False, Cr=None,
-                      need_P: bool = False):
+                      need_P: bool = False, acc=None):
     """The block's per-lane work on planar CPU tensors of one float dtype (module docstring):
     ``J [K or 1, B or 1, k*k, N]``, ``V [m, K, B, k, N]``, ``G [K, B, k, N]`` or ``None``, ``c [K or 1,
     B or 1, k, N]`` (the immediate coefficient of the matrix parameters; ``None``: the unit vector ``e_0``),
     ``e_in [m, B, k, N]`` or ``None``; ``Cr [R, K or 1, B or 1, k, N]``: the matrix readers' coefficients;
-    ``need_P``: the matrix traces' carry coefficients. Returns ``(GH, A, Gv, b0, P, phi, e_out)`` as
-    numpy arrays, each ``None`` where not asked for (``A [R, K, B, N]``; ``Gv`` ``[m, N]``, or ``[m,
-    B, N]`` with ``per_lane``, in float64)."""
+    ``need_P``: the matrix traces' carry coefficients; ``acc``: a float64 ``[m, 1, N]`` tensor the sums
+    are added to (then ``Gv`` is not returned). Returns ``(GH, A, Gv, b0, P, phi, e_out)`` as numpy
+    arrays, each ``None`` where not asked for (``A [R, K, B, N]``; ``Gv`` ``[m, N]``, or ``[m, B, N]``
+    with ``per_lane``, in float64; ``phi`` and ``P`` with one row where they are the same for every
+    sample)."""
     m, K, B, k, N = V.shape
     kk, dt = k * k, V.numpy().dtype
     e = lambda *s: np.empty(s, dtype=dt)  # noqa: E731
     use_g = G is not None
     carry = carry and use_J
     need_P = need_P and carry
+    Bj = J.shape[1]
     GH = e(K, B, k, N) if use_g else None
-    Gv = np.zeros((m, B if per_lane else 1, N), dtype=np.float64) if use_g else None
+    Gv = (acc.numpy() if acc is not None else np.zeros((m, B if per_lane else 1, N), dtype=np.float64)) if use_g else None
     b0 = e(B, k, N) if use_g and use_J else None
-    P = e(B, K, k, N) if need_P else None
-    phi = e(B, kk, N) if carry else None
+    P = e(1 if Bj == 1 and (c is None or c.shape[1] == 1) else B, K, k, N) if need_P else None
+    phi = e(Bj, kk, N) if carry else None
     e_out = e(m, B, k, N) if carry else None
     A = e(Cr.shape[0], K, B, N) if (use_g and Cr is not None) else None
     pd = np.zeros((1, 1, 1, 1, 1), dtype=dt)
@@ -181,12 +187,13 @@ def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool
     _lanes(J.numpy(), V.numpy(), a(G, 4), a(c, 4), c is None, a(Cr if A is not None else None, 5), a(e_in, 4), use_g,
            use_J, e_in is not None, carry, need_P, per_lane, a(GH, 4), A if A is not None else pd[:0, 0],
            Gv if use_g else pd[0, 0].astype(np.float64), a(b0, 3), a(P, 4), a(phi, 3), a(e_out, 4))
-    return GH, A, (None if Gv is None else Gv if per_lane else Gv[:, 0]), b0, P, phi, e_out
+    Gv = None if (Gv is None or acc is not None) else Gv if per_lane else Gv[:, 0]
+    return GH, A, Gv, b0, P, phi, e_out
 
 
 def mat_carry_numba(E, q, phi, bb, Gm) -> None:
     """:func:`_mat_carry` on CPU tensors, ``E`` advanced in place: the boundary term added to ``Gm``
-    where ``bb [B, k, N]`` is given, the carry where ``q [B, k*N, H]`` and ``phi [B, k*k, N]`` are."""
+    where ``bb [B, k, N]`` is given, the carry where ``q [B, k*N, H]`` and ``phi [B or 1, k*k, N]`` are."""
     pd = np.zeros((1, 1, 1), dtype=E.numpy().dtype)
     _mat_carry(E.numpy(), q.numpy() if q is not None else pd, phi.numpy() if q is not None else pd,
                bb.contiguous().numpy() if bb is not None else pd, bb is not None,

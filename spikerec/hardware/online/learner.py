@@ -304,7 +304,7 @@ class OnlineLearner:
         self._flush_window()
         self.spatial = {}
         for ts in self._traces:
-            ts.G = {}
+            ts.G, ts.gv, ts.gv_names = {}, None, ()
 
     def refresh(self) -> None:
         """Re-derive the parameter-derived constants after the parameters were changed other than
@@ -390,9 +390,12 @@ class OnlineLearner:
             for f, v in zip(type(s)._fields, s):
                 tensors[f"state/{l}/{f}"] = v
         meta["trace_names"] = [list(ts.names) for ts in self._trace_states]
+        meta["acc_vec_names"] = [list(ts.gv_names) for ts in self._trace_states]
         for l, ts in enumerate(self._trace_states):
             if ts.ev is not None:
                 tensors[f"trace_vec/{l}"] = ts.ev
+            if ts.gv is not None:
+                tensors[f"acc_vec/{l}"] = ts.gv
             for kind, d in (("trace_mat", ts.mat), ("acc", ts.G), ("trace_filt", ts.filt)):
                 for n, v in d.items():
                     tensors[f"{kind}/{l}/{n}"] = v
@@ -453,6 +456,9 @@ class OnlineLearner:
             if kind == "trace_vec":
                 ts = self._trace_states[int(l)]
                 ts.ev, ts.names = v.clone(), tuple(meta["trace_names"][int(l)])
+            elif kind == "acc_vec":
+                ts = self._trace_states[int(l)]
+                ts.gv, ts.gv_names = v.clone(), tuple(meta["acc_vec_names"][int(l)])
             elif kind in ("trace_mat", "acc", "trace_filt"):
                 ts = self._trace_states[int(l)]
                 {"trace_mat": ts.mat, "acc": ts.G, "trace_filt": ts.filt}[kind][n] = v.clone()

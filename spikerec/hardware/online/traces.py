@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from ... import neurons
@@ -215,7 +214,8 @@ class GenericTrace(LayerTrace):
 class TraceState:
     """Traces and gradient accumulators of one layer: the per-neuron traces as one planar
     ``ev [m, B, k, N]`` (rows ``names``), matrix traces ``mat[base] [N, B, k, H]``, accumulators
-    ``G``, and the readout filter's ``filt``."""
+    ``G`` (and ``gv [m, 1, N]``: the compiled pass's float64 sums of the per-neuron parameters
+    ``gv_names``), and the readout filter's ``filt``."""
 
     def __init__(self, tr: LayerTrace):
         self.tr = tr
@@ -223,6 +223,8 @@ class TraceState:
         self.names: tuple[str, ...] = ()
         self.mat: dict[str, torch.Tensor] = {}
         self.G: dict[str, torch.Tensor] = {}
+        self.gv: torch.Tensor | None = None
+        self.gv_names: tuple[str, ...] = ()
         self.filt: dict[str, torch.Tensor] = {}
 
     @property
@@ -236,11 +238,8 @@ class TraceState:
         self.filt.clear()
 
     def add(self, name: str, value) -> None:
-        """``G[name] += value`` (a tensor or numpy array; the fixed mask ``tr.mask`` is applied when
-        read, :meth:`take`)."""
+        """``G[name] += value`` (the fixed mask ``tr.mask`` is applied when read, :meth:`take`)."""
         p = self.tr.params[name]
-        if isinstance(value, np.ndarray):
-            value = torch.from_numpy(value)
         if value.shape != p.shape:
             value = value.reshape(p.shape)
         if value.dtype != p.dtype:
@@ -250,8 +249,31 @@ class TraceState:
         else:
             self.G[name] = value.clone()
 
+    def acc(self, name: str) -> torch.Tensor:
+        """``G[name]``, made (zeros) where there is none yet."""
+        G = self.G.get(name)
+        if G is None:
+            p = self.tr.params[name]
+            G = self.G[name] = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+        return G
+
+    def vec_acc(self, names: tuple[str, ...], N: int) -> torch.Tensor:
+        """:attr:`gv` for the per-neuron parameters ``names`` (another set's sums first moved to ``G``)."""
+        if self.gv is None or self.gv_names != names:
+            self.fold()
+            self.gv, self.gv_names = torch.zeros((len(names), 1, N), dtype=torch.float64), names
+        return self.gv
+
+    def fold(self) -> None:
+        """Move :attr:`gv` into ``G``."""
+        if self.gv is not None:
+            for n, v in zip(self.gv_names, self.gv[:, 0]):
+                self.add(n, v)
+        self.gv, self.gv_names = None, ()
+
     def take(self) -> dict[str, torch.Tensor]:
         """The accumulated gradients (masked) by name; the accumulators restart."""
+        self.fold()
         out = {n: (G * self.tr.mask[n] if n in self.tr.mask else G) for n, G in self.G.items()}
         self.G = {}
         return out
@@ -387,7 +409,8 @@ def _run_lanes(ts: TraceState, bp: BlockPartials, G, carry: bool, per_lane: bool
                                                            for _, _, M in readers])
     need_P = carry and bool(bp.pre)
     if tr.compiled and compiled_cpu(J):
-        out = block_lanes_numba(J, bp.V, Gp, bp.c, e_in, use_J, carry, per_lane, Cr, need_P)
+        acc = None if (per_lane or Gp is None) else ts.vec_acc(bp.names, N)
+        out = block_lanes_numba(J, bp.V, Gp, bp.c, e_in, use_J, carry, per_lane, Cr, need_P, acc)
         return tuple(None if a is None else torch.from_numpy(a) for a in out) + (True,)
     fused = tr.compiled and J.is_cuda and triton_available(J)
     return lanes_torch(J, bp.V, Gp, bp.c, e_in, use_J, carry, per_lane, fused, Cr, need_P) + (False,)
@@ -445,15 +468,17 @@ def chunk_contract(ts: TraceState, bp: BlockPartials, G: torch.Tensor | None, ca
         e = ts.mat.get(base)
         if GH is not None:  # sum_t (gh_t . M c_t)^T pre_t: one GEMM per reader
             for q, r, _ in mine:
-                ts.add(r, _errors_of(GH, A, readers, q).reshape(K * B, N).t() @ pre.reshape(K * B, H))
+                ts.acc(r).addmm_(_errors_of(GH, A, readers, q).reshape(K * B, N).t(), pre.reshape(K * B, H))
         bbs = [] if (e is None or b0 is None) else [(r, b0 if M is None else _read_planar(b0, M)) for _, r, M in mine]
-        Q = torch.bmm(Pc.reshape(B, K, k * N).transpose(1, 2), pre.transpose(0, 1)) if carry else None  # [B, k*N, H]
+        Q = None
+        if carry and Pc.shape[0] == 1:  # Phi_t c_t the same for every sample: one GEMM, [B, k*N, H]
+            Q = (Pc[0].reshape(K, k * N).t() @ pre.reshape(K, B * H)).view(k * N, B, H).transpose(0, 1)
+        elif carry:
+            Q = torch.bmm(Pc.reshape(B, K, k * N).transpose(1, 2), pre.transpose(0, 1))
         if cpu and e is not None:  # the boundary terms and the carry in one compiled pass over the trace
             e = e if e.is_contiguous() else e.contiguous()
             for j, (r, bb) in enumerate(bbs):
-                Gm = torch.zeros((N, H), dtype=e.dtype)
-                mat_carry_numba(e, Q if j == len(bbs) - 1 else None, phi, bb, Gm)
-                ts.add(r, Gm)
+                mat_carry_numba(e, Q if j == len(bbs) - 1 else None, phi, bb, ts.acc(r))
             if carry and not bbs:
                 mat_carry_numba(e, Q, phi, None, None)
             if carry:
@@ -462,11 +487,11 @@ def chunk_contract(ts: TraceState, bp: BlockPartials, G: torch.Tensor | None, ca
         for r, bb in bbs:
             ts.add(r, torch.einsum("bfn,nbfh->nh", bb, e))
         if carry:  # e <- sum_t Phi_t c_t (x) pre_t + phi e
-            new = Q.view(B, k, N, H).permute(2, 0, 1, 3)
+            new = Q.reshape(B, k, N, H).permute(2, 0, 1, 3)
             if e is not None:
-                new = new + torch.einsum("bnij,nbjh->nbih", planar_inv(phi).unflatten(-1, (k, k)), e)
+                new = new + torch.einsum("bnij,nbjh->nbih", planar_inv(phi).unflatten(-1, (k, k)).expand(B, -1, -1, -1),
+                                         e)
             ts.mat[base] = new.contiguous()
-
 
 for _kind in ("lif", "alif", "lru", "readout"):
     neurons.register_backend(_kind, "online_block (the block contraction, chunk_contract: the compiled per-lane pass and "

@@ -138,46 +138,29 @@ class LIFTrace(LayerTrace):
     def scan_block(self, x, state):
         """``(prev, last, new, spikes)`` of a block ``x [K, B, C]``: the input currents in one GEMM,
         the time loop by the layer's own forward kernel where it applies (compiled on the CPU, Triton
-        on CUDA, feed-forward; the states of the block's steps written into one ``[K + 1]`` buffer per
-        field), else its torch loop."""
+        on CUDA, feed-forward), else its torch loop."""
         K, B = x.shape[0], x.shape[1]
         c, k = self.cell, self.consts(x.dtype)
         I = block_current(k, x)
         N, cuba = I.shape[-1], c.cuba
-        i0 = state.i if cuba else None
+        args = (I, state.v, state.i if cuba else None, k["alpha"], k.get("alpha_s"), k["thr"])
         if k["w_rec"] is None and compiled_cpu(I) and lif_sequence_numba.available():
             fc = k.get(("fc", B))
             if fc is None:
-                fc = k[("fc", B)] = (lif_sequence_numba.forward_consts(k["alpha"], k.get("alpha_s"), k["thr"], B, N,
-                                                                       x.dtype),
-                                     lif_sequence_numba.forward_kernel(serial=B * N <= lif_sequence_numba.BLOCK))
-            (a, a_s, th, zeros), fwd = fc
-            S = torch.empty((2 if cuba else 1, K + 1, B, N), dtype=x.dtype)  # [v (, i)] before and after each step
-            S[0, 0] = state.v
-            if cuba:
-                S[1, 0] = state.i
-            Z, ends = torch.empty((K, B, N), dtype=x.dtype), torch.empty((2, B * N), dtype=x.dtype)
-            f = lambda t: t.reshape(t.shape[0], -1).numpy()  # noqa: E731
-            fwd(f(I), S[0, 0].view(-1).numpy(), S[1, 0].view(-1).numpy() if cuba else zeros, a, a_s, th,
-                lif_online.RESET_CODES[c.reset], cuba, f(S[0, 1:]), f(Z), f(S[1, 1:]) if cuba else zeros[None],
-                ends[0].numpy(), ends[1].numpy())
-            V, Si = S[0], (S[1] if cuba else None)
-        else:
-            if k["w_rec"] is None and K > 0 and triton_available(I):
-                from ...kernels.lif_triton import lif_forward
+                fc = k[("fc", B)] = lif_sequence_numba.forward_consts(*args[3:], B, N, x.dtype)
+            Z, V1, S1, _, _ = lif_sequence_numba.lif_forward(*args, c.reset, consts=fc)
+        elif k["w_rec"] is None and K > 0 and triton_available(I):
+            from ...kernels.lif_triton import lif_forward
 
-                Z, V1, S1, _, _ = lif_forward(I, state.v, i0, k["alpha"], k.get("alpha_s"), k["thr"], c.reset)
-            else:
-                Z, V1, S1, _, _ = lif_sequence._torch_forward(I, state.v, i0, k["alpha"], k.get("alpha_s"), k["thr"],
-                                                              k["w_rec"], c.reset, torch.gt(state.v, k["thr"]))
-            V = torch.cat([state.v[None], V1])
-            Si = torch.cat([state.i[None], S1]) if cuba else None
-        rows = lambda R: (R[:-1].reshape(K * B, N), R[1:].reshape(K * B, N))  # noqa: E731
-        (pv, nv), z = rows(V), Z.reshape(K * B, N)
+            Z, V1, S1, _, _ = lif_forward(*args, c.reset)
+        else:
+            Z, V1, S1, _, _ = lif_sequence._torch_forward(*args, k["w_rec"], c.reset, torch.gt(state.v, k["thr"]))
+        rows = lambda R, r0: torch.cat([r0[None], R[:-1]]).view(K * B, N)  # noqa: E731
+        z = Z.reshape(K * B, N)
         if cuba:
-            (pi, ni) = rows(Si)
-            return c.State(pi, pv), c.State(Si[-1], V[-1]), c.State(ni, nv), z
-        return c.State(pv), c.State(V[-1]), c.State(nv), z
+            return (c.State(rows(S1, state.i), rows(V1, state.v)), c.State(S1[-1], V1[-1]),
+                    c.State(S1.reshape(K * B, N), V1.reshape(K * B, N)), z)
+        return c.State(rows(V1, state.v)), c.State(V1[-1]), c.State(V1.reshape(K * B, N)), z
 
     def row_kernel(self, dtype, B: int):
         """The compiled stream step (:func:`spikerec.kernels.lif_online.lif_rows`) and its constants

@@ -23,7 +23,7 @@ from .traces import GenericTrace
 
 __all__ = ["StepWindow", "STREAM_WINDOW"]
 
-STREAM_WINDOW = 64  # steps per block of the stream mode's gradient work
+STREAM_WINDOW = 128  # steps per block of the stream mode's gradient work
 
 
 class StepWindow:
