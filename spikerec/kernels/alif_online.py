@@ -4,10 +4,9 @@ threshold of Bellec et al. 2018, eq. 2-3, as :func:`spikerec.neurons.alif.step` 
     z_{t-1} = H(v_{t-1} - theta_{t-1}),  a_t = rho a_{t-1} + (1 - rho) z_{t-1},  theta_t = b + beta a_t
     v_t = alpha v_{t-1} + W x_t + b_v + W_rec z_{t-1} - theta_t z_{t-1},      z_t = H(v_t - theta_t)
 
-:func:`alif_rows` is one step on rows of the stream's window; :func:`alif_block_partials` the
-Jacobian ``J = d(v_t, a_t) / d(v_{t-1}, a_{t-1})`` and the immediate partials of a block's rows
-(the compiled form of :meth:`spikerec.hardware.online.traces_alif.ALIFTrace.partials`), written
-planar for :mod:`.trace_numba`.
+:func:`alif_rows` is one step on rows of the stream's window; :func:`alif_block_partials` the Jacobian ``J =
+d(v_t, a_t) / d(v_{t-1}, a_{t-1})`` and the immediate partials of a block's rows (the compiled
+:meth:`spikerec.hardware.online.traces_alif.ALIFTrace.partials`), planar for :mod:`.trace_numba`.
 """
 from __future__ import annotations
 
@@ -16,10 +15,7 @@ import torch
 
 from .. import neurons
 
-try:  # numba is optional
-    import numba as _nb
-except Exception:  # pragma: no cover - depends on the install
-    _nb = None
+from .trace_numba import _nb  # numba is optional: None without it
 
 __all__ = ["alif_rows", "alif_block_partials", "COLUMNS"]
 
@@ -31,8 +27,7 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def alif_rows(j, X, V, A, Z, Wt, bias, has_b, Rt, has_r, alpha, rho, b, beta, cur, zp, tmp):  # pragma: no cover
-        """Step ``j`` of a window: reads ``X[j]``, ``V[j]``, ``A[j]``; writes ``V[j + 1]``, ``A[j + 1]``
-        and the spikes ``Z[j]`` (module docstring; ``cur``, ``zp``, ``tmp`` ``[B, N]`` scratch)."""
+        """Step ``j``: ``V[j + 1]``, ``A[j + 1]``, spikes ``Z[j]`` from ``X[j]``, ``V[j]``, ``A[j]`` (+ scratch)."""
         B, N = zp.shape
         one, zero = V.dtype.type(1), V.dtype.type(0)
         for r in range(B):
@@ -55,13 +50,12 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _partials(v0, a0, psi, sur, p1, p2, cn, rd, nd, cols, J, V, zp):  # pragma: no cover - compiled
-        """Per row ``(t, b)`` and neuron ``n`` of ``v0, a0 [K, B, N]``: the previous spike ``zp``, the
-        Jacobian ``J [K, B, 4, N]`` (rows ``dv/dv, dv/da, da/dv, da/da``) and the immediate partials
-        ``V [m, K, B, 2, N]`` of the columns ``cols`` (indices into :data:`COLUMNS`). ``cn [7, N]``:
-        ``alpha, dalpha/dlog_tau_mem, rho, drho/dlog_tau_adapt, 1 - rho, b, beta``; ``rd`` the lateral
-        self-weights (zeros without); ``nd`` 1 where the reset's gradient is kept, else 0. The
-        surrogate derivative into ``psi`` here (``sur`` 1, 2) or given (``sur`` 0). Branch-free, one
-        pass per array written (with ``theta = b + beta (rho a + (1 - rho) z)``, ``w = 1 - rho``)::
+        """Per row ``(t, b)`` and neuron ``n`` of ``v0, a0 [K, B, N]``: the previous spike ``zp``, the Jacobian ``J
+        [K, B, 4, N]`` (rows ``dv/dv, dv/da, da/dv, da/da``) and the immediate partials ``V [m, K, B, 2, N]`` of the
+        columns ``cols`` (indices into :data:`COLUMNS`). ``cn [7, N]``: ``alpha, dalpha/dlog_tau_mem, rho,
+        drho/dlog_tau_adapt, 1 - rho, b, beta``; ``rd`` the lateral self-weights (zeros without); ``nd`` 1 where the
+        reset's gradient is kept, else 0; the surrogate derivative into ``psi`` here (``sur`` 1, 2) or given (``sur``
+        0). Branch-free, one pass per array written (``theta = b + beta (rho a + w z)``, ``w = 1 - rho``)::
 
             dv/dv = alpha + r psi - nd psi (theta + z beta w)      da/dv = w psi
             dv/da = -beta psi (r - nd theta) - nd z beta (rho - w beta psi),   da/da = rho - w beta psi
@@ -131,9 +125,7 @@ else:
 
 
 def alif_block_partials(v0, a0, surrogate, cn, cols, rd, detach: bool):
-    """:func:`_partials` on torch tensors ``v0, a0 [K, B, N]``: returns ``(J [K, B, 4, N], V [m, K, B,
-    2, N], zp [K, B, N])`` (planar). A surrogate without a compiled form has its derivative taken by
-    torch (:func:`spikerec.kernels.lif_sequence_numba.surrogate_code` warns once)."""
+    """:func:`_partials` on torch ``v0, a0 [K, B, N]``: ``(J [K, B, 4, N], V [m, K, B, 2, N], zp [K, B, N])``."""
     from .lif_sequence_numba import surrogate_code
 
     K, B, N = v0.shape

@@ -1,15 +1,12 @@
 """The compiled step and partials (numba) of a plain LIF layer for online learning: one step of
-:func:`spikerec.neurons.lif.step` (float, bias into the current) on rows of the stream's window
-(:func:`lif_rows`)::
+:func:`spikerec.neurons.lif.step` (float, bias into the current) on rows of the stream's window (:func:`lif_rows`)::
 
     z_{t-1} = H(v_{t-1} - thr),  I = W x_t + b + W_rec z_{t-1}
     v_t = alpha v_{t-1} + I - thr z_{t-1}   (reset "subtract"; "zero": alpha (1 - z_{t-1}) v_{t-1} + I; "none")
     z_t = H(v_t - thr)
 
-and the Jacobian ``J = d v_t / d v_{t-1}`` with the immediate partials of a block's rows
-(:func:`lif_block_partials`, the compiled form of
-:meth:`spikerec.hardware.online.traces_lif.LIFTrace.partials`), written planar for
-:mod:`.trace_numba`.
+and ``J = d v_t / d v_{t-1}`` with the immediate partials of a block's rows (:func:`lif_block_partials`,
+the compiled :meth:`spikerec.hardware.online.traces_lif.LIFTrace.partials`), planar for :mod:`.trace_numba`.
 """
 from __future__ import annotations
 
@@ -18,10 +15,7 @@ import torch
 
 from .. import neurons
 
-try:  # numba is optional
-    import numba as _nb
-except Exception:  # pragma: no cover - depends on the install
-    _nb = None
+from .trace_numba import _nb  # numba is optional: None without it
 if _nb is not None:
     from .readout_online import events
     from .surrogate_numba import atan_d, fast_sigmoid_d, sd_consts
@@ -36,8 +30,7 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def lif_rows(j, X, V, Z, Wt, bias, has_b, Rt, has_r, alpha, thr, mode, cur, zp, tmp):  # pragma: no cover
-        """Step ``j`` of a window: reads ``X[j] [B, H]`` and ``V[j] [B, N]``, writes ``V[j + 1]`` and the
-        spikes ``Z[j]`` (module docstring; ``cur``, ``zp``, ``tmp`` ``[B, N]`` scratch)."""
+        """Step ``j``: ``V[j + 1]`` and spikes ``Z[j]`` from ``X[j]``, ``V[j]`` (``cur, zp, tmp``: scratch)."""
         B, N = zp.shape
         one, zero = V.dtype.type(1), V.dtype.type(0)
         for b in range(B):
@@ -62,11 +55,10 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _partials(v0, psi, sur, p1, p2, alpha, dalpha, thr, co, m0, m1, cols, J, V, zp):  # pragma: no cover
-        """Per row and neuron of ``v0 [K, B, N]``: the previous spike ``zp``, ``J [K, B, 1, N]`` and the
-        immediate partials ``V [m, K, B, 1, N]`` of the columns ``cols`` (indices into :data:`COLUMNS`),
-        branch-free with the per-neuron coefficients ``co`` (:func:`lif_block_partials`); the surrogate
-        derivative into ``psi`` here (``sur`` 1, 2) or given (``sur`` 0). One pass per array written,
-        so that each vectorises::
+        """Per row and neuron of ``v0 [K, B, N]``: the previous spike ``zp``, ``J [K, B, 1, N]`` and the immediate
+        partials ``V [m, K, B, 1, N]`` of the columns ``cols`` (indices into :data:`COLUMNS`), branch-free with the
+        coefficients ``co`` (:func:`lif_block_partials`); the surrogate derivative into ``psi`` here (``sur`` 1,
+        2) or given (``sur`` 0). One pass per array written, so that each vectorises::
 
             J = alpha - co0 zp + psi (co1 + co2 v),   d v / d thr = psi (co3 + co4 v) - m0 zp,
             d v / d log_tau_mem = dalpha v (1 - m1 zp)"""
@@ -106,11 +98,10 @@ else:
 
 
 def lif_block_partials(v0, surrogate, k: dict, cols, reset: str, detach_reset: bool):
-    """:func:`_partials` on torch tensors ``v0 [K, B, N]`` and the layer's constants ``k`` (``alpha``,
-    ``dalpha``, ``thr``, ``Rd``): ``(J [K, B, 1, N], V [m, K, B, 1, N], zp [K, B, N])``. With ``m0``,
-    ``m1`` the reset's flags (subtract, zero), ``nd = 1`` when the reset's spike path is not detached,
-    ``r`` the lateral self-weight: ``co = (alpha m1, r - thr nd m0, -alpha nd m1, thr nd m0 - r, alpha
-    nd m1)``. A surrogate without a compiled form has its derivative taken by torch."""
+    """:func:`_partials` on torch ``v0 [K, B, N]`` with the layer's constants ``k`` (``alpha``, ``dalpha``, ``thr``,
+    ``Rd``): ``(J [K, B, 1, N], V [m, K, B, 1, N], zp [K, B, N])``; ``co = (alpha m1, r - thr nd m0, -alpha nd m1,
+    thr nd m0 - r, alpha nd m1)`` with the reset's flags ``m0`` (subtract), ``m1`` (zero), ``nd = 1`` where its
+    spike path is not detached, ``r`` the lateral self-weight (a surrogate without a compiled form: by torch)."""
     from .lif_sequence_numba import surrogate_code
 
     K, B, N = v0.shape

@@ -1,10 +1,10 @@
 """The compiled step and partials (numba) of an LRU layer for online learning: one step of
-:func:`spikerec.neurons.lru.step` (Orvieto et al. 2023, Sec. 3, eq. 1) on rows of the stream's
-window (:func:`lru_rows`)::
+:func:`spikerec.neurons.lru.step` (Orvieto et al. 2023, Sec. 3, eq. 1) on rows of the stream's window
+(:func:`lru_rows`)::
 
     h_t = lam h_{t-1} + gamma B u_t      (on (Re, Im) pairs)        y_t = Re(C h_t) + D u_t
 
-and the immediate partials of a block's rows (:func:`lru_block_partials`, the compiled form of
+and the immediate partials of a block's rows (:func:`lru_block_partials`, the compiled
 :meth:`spikerec.hardware.online.traces_lru.LRUTrace.partials`), planar for :mod:`.trace_numba`.
 """
 from __future__ import annotations
@@ -13,10 +13,7 @@ import torch
 
 from .. import neurons
 
-try:  # numba is optional
-    import numba as _nb
-except Exception:  # pragma: no cover - depends on the install
-    _nb = None
+from .trace_numba import _nb  # numba is optional: None without it
 
 __all__ = ["lru_rows", "lru_consts", "lru_block_partials"]
 
@@ -25,10 +22,9 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def lru_rows(j, X, HR, HI, Y, Bg, lr, li, Cre, Cim, D, dvec, w, y, y2, y3):  # pragma: no cover - compiled
-        """Step ``j`` of a window: reads ``X[j] [B, H]`` and ``HR[j], HI[j] [B, N]``, writes ``HR[j + 1]``,
-        ``HI[j + 1]`` and ``Y[j]``. ``Bg = [gamma B_re^T | gamma B_im^T]`` ``[H, 2N]``, ``Cre = C_re^T``,
-        ``Cim = -C_im^T`` ``[N, O]``, ``D`` ``[1, O]`` (``dvec``) or ``D^T [H, O]``; ``w [B, 2N]``, ``y, y2, y3 [B, O]``
-        scratch."""
+        """Step ``j`` of a window: reads ``X[j] [B, H]`` and ``HR[j], HI[j] [B, N]``, writes ``HR[j + 1]``, ``HI[j +
+        1]`` and ``Y[j]``. ``Bg = [gamma B_re^T | gamma B_im^T]`` ``[H, 2N]``, ``Cre = C_re^T``, ``Cim = -C_im^T``
+        ``[N, O]``, ``D`` ``[1, O]`` (``dvec``) or ``D^T [H, O]``; ``w [B, 2N]``, ``y, y2, y3 [B, O]``: scratch."""
         B, N = HR.shape[1], HR.shape[2]
         events(X[j], Bg, w)  # (products as loops, no BLAS: its threads would compete with torch's)
         for b in range(B):

@@ -1,14 +1,10 @@
-"""The compiled step (numba) of the readout for online learning's stream, ``y_t = alpha y_{t-1} +
-W h_t + b`` (:mod:`spikerec.neurons.readout`; ``alpha = 0`` for the linear readout), on rows of a
-window; the package's MSE step loss with its gradient; the stream's input row, copied and checked
-for NaN.
+"""The compiled step (numba) of the readout for online learning's stream, ``y_t = alpha y_{t-1} + W h_t + b``
+(:mod:`spikerec.neurons.readout`; ``alpha = 0`` for the linear readout), on rows of a window; the package's
+MSE step loss with its gradient; the stream's input row, copied and checked for NaN.
 """
 from __future__ import annotations
 
-try:  # numba is optional
-    import numba as _nb
-except Exception:  # pragma: no cover - depends on the install
-    _nb = None
+from .trace_numba import _nb  # numba is optional: None without it
 
 __all__ = ["readout_rows", "mse_row", "copy_row", "events"]
 
@@ -16,8 +12,7 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def events(x, Wt, out):  # pragma: no cover - compiled
-        """``out = x Wt`` summed over the nonzero entries of ``x`` only (the inputs' events: a spike
-        train is mostly zeros); for dense inputs the same sums as the dense product."""
+        """``out = x Wt`` summed over the nonzero entries of ``x`` only (a spike train is mostly zeros)."""
         for b in range(x.shape[0]):
             for n in range(out.shape[1]):
                 out[b, n] = 0
@@ -29,8 +24,7 @@ if _nb is not None:
 
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def readout_rows(j, X, S, Y, Wt, bias, has_b, alpha, leaky, y):  # pragma: no cover - compiled
-        """Step ``j``: ``S[j + 1] = alpha S[j] + X[j] W^T + b`` (``leaky``; else without the first
-        term), copied to ``Y[j]`` (``y [B, O]`` scratch)."""
+        """Step ``j``: ``S[j + 1] = alpha S[j] + X[j] W^T + b`` (``alpha`` if ``leaky``), copied to ``Y[j]``."""
         events(X[j], Wt, y)
         for b in range(y.shape[0]):
             for o in range(y.shape[1]):

@@ -1,19 +1,16 @@
-"""The block contraction of exact online learning, compiled for the CPU (numba), for every kind
-with ``k`` in {1, 2} states per neuron (Zucchet et al. 2023; Bellec et al. 2020, Methods).
-
-Over a block of ``K`` steps, lane ``r = (b, n)`` has Jacobians ``J_t``, immediate partials
-``V[j, t]`` of ``m`` per-neuron parameters and errors ``g_t``. The sums of the trace recursion
-``e_t = J_t e_{t-1} + v_t``, ``G += g_t . e_t`` are taken by its adjoint (the reverse filter),
-without forming a trace per step::
+"""The block contraction of exact online learning, compiled for the CPU (numba), for every kind with ``k``
+in {1, 2} states per neuron (Zucchet et al. 2023; Bellec et al. 2020, Methods). Over a block of ``K`` steps,
+lane ``r = (b, n)`` has Jacobians ``J_t``, immediate partials ``V[j, t]`` of ``m`` per-neuron parameters and
+errors ``g_t``; the sums of the trace recursion ``e_t = J_t e_{t-1} + v_t``, ``G += g_t . e_t`` are taken by
+its adjoint (the reverse filter), without forming a trace per step::
 
     gh_{K-1} = g_{K-1},  gh_t = g_t + J_{t+1}^T gh_{t+1}        b0 = J_0^T gh_0
     Gv[j, n] += sum_{t, b} gh_t . V[j, t] + sum_b b0 . e_in[j]
     Phi_t = J_{K-1} ... J_{t+1},  phi = Phi_{-1}               e_out[j] = sum_t Phi_t V[j, t] + phi e_in[j]
 
 and for a matrix parameter with immediate partial ``c_t (x) pre_t``, ``P[b, t] = Phi_t c_t`` and
-:func:`mat_carry_numba`, which adds the boundary term and carries its trace. The arrays are
-per row ``[.., B, k, N]`` (neurons last), so every inner loop runs over contiguous memory. The torch form is
-:func:`spikerec.hardware.online.traces.chunk_contract` (tested equal in float64).
+:func:`mat_carry_numba` (the boundary term and the trace's carry). Arrays are planar (neurons last). The torch
+form: :func:`spikerec.hardware.online.traces.chunk_contract` (tested equal in float64).
 """
 from __future__ import annotations
 
@@ -22,12 +19,11 @@ import torch
 
 from .. import neurons
 
-try:  # numba is optional
+try:  # numba is optional (the other online kernels take ``_nb`` from here)
     import numba as _nb
-
-    _HAVE_NUMBA = True
 except Exception:  # pragma: no cover - depends on the install
-    _HAVE_NUMBA = False
+    _nb = None
+_HAVE_NUMBA = _nb is not None
 
 __all__ = ["numba_available", "compiled_cpu", "block_lanes_numba", "mat_carry_numba"]
 
@@ -39,8 +35,7 @@ def numba_available() -> bool:
 
 
 def compiled_cpu(*tensors) -> bool:
-    """Whether the compiled CPU kernels apply: numba installed, every tensor on the CPU in
-    float32 or float64."""
+    """Whether the compiled CPU kernels apply: numba installed, every tensor on the CPU in float32 or float64."""
     return _HAVE_NUMBA and all(t.is_cpu and t.dtype in COMPILED_DTYPES for t in tensors)
 
 
@@ -49,12 +44,12 @@ if _HAVE_NUMBA:
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _lanes(J, V, G, c, unit, Cr, e_in, use_g, use_J, has_e, carry, need_P, per_lane, GH, A, Gv, b0, P, phi,
                e_out):  # pragma: no cover - compiled
-        """The block's per-lane work (module docstring) in one sweep back over the steps: ``J [K or 1,
-        B or 1, k*k, N]`` (row-major ``k x k``; constant in time or over the batch given once), ``V [m,
-        K, B, k, N]``, ``G, GH [K, B, k, N]``, ``c [K or 1, B or 1, k, N]`` (the unit vector ``e_0`` where
-        ``unit``), ``e_in, e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B or 1, k*k, N]`` (one where ``J``
-        is the same for every sample), ``P [B or 1, K, k, N]`` (one where ``c`` is too); ``Gv [m, N]`` (``[m, B, N]`` with ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K,
-        B, N]`` (``Cr`` shaped as ``c``). Every inner loop runs over the neurons ``n``."""
+        """The block's per-lane work (module docstring) in one sweep back over the steps: ``J [K or 1, B or 1,
+        k*k, N]`` (row-major ``k x k``; constant in time or over the batch given once), ``V [m, K, B, k, N]``,
+        ``G, GH [K, B, k, N]``, ``c [K or 1, B or 1, k, N]`` (the unit vector ``e_0`` where ``unit``), ``e_in,
+        e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B or 1, k*k, N]`` (one where ``J`` is the same for every
+        sample), ``P [B or 1, K, k, N]`` (one where ``c`` is too); ``Gv [m, N]`` (``[m, B, N]`` with
+        ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K, B, N]`` (``Cr`` shaped as ``c``)."""
         m, K, B, k, N = V.shape
         Bj = phi.shape[0]
         tmp = np.empty((k * k, N), dtype=J.dtype)
@@ -159,15 +154,13 @@ if _HAVE_NUMBA:
 
 def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = False, Cr=None,
                       need_P: bool = False, acc=None):
-    """The block's per-lane work on planar CPU tensors of one float dtype (module docstring):
-    ``J [K or 1, B or 1, k*k, N]``, ``V [m, K, B, k, N]``, ``G [K, B, k, N]`` or ``None``, ``c [K or 1,
-    B or 1, k, N]`` (the immediate coefficient of the matrix parameters; ``None``: the unit vector ``e_0``),
-    ``e_in [m, B, k, N]`` or ``None``; ``Cr [R, K or 1, B or 1, k, N]``: the matrix readers' coefficients;
-    ``need_P``: the matrix traces' carry coefficients; ``acc``: a float64 ``[m, 1, N]`` tensor the sums
-    are added to (then ``Gv`` is not returned). Returns ``(GH, A, Gv, b0, P, phi, e_out)`` as numpy
-    arrays, each ``None`` where not asked for (``A [R, K, B, N]``; ``Gv`` ``[m, N]``, or ``[m, B, N]``
-    with ``per_lane``, in float64; ``phi`` and ``P`` with one row where they are the same for every
-    sample)."""
+    """The block's per-lane work on planar CPU tensors of one float dtype (module docstring): ``J [K or 1, B or 1,
+    k*k, N]``, ``V [m, K, B, k, N]``, ``G [K, B, k, N]`` or ``None``, ``c [K or 1, B or 1, k, N]`` (the matrix
+    parameters' immediate coefficient; ``None``: the unit vector ``e_0``), ``e_in [m, B, k, N]`` or ``None``; ``Cr [R,
+    K or 1, B or 1, k, N]``: the matrix readers' coefficients; ``need_P``: the matrix traces' carry coefficients;
+    ``acc``: a float64 ``[m, 1, N]`` tensor the sums are added to (``Gv`` then not returned). Returns ``(GH, A, Gv,
+    b0, P, phi, e_out)`` as numpy arrays, ``None`` where not asked for (``A [R, K, B, N]``; ``Gv`` ``[m, N]``, ``[m,
+    B, N]`` with ``per_lane``, float64; ``phi`` and ``P`` with one row where the same for every sample)."""
     m, K, B, k, N = V.shape
     kk, dt = k * k, V.numpy().dtype
     e = lambda *s: np.empty(s, dtype=dt)  # noqa: E731
@@ -192,8 +185,8 @@ def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool
 
 
 def mat_carry_numba(E, q, phi, bb, Gm) -> None:
-    """:func:`_mat_carry` on CPU tensors, ``E`` advanced in place: the boundary term added to ``Gm``
-    where ``bb [B, k, N]`` is given, the carry where ``q [B, k*N, H]`` and ``phi [B or 1, k*k, N]`` are."""
+    """:func:`_mat_carry` on CPU tensors, ``E`` advanced in place: the boundary term added to ``Gm`` where ``bb
+    [B, k, N]`` is given, the carry where ``q [B, k*N, H]`` and ``phi [B or 1, k*k, N]`` are."""
     pd = np.zeros((1, 1, 1), dtype=E.numpy().dtype)
     _mat_carry(E.numpy(), q.numpy() if q is not None else pd, phi.numpy() if q is not None else pd,
                bb.contiguous().numpy() if bb is not None else pd, bb is not None,

@@ -1,8 +1,7 @@
-"""The Triton form (CUDA) of the chunked block's sequential part in online learning: the reverse
-filter ``gh_t = g_t + J_{t+1}^T gh_{t+1}`` and the Jacobian products ``Phi_t = J_{K-1} ... J_{t+1}``
-of every lane ``(b, n)`` with ``k`` in {1, 2} states (:func:`block_filter`; the CPU form is
-:mod:`.trace_numba`). On the CPU it runs under ``TRITON_INTERPRET=1`` (set before ``triton`` is
-imported) for the tests, against :func:`spikerec.hardware.online.traces.lanes_torch`.
+"""The Triton form (CUDA) of the block's sequential part in online learning: the reverse filter ``gh_t = g_t +
+J_{t+1}^T gh_{t+1}`` and the Jacobian products ``Phi_t = J_{K-1} ... J_{t+1}`` of every lane ``(b, n)`` with
+``k`` in {1, 2} states (:func:`block_filter`; the CPU form is :mod:`.trace_numba`). The tests run it on the
+CPU under ``TRITON_INTERPRET=1`` against :func:`spikerec.hardware.online.traces.lanes_torch`.
 """
 from __future__ import annotations
 
@@ -95,13 +94,10 @@ if _HAVE_TRITON:
 
 
 def block_filter(J, G, powers: bool):
-    """The chunked block's reverse filter and Jacobian products in one Triton launch (``k`` in {1, 2}),
-    with ``J [K or 1, B or 1, N, k, k]`` and ``G [K, B, N, k]`` (or ``None``; then ``J`` has all ``K``
-    steps): ``gh_t = g_t + J_{t+1}^T gh_{t+1}`` (``gh_{K-1} = g_{K-1}``), and with ``powers``
-    ``Phi_t = J_{K-1} ... J_{t+1}`` ``[K, B, N, k, k]`` and ``phi = Phi_0 J_0`` ``[B, N, k, k]``.
-    Returns ``(GH | None, PH | None, phi | None)``. Each lane ``(b, n)`` walks the block's steps in
-    reverse with its Jacobians in registers: one launch per block instead of a few small torch ops
-    per step. Tested against :func:`spikerec.hardware.online.traces.lanes_torch`."""
+    """The reverse filter and Jacobian products in one launch (a lane ``(b, n)`` per thread, its Jacobians in
+    registers): with ``J [K or 1, B or 1, N, k, k]``, ``G [K, B, N, k]`` or ``None`` (``J`` then has ``K`` steps),
+    ``gh_t = g_t + J_{t+1}^T gh_{t+1}`` and with ``powers`` ``Phi_t = J_{K-1} ... J_{t+1}`` ``[K, B, N, k, k]``,
+    ``phi = Phi_0 J_0`` ``[B, N, k, k]``. Returns ``(GH | None, PH | None, phi | None)``."""
     k = J.shape[-1]
     K = G.shape[0] if G is not None else J.shape[0]
     B, N = (G.shape[1], G.shape[2]) if G is not None else (J.shape[1], J.shape[2])

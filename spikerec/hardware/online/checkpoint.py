@@ -1,10 +1,8 @@
-"""Checkpoint of a running online-learning stream: one safetensors file (no pickles).
-
-The file holds the model's parameters and buffers, the learner's stream state (layer states,
-eligibility traces, gradient accumulators, counters), optionally the optimiser's state, and the
-torch CPU random state; the non-tensor parts are JSON in the safetensors header. Restoring it
-into a learner built the same way (same model structure, rule, mode, optimiser class and
-hyper-parameters) and continuing the stream is bit-identical to an uninterrupted run.
+"""Checkpoint of a running online-learning stream: one safetensors file (no pickles) with the model's
+parameters and buffers, the learner's stream state (layer states, eligibility traces, gradient
+accumulators, counters), optionally the optimiser's state, and the torch CPU random state (the
+non-tensor parts as JSON in the header). Restored into a learner built the same way (model, rule,
+mode, optimiser class and hyper-parameters), the continued stream is bit-identical to an uninterrupted one.
 """
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ def _unpack_optimizer(opt, tensors: dict[str, torch.Tensor], meta: dict) -> None
 
 
 def save_stream(path: str | os.PathLike, learner, optimizer=None) -> Path:
-    """Write the stream's checkpoint to ``path`` (atomically); ``optimizer`` defaults to the
-    learner's own."""
+    """Write the stream's checkpoint to ``path`` (atomically); ``optimizer`` defaults to the learner's own."""
     opt = optimizer if optimizer is not None else learner.optimizer
     st, smeta = learner.state_tensors()
     tensors = {f"learner/{k}": v for k, v in st.items()}
@@ -69,8 +66,7 @@ def save_stream(path: str | os.PathLike, learner, optimizer=None) -> Path:
 
 
 def load_stream(path: str | os.PathLike, learner, optimizer=None) -> None:
-    """Restore a checkpoint written by :func:`save_stream` into ``learner`` (its model, its stream
-    state, the optimiser and the torch random state)."""
+    """Restore a :func:`save_stream` checkpoint into ``learner``: model, stream state, optimiser, random state."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"online checkpoint {path}: no such file")

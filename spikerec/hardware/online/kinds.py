@@ -1,11 +1,7 @@
-"""The registry of cell kinds with exact online learning.
-
-One entry per kind says how the learner treats a cell of it: its trace class (the state update,
-Jacobian, immediate partials, spatial backward, block scan and compiled step,
-:class:`.traces.LayerTrace`), what :meth:`.learner.OnlineLearner.exactness` reports, and the
-readout filter it carries under a leaky readout. A cell no entry claims learns with 1-step
-truncation (:class:`.traces.GenericTrace`).
-docs/architecture.md ("Adding a cell kind to online learning") lists the steps for a new kind.
+"""The registry of cell kinds with exact online learning: per kind its trace class (:class:`.traces.LayerTrace`), what
+:meth:`.learner.OnlineLearner.exactness` reports, and the readout filter it carries under a leaky readout. A cell no
+entry claims learns with 1-step truncation (:class:`.traces.GenericTrace`). docs/architecture.md ("Adding a cell kind
+to online learning") lists the steps for a new kind.
 """
 from __future__ import annotations
 
@@ -32,13 +28,11 @@ INDEPENDENT = "exact e-prop eligibility traces (independent neurons)"
 class OnlineKind:
     """How the online learner treats the cells of one kind.
 
-    ``tag``: the kind's name; ``cell``: the layer class; ``make``: ``(cell, rule) -> LayerTrace``;
-    ``exactness``: what :meth:`OnlineLearner.exactness` says of a layer without lateral weights;
-    ``claims(cell)``: whether this entry covers the cell (options of the class another entry
-    covers); ``readout_filter``: the class of the
-    readout-filtered traces a layer of this kind carries under a leaky readout
-    (:class:`.readout_filter.ReadoutFilter` for a spike map of the state,
-    :class:`.readout_filter.LinearOutputFilter` for a linear output map; ``None``: none)."""
+    ``tag``: the kind's name; ``cell``: the layer class; ``make``: ``(cell, rule) -> LayerTrace``; ``exactness``: what
+    :meth:`OnlineLearner.exactness` says of a layer without lateral weights; ``claims(cell)``: whether this entry
+    covers the cell; ``readout_filter``: the class of its readout-filtered traces under a leaky readout
+    (:class:`.readout_filter.ReadoutFilter` for a spike map of the state, :class:`.readout_filter.LinearOutputFilter`
+    for a linear output map; ``None``: none)."""
 
     tag: str
     cell: type
@@ -52,8 +46,7 @@ _KINDS: list[OnlineKind] = []
 
 
 def register_online_kind(kind: OnlineKind) -> OnlineKind:
-    """Add ``kind`` to the registry, ahead of the kinds registered before it (so that a kind for
-    a subclass claims its cells first); a kind with the same tag is replaced."""
+    """Add ``kind`` ahead of the earlier ones (a kind for a subclass claims its cells first; same tag: replaced)."""
     _KINDS[:] = [kind] + [k for k in _KINDS if k.tag != kind.tag]
     return kind
 
@@ -71,9 +64,7 @@ def online_kind(cell) -> OnlineKind | None:
 
 
 def online_trace(cell, rule: str, index: int) -> LayerTrace:
-    """The online form of ``cell`` under ``rule``: its registered kind's trace (``tr.online_kind``
-    set), else 1-step truncation (:class:`GenericTrace`) for any cell that follows the cell
-    protocol."""
+    """The online form of ``cell``: its kind's trace (``tr.online_kind`` set), else :class:`GenericTrace`."""
     kind = online_kind(cell)
     if kind is not None:
         tr = kind.make(cell, rule)

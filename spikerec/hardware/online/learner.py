@@ -1,27 +1,14 @@
-"""Online gradient estimation for a stack of cells (Zucchet et al. 2023, "Online learning of
-long-range dependencies", NeurIPS; thesis Zucchet 2025, Sec. 4.3.1-4.3.2 and Fig. 4.2; Bellec
-et al. 2020, "A solution to the learning dilemma for recurrent networks of spiking neurons",
-Nat. Commun., Methods: eligibility traces).
+"""Online gradient estimation for a stack of cells (Zucchet et al. 2023, "Online learning of long-range dependencies",
+NeurIPS; thesis Zucchet 2025, Sec. 4.3.1-4.3.2 and Fig. 4.2; Bellec et al. 2020, "A solution to the learning dilemma
+for recurrent networks of spiking neurons", Nat. Commun., Methods: eligibility traces).
 
-Per time step ``t``: every layer is advanced from its *detached* previous state with detached
-parameters in its state update, so the step's graph carries only the spatial path input ->
-state -> output -> next layer -> loss; the instantaneous loss ``l_t`` is backpropagated
-*spatially*, giving ``g^l_t = d l_t / d s^l_t`` and the direct gradient of the output maps'
-parameters; each traced layer contracts ``g^l_t`` with its eligibility traces (:mod:`.traces`).
-
-The estimate is accumulated inside the learner and added to ``.grad`` by :meth:`update` (which
-also steps the optimiser when one was given; ``update_every`` calls it every K steps or at every
-:meth:`reset`). :meth:`backward` is the batch form: a fresh stream over a whole ``[T, B, C]``
-sequence. Exactness (float64; :meth:`exactness`): one recurrent layer with a memoryless readout
-equals BPTT; with several layers the last recurrent one and everything above are exact, earlier
-ones biased (thesis Sec. 4.3.2); a leaky readout is itself an exact traced layer, and the layer
-directly under it is exact by its readout-filtered traces (:mod:`.readout_filter`). Cells without
-traces (a GRU, any other cell of the cell protocol) learn by 1-step truncation.
-
-Three paths compute the same estimator (``backend``): the readable torch reference (a per-step
-autograd spatial backward and torch partials; the specification the tests compare with), and
-on the compiled backend the step API's window of compiled steps (:mod:`.window`) and the
-compiled block (:mod:`.block`), whose per-lane work is numba on the CPU and Triton on CUDA.
+Per step every layer advances from its *detached* previous state with detached parameters in its state update, so
+the loss ``l_t`` is backpropagated *spatially* (input -> state -> output -> next layer -> loss), giving ``g^l_t = d
+l_t / d s^l_t``, which each traced layer contracts with its eligibility traces (:mod:`.traces`). Exact (float64;
+:meth:`exactness`): one recurrent layer under a memoryless readout, and the last recurrent layer and everything
+above; earlier ones are biased (thesis Sec. 4.3.2), but the layer under a leaky readout is exact by its
+readout-filtered traces (:mod:`.readout_filter`); cells without traces learn by 1-step truncation. Backends: the
+torch reference (per-step autograd) and the compiled step window (:mod:`.window`) and block (:mod:`.block`).
 """
 from __future__ import annotations
 
@@ -31,13 +18,13 @@ from typing import Callable, NamedTuple
 import torch
 
 from ...layers.base import match_input_dtype
-from .block import autograd_block, compiled_block, compiled_supported, loss_errors, scan_rows
+from .block import autograd_block, compiled_block, compiled_supported, loss_errors, scan_rows, step_loss
 from .kinds import online_trace, registered_kinds
 from .losses import (bptt_loss, classification_loss, cross_entropy_step_loss, mse_loss,  # noqa: F401 (re-exported)
                      mse_step_loss)
 from .readout_filter import ReadoutFilter
 from .subnormal import flush_subnormals, with_flushed_subnormals
-from .traces import GenericTrace, TraceState, stream_step
+from .traces import GenericTrace, TraceState, advance, stack_grads, stream_step
 from .traces_readout import ReadoutTrace
 from .window import STREAM_WINDOW, StepWindow
 from ...kernels.trace_numba import numba_available
@@ -52,8 +39,7 @@ BACKENDS = ("auto", "reference", "compiled")
 
 
 class StepResult(NamedTuple):
-    """What :meth:`OnlineLearner.step` returns: the readout ``output [B, K]`` (detached) and the
-    step's loss (a detached 0-d tensor, ``None`` without a target)."""
+    """:meth:`OnlineLearner.step`'s readout ``output [B, K]`` and loss (0-d; ``None`` without a target), detached."""
 
     output: torch.Tensor
     loss: torch.Tensor | None
@@ -63,25 +49,24 @@ class OnlineLearner:
     """Online (eligibility-trace) gradients for a stack of cells.
 
     Args:
-        model: a stack with ``layers`` (cells incl. the readout), ``initial_state``, ``input_size``
-            and optional ``dropout`` (a :class:`~spikerec.models.RecurrentStack`).
-        rule: ``full`` (exact in-layer RTRL + spatial errors), ``snap1`` (extended SnAp-1; identical
-            on these independent-module layers), ``trunc1``, ``spatial`` or ``bptt`` (autograd
-            through time, :meth:`backward` only: the reference).
-        mode: ``stream`` (one step at a time; memory independent of T), ``chunked`` (blocks of
-            ``chunk`` steps: one spatial backward and a reverse filter per block, the same estimator;
-            :meth:`step` returns outputs at once and works a block when it is full), ``parallel``
-            (one block of the whole sequence, :meth:`backward` only: the offline reference).
+        model: a stack with ``layers`` (cells incl. the readout), ``initial_state``, ``input_size`` and optional
+            ``dropout`` (a :class:`~spikerec.models.RecurrentStack`).
+        rule: ``full`` (exact in-layer RTRL + spatial errors), ``snap1`` (extended SnAp-1; identical on these
+            independent-module layers), ``trunc1``, ``spatial`` or ``bptt`` (autograd through time,
+            :meth:`backward` only: the reference).
+        mode: ``stream`` (one step at a time; memory independent of T), ``chunked`` (blocks of ``chunk`` steps, the
+            same estimator; :meth:`step` returns outputs at once and works a block when it is full), ``parallel``
+            (the whole sequence as one block, :meth:`backward` only: the offline reference).
         loss: the per-step loss ``loss(y_t, target_t) -> scalar`` of :meth:`step`.
-        optimizer, update_every: :meth:`update` steps the optimiser; ``update_every`` ``None``
-            (only when called), an int ``K`` (every K steps) or ``"sequence"`` (at every :meth:`reset`).
-        backend: ``auto`` (compiled where the stack and device allow, else the reference),
-            ``reference`` or ``compiled`` (an error says why where it cannot run); numba on the
-            CPU, Triton on CUDA (:meth:`supported_backends`). On the compiled backend the stream
-            works its gradient in blocks of :data:`.window.STREAM_WINDOW` steps.
-        readout_filter: readout-filtered traces in the LIF, ALIF or LRU layer directly under a leaky
-            readout (:mod:`.readout_filter`), exact where its own traces are. ``None``: wherever
-            they apply (rule ``full``/``snap1``, no dropout); ``True``: required; ``False``: off.
+        optimizer, update_every: :meth:`update` steps the optimiser; ``update_every`` ``None`` (only when called),
+            an int ``K`` (every K steps) or ``"sequence"`` (at every :meth:`reset`).
+        backend: ``auto`` (compiled where the stack and device allow, else the reference), ``reference`` or
+            ``compiled`` (an error says why where it cannot run); numba on the CPU, Triton on CUDA
+            (:meth:`supported_backends`). The compiled stream works its gradient in blocks of
+            :data:`.window.STREAM_WINDOW` steps.
+        readout_filter: readout-filtered traces in the LIF, ALIF or LRU layer directly under a leaky readout
+            (:mod:`.readout_filter`), exact where its own traces are. ``None``: wherever they apply (rule
+            ``full``/``snap1``, no dropout); ``True``: required; ``False``: off.
     """
 
     def __init__(self, model, rule: str = "full", mode: str = "stream", chunk: int | None = None, *,
@@ -113,8 +98,7 @@ class OnlineLearner:
         self._filter = None if readout_filter is False else self._readout_filter(required=readout_filter is True)
         self.states = None  # no stream yet
         self.steps = self.since_update = 0
-        self._target_shape = self._x_shape = self._versions = None
-        self._window = None
+        self._target_shape = self._x_shape = self._versions = self._window = None
         self._gen = 0  # bumped when the states or the parameter-derived constants are replaced
         self._all_params = list(model.parameters())
         self._dtype = self._all_params[0].dtype if self._all_params else torch.get_default_dtype()
@@ -129,8 +113,7 @@ class OnlineLearner:
             tr.compiled = backend != "reference"
 
     def _readout_filter(self, required: bool) -> ReadoutFilter | None:
-        """The filtered traces of the layer under the leaky readout where they apply; else ``None``,
-        or with ``required`` an error naming what is missing."""
+        """The readout filter where it applies, else ``None`` (``required``: an error saying why)."""
         why = None
         drop = getattr(self.model, "dropout", None)
         if self.rule not in ("full", "snap1"):
@@ -152,8 +135,7 @@ class OnlineLearner:
 
     @staticmethod
     def supported_backends(device="cpu") -> tuple[str, ...]:
-        """The backends that run on ``device``: ``reference`` always, ``compiled`` where its compiler
-        is installed (numba on the CPU, Triton on CUDA)."""
+        """The backends that run on ``device``: ``reference``; ``compiled`` with numba (CPU) or Triton (CUDA)."""
         dev = torch.device(device)
         ok = numba_available() if dev.type == "cpu" else (dev.type == "cuda" and triton_available(
             torch.empty(0, device=dev)))
@@ -170,8 +152,7 @@ class OnlineLearner:
 
     @property
     def traces(self) -> list:
-        """The layers' trace states (:class:`.traces.TraceState`), the window's pending steps worked
-        first."""
+        """The layers' trace states (:class:`.traces.TraceState`), the window's pending steps worked first."""
         if self._window is not None and self._window.j:
             with torch.no_grad(), flush_subnormals():
                 self._flush_window()
@@ -182,9 +163,8 @@ class OnlineLearner:
         self._trace_states = value
 
     def exactness(self) -> list[tuple[int, str, str]]:
-        """``(layer index, cell kind, how its gradient is estimated)`` for every layer (exact within
-        the traced layers; lateral weights: the e-prop approximation; other cells: 1-step truncation;
-        a layer below a recurrent one is biased, unless it carries the readout-filtered traces)."""
+        """``(layer index, cell kind, how its gradient is estimated)`` per layer (exact in the traced layers; lateral
+        weights: e-prop; other cells: 1-step truncation; below a recurrent layer: biased, unless readout-filtered)."""
         if self.rule == "bptt":
             return [(i, type(c).__name__, "BPTT (autograd through time)") for i, c in enumerate(self.model.layers)]
         out = []
@@ -211,9 +191,8 @@ class OnlineLearner:
     # --- the streaming interface ----------------------------------------------------------------
     @with_flushed_subnormals
     def step(self, x_t: torch.Tensor, target_t=None) -> StepResult:
-        """Advance the stream by one step ``x_t [B, C]``; with ``target_t`` the step's loss
-        ``loss(y_t, target_t)`` adds its gradient estimate to the accumulators. Returns
-        ``StepResult(output, loss)``. Runs with subnormal floats flushed to zero (:mod:`.subnormal`)."""
+        """Advance the stream by one step ``x_t [B, C]``; with ``target_t`` the loss ``loss(y_t, target_t)`` adds its
+        gradient estimate. Returns ``StepResult(output, loss)``; subnormals flushed to zero (:mod:`.subnormal`)."""
         if self.rule == "bptt" or self.mode == "parallel":
             raise ValueError(f"OnlineLearner.step: rule {self.rule!r} / mode {self.mode!r} needs the whole "
                              f"sequence; use backward(), or rule 'full' with mode 'stream' or 'chunked'")
@@ -247,9 +226,8 @@ class OnlineLearner:
             self._window.flush()
 
     def reset(self, batch_mask=None) -> None:
-        """Sequence boundary: reset the states and traces of the samples in ``batch_mask`` (bool
-        ``[B]``; ``None`` = all). Accumulated gradients are kept; with ``update_every="sequence"``
-        :meth:`update` is called."""
+        """Sequence boundary: reset the states and traces of the samples in ``batch_mask`` (bool ``[B]``; ``None`` =
+        all). Accumulated gradients are kept; with ``update_every="sequence"`` :meth:`update` is called."""
         if self.states is None:
             if batch_mask is not None:
                 raise ValueError("OnlineLearner.reset: batch_mask given before the first step (no stream yet)")
@@ -286,9 +264,8 @@ class OnlineLearner:
             self._zero_traces(mask)
 
     def update(self) -> None:
-        """Add the accumulated estimate to ``.grad`` and, with an optimiser, step it and zero its
-        gradients; the parameter-derived constants are re-derived afterwards (without an optimiser,
-        at the next step if the parameters changed: ``update(); opt.step()``)."""
+        """Add the accumulated estimate to ``.grad`` and, with an optimiser, step it and zero its gradients; the
+        constants are re-derived (without an optimiser: at the next step if ``update(); opt.step()`` changed them)."""
         self._flush_window()
         self._flush()
         self.since_update = 0
@@ -307,8 +284,7 @@ class OnlineLearner:
             ts.G, ts.gv, ts.gv_names = {}, None, ()
 
     def refresh(self) -> None:
-        """Re-derive the parameter-derived constants after the parameters were changed other than
-        by :meth:`update` (the window's pending steps are worked with the constants they ran with)."""
+        """Re-derive the constants after the parameters changed other than by :meth:`update` (pending steps first)."""
         self._flush_window()
         self._prepare()
 
@@ -352,8 +328,7 @@ class OnlineLearner:
         return total
 
     def _block(self, x, target, loss_fn, t0: int, carry: bool):
-        """One block of :meth:`backward`: the rows by the layers' scans, the loss and its errors, the
-        gradient work; returns the block's summed loss or ``None``."""
+        """One block of :meth:`backward` (rows, loss errors, gradient work); its summed loss or ``None``."""
         K, B, t1 = x.shape[0], x.shape[1], t0 + x.shape[0]
         compiled = self._compiled_block
         with torch.no_grad():
@@ -364,7 +339,7 @@ class OnlineLearner:
         if bvg is not None:
             block_vg = lambda Y: bvg(Y, target, t0, t1)  # noqa: E731
         elif block is not None:  # the block's loss in one op, one autograd call
-            block_vg = lambda Y: _value_and_grad(lambda yl: block(yl, target, t0, t1), Y)  # noqa: E731
+            block_vg = lambda Y: step_loss(lambda yl: block(yl, target, t0, t1), None, Y)  # noqa: E731
         else:
             block_vg = None
         steps = [(lambda yy, t=t: loss_fn(yy, target, t), None if vg is None else (lambda yy, t=t: vg(yy, target, t)))
@@ -375,9 +350,8 @@ class OnlineLearner:
 
     # --- checkpoint -----------------------------------------------------------------------------
     def state_tensors(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """The learner's stream state as ``(tensors, meta)``: layer states, traces, accumulators,
-        counters and the window's pending steps as they are (not worked early, so that a resumed run
-        does the same arithmetic as an uninterrupted one)."""
+        """The stream state as ``(tensors, meta)``: layer states, traces, accumulators, counters and the window's
+        pending steps as they are (not worked early: a resumed run does the same arithmetic as one uninterrupted)."""
         meta = {"rule": self.rule, "mode": self.mode, "chunk": self.chunk, "steps": self.steps,
                 "since_update": self.since_update, "started": self.states is not None,
                 "readout_filter": self._filter is not None,
@@ -392,10 +366,9 @@ class OnlineLearner:
         meta["trace_names"] = [list(ts.names) for ts in self._trace_states]
         meta["acc_vec_names"] = [list(ts.gv_names) for ts in self._trace_states]
         for l, ts in enumerate(self._trace_states):
-            if ts.ev is not None:
-                tensors[f"trace_vec/{l}"] = ts.ev
-            if ts.gv is not None:
-                tensors[f"acc_vec/{l}"] = ts.gv
+            for kind, v in (("trace_vec", ts.ev), ("acc_vec", ts.gv)):
+                if v is not None:
+                    tensors[f"{kind}/{l}"] = v
             for kind, d in (("trace_mat", ts.mat), ("acc", ts.G), ("trace_filt", ts.filt)):
                 for n, v in d.items():
                     tensors[f"{kind}/{l}/{n}"] = v
@@ -424,8 +397,7 @@ class OnlineLearner:
                              "resume the stream with that version")
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        """Restore what :meth:`state_tensors` returned (same model structure, rule and mode), after the
-        model's parameters (the constants are derived from them again)."""
+        """Restore what :meth:`state_tensors` returned (same model, rule and mode), after the model's parameters."""
         self.check_state_meta(meta)
         self._prepare()
         self.steps, self.since_update = int(meta["steps"]), int(meta["since_update"])
@@ -453,14 +425,12 @@ class OnlineLearner:
         for key, v in tensors.items():
             kind, _, rest = key.partition("/")
             l, _, n = rest.partition("/")
+            ts = self._trace_states[int(l)] if kind.startswith(("trace_", "acc")) else None
             if kind == "trace_vec":
-                ts = self._trace_states[int(l)]
                 ts.ev, ts.names = v.clone(), tuple(meta["trace_names"][int(l)])
             elif kind == "acc_vec":
-                ts = self._trace_states[int(l)]
                 ts.gv, ts.gv_names = v.clone(), tuple(meta["acc_vec_names"][int(l)])
-            elif kind in ("trace_mat", "acc", "trace_filt"):
-                ts = self._trace_states[int(l)]
+            elif ts is not None:
                 {"trace_mat": ts.mat, "acc": ts.G, "trace_filt": ts.filt}[kind][n] = v.clone()
             elif kind == "spatial":
                 if rest not in named:
@@ -502,15 +472,12 @@ class OnlineLearner:
 
     def _check_nan(self, x_t, name):
         """Raise for NaN in the step input ``x_t`` (``name`` ``None``: the current step's)."""
-        if not x_t.is_floating_point():
-            return
-        if not math.isnan(float(x_t.detach().sum())) or not bool(torch.isnan(x_t).any()):
+        if not x_t.is_floating_point() or not math.isnan(float(x_t.detach().sum())) or not bool(torch.isnan(x_t).any()):
             return  # a NaN makes the sum NaN: one reduction decides (then look, for inf - inf)
         raise ValueError(f"{name or f'OnlineLearner.step (step {self.steps}) x_t'}: contains NaN values")
 
     def _check_nan_block(self, xb, t0):
-        """:meth:`_check_nan` of the steps of ``xb [K, B, C]`` with one reduction (no temporary the
-        size of ``xb``); the error names the first step with a NaN."""
+        """:meth:`_check_nan` of the steps of ``xb [K, B, C]`` by one reduction (the error names the step)."""
         if not xb.is_floating_point() or not math.isnan(xb.detach().sum().item()):
             return
         for k in range(xb.shape[0]):
@@ -613,8 +580,7 @@ class OnlineLearner:
         self._versions = tuple(p._version for p in self._all_params)
 
     def _sync_params(self) -> None:
-        """Re-derive the constants if the parameters changed since (after :meth:`update` without an
-        optimiser, when the caller steps one)."""
+        """Re-derive the constants if the parameters changed (after :meth:`update` without an optimiser)."""
         self._check_params = False
         if tuple(p._version for p in self._all_params) != self._versions:
             self._prepare()
@@ -623,10 +589,7 @@ class OnlineLearner:
         """Accumulate the immediate (spatial) partials of the parameters, one per ``self.params``."""
         for p, gp in zip(self.params, grads):
             if gp is not None and id(p) not in self.frozen:
-                if p in self.spatial:
-                    self.spatial[p] += gp
-                else:
-                    self.spatial[p] = gp.clone()
+                self.spatial[p] = self.spatial[p].add_(gp) if p in self.spatial else gp.clone()
 
     def _forward_step(self, x_t):
         """One step of every layer with the spatial graph; returns ``(y_t, [(input, prev, new)])``."""
@@ -635,13 +598,7 @@ class OnlineLearner:
         drop = self._dropout
         for l, tr in enumerate(self.tracers):
             prev = self.states[l]
-            if not isinstance(tr, GenericTrace):
-                new = tr.step(h, prev)
-                # fresh nodes per field: g_f is then d l_t / d s_t[f] with the other fields held
-                new = type(new)(*(s.view_as(s) if s.requires_grad else s.detach().requires_grad_() for s in new))
-                out = tr.output(h, new)
-            else:
-                out, new = tr.cell.step(h, prev)
+            out, new = advance(tr, h, prev, fresh=True)
             recs.append((h.detach(), prev, new))
             self.states[l] = type(new)(*(s.detach() for s in new))
             h = out
@@ -650,8 +607,7 @@ class OnlineLearner:
         return h, recs
 
     def _stream(self, xs, losses):
-        """The reference stream: steps ``xs`` one at a time (autograd spatial backward, torch
-        partials, :func:`.traces.stream_step`); returns ``(y_last, loss)``."""
+        """The reference stream over ``xs`` (autograd, torch partials, :func:`.traces.stream_step`); ``(y, loss)``."""
         total, all_recs, y = None, [], None
         for k, (x_t, lf) in enumerate(zip(xs, losses)):
             y, recs = self._forward_step(x_t)
@@ -664,20 +620,15 @@ class OnlineLearner:
         traced = [i for i, tr in enumerate(self.tracers) if tr.traced]
         gs = {i: [None] * len(xs) for i in traced}
         if total is not None and total.requires_grad:
-            inputs, index = [], []
-            for k, recs in enumerate(all_recs):
-                for i in traced:
-                    for s in recs[i][2]:
-                        inputs.append(s)
-                        index.append((k, i))
+            inputs = [s for recs in all_recs for i in traced for s in recs[i][2]]
             grads = torch.autograd.grad(total, inputs + self.params, allow_unused=True)
             self._add_spatial(grads[len(inputs):])
-            fields: dict = {}
-            for (k, i), g, s in zip(index, grads, inputs):
-                fields.setdefault((k, i), []).append((g, s))
-            for (k, i), lst in fields.items():
-                if any(g is not None for g, _ in lst):
-                    gs[i][k] = torch.stack([g if g is not None else torch.zeros_like(s) for g, s in lst], -1)
+            it = iter(grads[: len(inputs)])
+            for k, recs in enumerate(all_recs):
+                for i in traced:
+                    g = [next(it) for _ in recs[i][2]]
+                    if any(v is not None for v in g):
+                        gs[i][k] = stack_grads(g, recs[i][2])
         filt = self._filter
         if filt is not None and self._dropout is not None and self._dropout.training:
             raise ValueError("OnlineLearner: readout_filter=True does not support active dropout "
@@ -697,8 +648,7 @@ class OnlineLearner:
         return y.detach(), (None if total is None else total.detach())
 
     def _flush(self):
-        """Add the accumulated estimate to ``.grad``; parameters the rule does not train get a zero
-        gradient (not ``None``), so clipping and norm logging see every parameter."""
+        """Add the estimate to ``.grad``; parameters the rule does not train get a zero gradient (not ``None``)."""
         if "_trace_states" not in self.__dict__:
             return
         with torch.no_grad():
@@ -716,11 +666,3 @@ class OnlineLearner:
                 elif g is not None:
                     p.grad += g
             self.spatial = {}
-
-
-def _value_and_grad(fn, Y):
-    """``(fn(Y), d fn / d Y)`` by one autograd call."""
-    Yl = Y.detach().requires_grad_()
-    with torch.enable_grad():
-        loss = fn(Yl)
-    return loss.detach(), torch.autograd.grad(loss, Yl)[0]

@@ -1,7 +1,7 @@
 """The per-step losses of online learning (Zucchet et al. 2023: the total loss is a sum of
-instantaneous losses ``L = sum_t l_t(y_t)``, the only kind an online rule can learn). Each carries
-its gradient ``d l_t / d y_t`` in closed form (``value_and_grad``), so the compiled paths need no
-autograd call; some carry the whole block's loss in one op (``block``, ``block_value_and_grad``).
+instantaneous losses ``L = sum_t l_t(y_t)``, the only kind an online rule can learn), each with its
+gradient ``d l_t / d y_t`` in closed form (``value_and_grad``); some with the loss of a whole block of
+steps ``t0..t1-1`` in one op (``block(y [K, B, ...], target, t0, t1)``, ``block_value_and_grad``).
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
             return F.cross_entropy(y, target) / T
 
         mean.value_and_grad = lambda y, target, t: _ce_value_and_grad(y, target, 1.0 / T)
-
         # all K steps of a block in one op: sum_k CE_mean(y_k) / T = K * CE_mean(all K*B rows) / T
         mean.block = lambda y, target, t0, t1: F.cross_entropy(
             y.flatten(0, 1), target.repeat(t1 - t0)) * ((t1 - t0) / T)
@@ -42,7 +41,6 @@ def classification_loss(readout_mode: str, steps: int) -> Callable:
             return F.cross_entropy(y, target[t]) / T
 
         per_step.value_and_grad = lambda y, target, t: _ce_value_and_grad(y, target[t], 1.0 / T)
-
         per_step.block = lambda y, target, t0, t1: F.cross_entropy(
             y.flatten(0, 1), target[t0:t1].flatten(0, 1)) * ((t1 - t0) / T)
         return per_step
@@ -73,12 +71,12 @@ def _ce_value_and_grad(y, label, scale):
 
 
 mse_loss.value_and_grad = lambda y, target, t: _mse_value_and_grad(y, target[t])
+mse_loss.block = lambda y, target, t0, t1: 0.5 * ((y - target[t0:t1]) ** 2).sum()
+mse_loss.block_value_and_grad = lambda Y, target, t0, t1: _mse_value_and_grad(Y, target[t0:t1])
 
 
 def mse_step_loss(y_t, target_t):
-    """The per-step loss of :meth:`OnlineLearner.step`: ``0.5 * sum (y_t - target_t)^2`` over batch
-    and features (``target_t [B, K]``). Its gradient is known in closed form, so the stream's
-    compiled path needs no autograd call."""
+    """The per-step loss ``0.5 * sum (y_t - target_t)^2`` (``target_t [B, K]``) of :meth:`OnlineLearner.step`."""
     return 0.5 * ((y_t - target_t) ** 2).sum()
 
 
@@ -86,8 +84,7 @@ mse_step_loss.value_and_grad = _mse_value_and_grad
 
 
 def cross_entropy_step_loss(scale: float = 1.0) -> Callable:
-    """The per-step loss ``scale * CE(y_t, label_t)`` (mean over the batch; ``label_t [B]``) for
-    :meth:`OnlineLearner.step`, with its gradient in closed form (``scale (softmax(y) - onehot) / B``)."""
+    """The per-step loss ``scale * CE(y_t, label_t)`` (batch mean; ``label_t [B]``) of :meth:`OnlineLearner.step`."""
     scale = float(scale)
 
     def ce(y_t, label_t):
@@ -95,15 +92,6 @@ def cross_entropy_step_loss(scale: float = 1.0) -> Callable:
 
     ce.value_and_grad = lambda y, label: _ce_value_and_grad(y, label, scale)
     return ce
-
-
-# A per-step loss may carry ``block(y [K, B, ...], target, t0, t1)``: the sum of its steps t0..t1-1
-# in one op, which the chunked and parallel modes use instead of K separate loss graphs.
-mse_loss.block = lambda y, target, t0, t1: 0.5 * ((y - target[t0:t1]) ** 2).sum()
-
-
-# the summed loss of steps t0..t1-1 and its gradient Y - target[t0:t1], in one call
-mse_loss.block_value_and_grad = lambda Y, target, t0, t1: _mse_value_and_grad(Y, target[t0:t1])
 
 
 def bptt_loss(model, x, target, loss_fn):

@@ -1,21 +1,16 @@
-"""Readout-filtered eligibility traces: exact online gradients of the LIF, ALIF or LRU layer
-under a leaky readout (Bellec et al. 2020, "A solution to the learning dilemma for recurrent
-networks of spiking neurons", Nat. Commun. 11:3625, Methods: the learning signal of leaky
-output neurons and the filtered eligibility trace).
-
-A leaky readout ``y_t = alpha y_{t-1} + W z_t + b`` is a linear diagonal filter, so a hidden
-spike ``z_s`` reaches every later output: ``d y_t / d z_s = alpha^(t-s) W``. With ``delta_t =
-d l_t / d y_t`` the gradient of a parameter ``p`` of the hidden layer is
+"""Readout-filtered eligibility traces: exact online gradients of the LIF, ALIF or LRU layer under a leaky readout
+(Bellec et al. 2020, "A solution to the learning dilemma for recurrent networks of spiking neurons", Nat. Commun.
+11:3625, Methods: the learning signal of leaky output neurons and the filtered eligibility trace). A leaky readout
+``y_t = alpha y_{t-1} + W z_t + b`` is a linear diagonal filter, ``d y_t / d z_s = alpha^(t-s) W``, so with
+``delta_t = d l_t / d y_t`` a parameter ``p`` of the hidden layer gets
 
     dL/dp = sum_t sum_k delta_t[k] * d y_t[k] / dp = sum_t sum_d u^d_t . zbar^d_t
     u^d_t = (delta_t * m_d) W          zbar^d_t = alpha_d zbar^d_{t-1} + d z_t / dp
 
-for the distinct readout decays ``alpha_d`` (``m_d``: the outputs with that decay), where
-``d z_t / dp = psi_t . eps^p_t + d z_t / dp |immediate`` (``psi_t = d z_t / d s_t``, ``eps``: the
-layer's own eligibility trace, :mod:`.traces`; the immediate term: parameters read by the
-spike map, the threshold and ALIF's adaptation strength). Exact wherever the layer's own traces
-are (no lateral weights); memory per distinct decay: ``B x N`` per per-neuron parameter and
-``B x N x H`` per weight matrix, independent of T.
+per distinct readout decay ``alpha_d`` (``m_d``: its outputs), where ``d z_t / dp = psi_t . eps^p_t`` plus the
+immediate term of the spike map's own parameters (``psi_t = d z_t / d s_t``; ``eps``: the layer's traces,
+:mod:`.traces`). Exact wherever the layer's own traces are; memory per decay: ``B x N`` per per-neuron parameter,
+``B x N x H`` per weight matrix.
 """
 from __future__ import annotations
 
@@ -25,16 +20,26 @@ from torch.func import functional_call
 
 from ... import neurons
 from ...scan import linear_scan
-from .traces import BlockPartials, Partials, TraceState, _read, planar, weighted_sums
+from .traces import BlockPartials, Partials, TraceState, _read, planar, stack_grads, weighted_sums
 
 __all__ = ["ReadoutFilter", "LinearOutputFilter", "reverse_readout_filter"]
 
 
 def reverse_readout_filter(alpha: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-    """``gbar_t = gy_t + alpha gbar_{t+1}`` over a block ``gy [K, B, outputs]`` (``gbar_{K-1} =
-    gy_{K-1}``), per output with its own decay: the errors of the block's later steps that reach
-    the readout's state at step ``t`` (the linear scan run backwards in time)."""
+    """``gbar_t = gy_t + alpha gbar_{t+1}`` over a block ``gy [K, B, outputs]`` (``gbar_{K-1} = gy_{K-1}``), per
+    output: the errors of the block's later steps that reach the readout's state at ``t`` (a reversed linear scan)."""
     return linear_scan(alpha, gy.flip(0)).flip(0)
+
+
+def _decay_into(filt: dict, j: int, sums: dict, a, K: int | None = None) -> None:
+    """``zbar <- a zbar + v`` in place for each ``v`` of ``sums`` (group ``j``; a copy of ``v`` where none yet);
+    with ``K``, a block's sums: ``a^K zbar + v``."""
+    for n, v in sums.items():
+        old = filt.get(f"{j}/{n}")
+        if old is None:
+            filt[f"{j}/{n}"] = v.clone() if K is None else v
+        else:
+            filt[f"{j}/{n}"] = old.mul_(a).add_(v) if K is None else old * a ** K + v
 
 
 def _powers(a, K):
@@ -43,8 +48,7 @@ def _powers(a, K):
 
 
 class _Output(nn.Module):
-    """The layer's spike map ``z = output(x, s)`` as a module call, so that its parameters can be
-    replaced by per-sample copies (``functional_call``)."""
+    """The layer's spike map ``z = output(x, s)`` as a module, its parameters replaceable (``functional_call``)."""
 
     def __init__(self, tr):
         super().__init__()
@@ -56,17 +60,15 @@ class _Output(nn.Module):
 
 
 class ReadoutFilter:
-    """The filtered traces ``zbar^d`` of the traced layer ``tr`` directly under the leaky
-    ``readout`` (in ``TraceState.filt``: per-neuron ``[B, N]``, a weight matrix's ``[N, B, H]`` under
-    ``mat/``) and their contraction with the readout's learning signal."""
+    """The filtered traces ``zbar^d`` of the traced layer ``tr`` under the leaky ``readout`` (``TraceState.filt``:
+    per-neuron ``[B, N]``, weight matrices' ``[N, B, H]`` under ``mat/``) and their contraction with its errors."""
 
     def __init__(self, tr, readout):
         self.tr, self.readout = tr, readout
         self._out = _Output(tr)
 
     def groups(self, dtype):
-        """``[(alpha_d, m_d [K])]``: the distinct decays of the readout and their outputs (kept
-        until the readout's time constants change)."""
+        """``[(alpha_d, m_d [K])]``: the readout's distinct decays and their outputs (cached per time constants)."""
         tau = self.readout.log_tau
         key = (id(tau), tau._version, dtype, tau.device)
         cached = self.__dict__.get("_groups")
@@ -76,8 +78,8 @@ class ReadoutFilter:
         return cached[1]
 
     def spike_partials(self, x_in, new):
-        """``psi [B, N, k] = d z / d s`` and ``{name: d z / d p [B, N]}`` for the parameters the
-        spike map reads (each per-neuron or scalar parameter replaced by a ``[B, N]`` copy)."""
+        """``psi [B, N, k] = d z / d s`` and ``{name: d z / d p [B, N]}`` of the spike map's per-neuron or
+        scalar parameters."""
         fields = [f.detach().requires_grad_() for f in new]
         B, N = fields[0].shape[0], fields[0].shape[1]
         copies = {n: p.detach().expand(B, N).clone().requires_grad_()
@@ -86,7 +88,7 @@ class ReadoutFilter:
         with torch.enable_grad():
             z = functional_call(self._out, {f"cell.{n}": c for n, c in copies.items()}, (x_in, type(new)(*fields)))
             grads = torch.autograd.grad(z.sum(), fields + list(copies.values()), allow_unused=True)
-        psi = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+        psi = stack_grads(grads, fields)
         direct = {n: g for n, g in zip(copies, grads[len(fields):]) if g is not None}
         return psi, direct
 
@@ -95,10 +97,7 @@ class ReadoutFilter:
         d z_t / dp`` and (``delta [B, K]``, ``None`` without a loss) ``G += u . zbar``."""
         tr = self.tr
         psi, direct = self.spike_partials(x_in, new)
-        dz: dict[str, torch.Tensor] = {}
-        if ts.ev is not None:  # [m, B, k, N]
-            for n, e in zip(ts.names, (planar(psi) * ts.ev).sum(2)):
-                dz[n] = e
+        dz = {} if ts.ev is None else dict(zip(ts.names, (planar(psi) * ts.ev).sum(2)))  # ev [m, B, k, N]
         for base, r, M in tr.mat_readers(P.mat):
             em = ts.mat.get(base)
             if em is not None:  # [N, B, k, H] -> [N, B, H]
@@ -107,10 +106,7 @@ class ReadoutFilter:
             dz[n] = dz[n] + g if n in dz else g
         W = self.readout.weight.detach()
         for j, (a, m) in enumerate(self.groups(psi.dtype)):
-            for n, v in dz.items():
-                key = f"{j}/{n}"
-                old = ts.filt.get(key)
-                ts.filt[key] = v.clone() if old is None else old.mul_(a).add_(v)
+            _decay_into(ts.filt, j, dz, a)
             if delta is not None:
                 self._contract(ts, j, (delta * m) @ W)
 
@@ -147,17 +143,13 @@ class ReadoutFilter:
             for n, g in direct.items():
                 d = (cw.view(K, 1, 1) * g.reshape(K, B, -1)).sum(0)
                 sums[n] = sums[n] + d if n in sums else d
-            for n, v in sums.items():
-                key = f"{j}/{n}"
-                old = ts.filt.get(key)
-                ts.filt[key] = v if old is None else old * a ** K + v
+            _decay_into(ts.filt, j, sums, a, K)
 
 
 class LinearOutputFilter(ReadoutFilter):
-    """The same sums for a layer whose output map is linear in its input and state (the LRU, ``o =
-    Re(C h) + D x``): ``psi`` is constant, so the layer's traces themselves are filtered, ``ebar^d_t =
-    alpha_d ebar^d_{t-1} + eps_t``, and ``G += (d o / d s)^T u^d_t . ebar^d_t``; the output map's own
-    parameters get ``d (u^d_t . o(xbar^d_t, sbar^d_t)) / d theta`` at the filtered input and state.
+    """The same sums for a layer whose output map is linear in its input and state (the LRU, ``o = Re(C h) + D x``):
+    ``psi`` is constant, so the traces themselves are filtered, ``ebar^d_t = alpha_d ebar^d_{t-1} + eps_t``, ``G +=
+    (d o / d s)^T u^d_t . ebar^d_t``; the output map's parameters get ``d (u^d_t . o(xbar^d_t, sbar^d_t)) / d theta``.
     Memory per distinct decay: one copy of the layer's traces, state and input."""
 
     def step(self, ts: TraceState, P: Partials, x_in, new, delta) -> None:
@@ -169,15 +161,13 @@ class LinearOutputFilter(ReadoutFilter):
                 cur[f"mat/{base}"] = ts.mat[base]  # [N, B, k, H]
         W = self.readout.weight.detach()
         for j, (a, m) in enumerate(self.groups(x_in.dtype)):
-            for key, v in cur.items():  # the stored traces are updated in place by the next step: copy
-                old = ts.filt.get(f"{j}/{key}")
-                ts.filt[f"{j}/{key}"] = v.clone() if old is None else old.mul_(a).add_(v)
+            _decay_into(ts.filt, j, cur, a)
             if delta is not None:
                 self._contract(ts, j, (delta * m) @ W, P, type(new), len(new))
 
     def _contract(self, ts: TraceState, j: int, u, P=None, state_type=None, n_fields=0) -> None:
-        """``G += (d o / d s)^T u . ebar^j`` and the output map's gradient at the filtered input and
-        state of decay group ``j`` (``u [B, layer outputs]``)."""
+        """``G += (d o / d s)^T u . ebar^j`` and the output map's gradient at group ``j``'s filtered input
+        and state (``u [B, layer outputs]``)."""
         tr = self.tr
         bars = {key[len(f"{j}/"):]: v for key, v in ts.filt.items() if key.startswith(f"{j}/")}
         if "x" not in bars:
@@ -188,7 +178,7 @@ class LinearOutputFilter(ReadoutFilter):
         with torch.enable_grad():
             o = tr.output(bars["x"], state_type(*fields))
             grads = torch.autograd.grad(o, fields + list(out_params.values()), u, allow_unused=True)
-        gbar = torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+        gbar = stack_grads(grads, fields)
         if "vec" in bars:
             for n, G in zip(ts.names, (planar(gbar) * bars["vec"]).sum(dim=(1, 2))):
                 ts.add(n, G)
@@ -201,9 +191,7 @@ class LinearOutputFilter(ReadoutFilter):
                 ts.add(n, g)
 
     def block(self, ts: TraceState, P: BlockPartials, x_rows, new_rows, gbar, K: int, B: int) -> None:
-        """:meth:`ReadoutFilter.block` for the linear output map: the carried-in filtered input, state
-        and traces meet the block's errors, then advance to the block's end, each trace field by the
-        adjoint of the trace recursion."""
+        """:meth:`ReadoutFilter.block` for the linear output map (each trace field by the adjoint)."""
         W = self.readout.weight.detach()
         groups = self.groups(x_rows.dtype)
         state_type, n_fields = type(new_rows), len(new_rows)
@@ -227,9 +215,7 @@ class LinearOutputFilter(ReadoutFilter):
                 cur["vec"] = torch.stack([torch.stack([vec[n] for vec, _ in per_field], 1) for n in names])
             for base, _, _ in bases:  # the base's own trace (a shared reader reads it through M)
                 cur[f"mat/{base}"] = torch.stack([mat[base] for _, mat in per_field], 2)
-            for key, v in cur.items():
-                old = ts.filt.get(f"{j}/{key}")
-                ts.filt[f"{j}/{key}"] = v if old is None else old * a ** K + v
+            _decay_into(ts.filt, j, cur, a, K)
 
 
 neurons.register_backend("readout", "online_readout_filter (the leaky readout's filter of the layer below, "

@@ -1,18 +1,11 @@
 """Subnormal floats flushed to zero while the online learner computes.
 
-The eligibility trace of an input that stays silent decays geometrically (``e <- alpha e`` with
-the membrane's leak ``alpha < 1``, as e-prop's eligibility vectors do; Bellec et al. 2020) until
-it falls below the smallest normal float (``1.18e-38`` in float32) and becomes subnormal. On x86
-CPUs an operation on a subnormal operand takes a microcode assist of tens to hundreds of cycles:
-with 1-2 % of the ALIF layers' matrix-trace entries subnormal after a few hundred steps of the
-benchmark's spike input, the whole-stack stream step ran measurably slower (docs/online.md).
-
-The learner therefore runs its steps with the thread's flush-to-zero and denormals-are-zero
-modes on (``torch.set_flush_denormal``, which sets both on x86; the compiled kernels run on the
-same thread and follow it) and restores the caller's setting afterwards. A trace entry below the
-smallest normal float becomes zero: a change below ``1.18e-38`` (float32) or ``2.2e-308``
-(float64) in one entry. Where the CPU has no such mode (``set_flush_denormal`` returns False),
-nothing changes.
+A silent input's eligibility trace decays geometrically (``e <- alpha e``, as e-prop's do; Bellec et al. 2020) until
+it is subnormal, and on x86 CPUs an operation on a subnormal operand takes a microcode assist of tens to hundreds of
+cycles (the whole-stack stream step ran measurably slower, docs/online.md). The learner runs its steps with
+flush-to-zero and denormals-are-zero on (``torch.set_flush_denormal``; the compiled kernels run on the same thread)
+and restores the caller's setting: a trace entry below the smallest normal float (``1.18e-38`` float32, ``2.2e-308``
+float64) becomes zero. Without such a mode (``set_flush_denormal`` returns False) nothing changes.
 """
 from __future__ import annotations
 
@@ -27,15 +20,13 @@ _ONE = 1.0
 
 
 def flushing_subnormals() -> bool:
-    """Whether this thread flushes subnormal floats to zero now (either mode): a subnormal
-    times one gives zero only then (Python's float product runs on the same SSE unit)."""
+    """Whether this thread flushes subnormal floats to zero now (either mode): a subnormal times one is 0."""
     return _SUBNORMAL * _ONE == 0.0
 
 
 class flush_subnormals:
-    """Context manager: subnormal floats flushed to zero on this thread inside, the caller's
-    setting restored on exit (nothing is changed where the mode is on already or the CPU has
-    none). Nested uses are no-ops."""
+    """Context manager: subnormal floats flushed to zero on this thread inside, the caller's setting
+    restored on exit (nothing changed where the mode is on already or the CPU has none; nested: no-op)."""
 
     __slots__ = ("_switched",)
 
@@ -50,8 +41,7 @@ class flush_subnormals:
 
 
 def with_flushed_subnormals(fn):
-    """Decorator: ``fn`` runs inside :class:`flush_subnormals` (written out without a context
-    manager object: the learner's step is called once per time step)."""
+    """Decorator: ``fn`` runs inside :class:`flush_subnormals` (written out: called once per step)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

@@ -1,20 +1,16 @@
-"""Eligibility traces of independent recurrent modules: the engine every kind shares.
-
-A layer of independent modules has per neuron ``n`` a state of ``k`` numbers (LIF: ``v``; CUBA:
-``(i, v)``; ALIF: ``(v, a)``; LRU: ``(Re h, Im h)``) and every parameter acts on one neuron, so
-RTRL is cheap (Zucchet et al. 2023; thesis Zucchet 2025, Sec. 4.2.2 and 4.3.1)::
+"""Eligibility traces of independent recurrent modules: the engine every kind shares. A layer of independent
+modules has per neuron ``n`` a state of ``k`` numbers (LIF: ``v``; CUBA: ``(i, v)``; ALIF: ``(v, a)``; LRU: ``(Re
+h, Im h)``) and every parameter acts on one neuron, so RTRL is cheap (Zucchet et al. 2023; thesis Zucchet 2025,
+Sec. 4.2.2 and 4.3.1)::
 
     eps^p_t = J_t eps^p_{t-1} + d s_t / d p |immediate      J_t = d s_t[n] / d s_{t-1}[n]   (k x k)
     dL/dp  += sum_t g_t . eps^p_t                           g_t = d l_t / d s_t  (spatial backward)
 
-A kind gives one step's :class:`Partials`; :func:`stream_step` runs the recursion forward (the
-reference stream), :func:`chunk_contract` takes the same sums over a block of K steps by the
-adjoint (``gh_t = g_t + J_{t+1}^T gh_{t+1}``, docs/decisions.md, Online learning 1) and carries the
-traces to the block's end with products of the J's. The block's per-lane work runs as one
-compiled pass on the CPU (:mod:`spikerec.kernels.trace_numba`), the Triton reverse filter on CUDA.
-
-Rules (thesis Sec. 4.4): ``full``/``snap1`` (identical on independent modules) use the recursion;
-``trunc1`` sets ``J = 0``; ``spatial`` also keeps only the input parameters.
+A kind gives one step's :class:`Partials`; :func:`stream_step` runs the recursion forward (the reference),
+:func:`chunk_contract` takes the sums over a block by the adjoint (``gh_t = g_t + J_{t+1}^T gh_{t+1}``,
+docs/decisions.md, Online learning 1) and carries the traces with products of the J's (numba on the CPU, Triton
+on CUDA). Rules (thesis Sec. 4.4): ``full``/``snap1`` use the recursion; ``trunc1`` sets ``J = 0``; ``spatial``
+also keeps only the input parameters.
 """
 from __future__ import annotations
 
@@ -27,13 +23,12 @@ from ...kernels.trace_numba import block_lanes_numba, compiled_cpu, mat_carry_nu
 from ...kernels.trace_triton import block_filter, triton_available
 from ...neurons.roles import Role, parameters_by_role
 
-__all__ = ["Partials", "BlockPartials", "TraceState", "LayerTrace", "GenericTrace", "stream_step", "chunk_contract", "stack_partials",
-           "lanes_torch", "planar", "acc_add", "acc_mm", "spike_grad"]
+__all__ = ["Partials", "BlockPartials", "TraceState", "LayerTrace", "GenericTrace", "advance", "stack_grads",
+           "stream_step", "chunk_contract", "lanes_torch", "planar", "acc_add", "acc_mm", "spike_grad"]
 
 
 def spike_grad(g: torch.Tensor, u: torch.Tensor, surrogate) -> torch.Tensor:
-    """``g * sigma'(u)``: the error through a spike map ``z = H(u)``, by the surrogate's compiled form
-    on the CPU (:func:`spikerec.kernels.surrogate_numba.scaled_derivative`), else torch."""
+    """``g * sigma'(u)``: the error through a spike map ``z = H(u)``, compiled on the CPU where it can be."""
     if compiled_cpu(u) and u.dim() == 2 and g.dtype == u.dtype:
         from ...kernels.lif_sequence_numba import surrogate_code
 
@@ -51,29 +46,20 @@ def spike_grad(g: torch.Tensor, u: torch.Tensor, surrogate) -> torch.Tensor:
 
 def acc_add(sp: dict | None, p, g, alpha: float = 1.0) -> None:
     """``sp[p] += alpha g`` (skipped without ``sp`` or for a parameter that is not trained)."""
-    if sp is None or not p.requires_grad:
-        return
-    if p in sp:
-        sp[p].add_(g, alpha=alpha)
-    else:
-        sp[p] = g * alpha
+    if sp is not None and p.requires_grad:
+        sp[p] = sp[p].add_(g, alpha=alpha) if p in sp else g * alpha
 
 
 def acc_mm(sp: dict | None, p, a, b, alpha: float = 1.0) -> None:
     """``sp[p] += alpha a @ b`` (skipped as :func:`acc_add`)."""
-    if sp is None or not p.requires_grad:
-        return
-    if p in sp:
-        sp[p].addmm_(a, b, alpha=alpha)
-    else:
-        sp[p] = torch.mm(a, b).mul_(alpha)
+    if sp is not None and p.requires_grad:
+        sp[p] = sp[p].addmm_(a, b, alpha=alpha) if p in sp else torch.mm(a, b).mul_(alpha)
 
 
 @dataclass
 class Partials:
-    """One step's (or a stacked block's) Jacobian and immediate partials of one layer: ``J [.., B or
-    1, N, k, k]`` (``None``: zero), ``vec[name] [.., B, N, k]``, ``mat[name] = (c [.., B, N, k], pre
-    [.., B, H])`` (the immediate partial of a matrix parameter is ``c (x) pre``)."""
+    """One step's Jacobian and immediate partials of a layer: ``J [B or 1, N, k, k]`` (``None``: zero), ``vec[name]
+    [B, N, k]``, ``mat[name] = (c [B, N, k], pre [B, H])`` (a matrix parameter's immediate partial: ``c (x) pre``)."""
 
     J: torch.Tensor | None
     vec: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -82,11 +68,10 @@ class Partials:
 
 @dataclass
 class BlockPartials:
-    """A block's partials, planar (neurons last): ``J [K or 1, B or 1, k*k, N]`` (``None``: zero), ``V [m,
-    K, B, k, N]`` of the traced per-neuron parameters ``names``, ``c [K, B, k, N]`` (the immediate
-    coefficient every matrix parameter of the kind shares; ``None``: the unit vector ``e_0``) and
-    ``pre[base] [K, B, H]``; ``Cr``: the readers' coefficients ``M c`` (:func:`chunk_contract`), when the
-    kind keeps them."""
+    """A block's partials, planar (neurons last): ``J [K or 1, B or 1, k*k, N]`` (``None``: zero), ``V [m, K, B, k,
+    N]`` of the traced per-neuron parameters ``names``, ``c [K, B, k, N]`` (the immediate coefficient the kind's
+    matrix parameters share; ``None``: the unit vector ``e_0``), ``pre[base] [K, B, H]``; ``Cr``: the readers'
+    coefficients ``M c`` (:func:`chunk_contract`) where the kind keeps them."""
 
     J: torch.Tensor | None
     V: torch.Tensor
@@ -101,11 +86,17 @@ def planar(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2)
 
 
+planar_inv = planar  # [.., B, k, N] as [.., B, N, k]: the same transpose
+
+
+def stack_grads(grads, fields) -> torch.Tensor:
+    """The gradients of a state's ``fields`` stacked on a last axis (zeros where ``None``)."""
+    return torch.stack([g if g is not None else torch.zeros_like(f) for g, f in zip(grads, fields)], -1)
+
+
 class LayerTrace:
-    """The online form of one cell kind: :meth:`step` (the kind's step with detached parameters)
-    and :meth:`partials`; ``output`` is the cell's output map with live parameters. ``shared``
-    maps a matrix parameter to ``(base, M)`` when its trace is ``M @ eps[base]`` (the LRU's ``B_im``
-    is ``i * eps[B_re]``); ``mask`` holds fixed masks of gradients."""
+    """The online form of one cell kind: :meth:`step` (with detached parameters), :meth:`partials`, ``output``
+    (live parameters); ``shared``: ``{name: (base, M)}``, a trace ``M @ eps[base]``; ``mask``: gradient masks."""
 
     kind = "?"
     compiled = False  # set by the learner: the compiled forms may run
@@ -147,25 +138,32 @@ class LayerTrace:
 
     def block_partials(self, x, prev, new, K: int, B: int) -> BlockPartials:
         """The partials of a block's ``[K*B]`` rows, planar (a kind may give a compiled form)."""
-        P = stack_partials(self.partials(x, prev, new), K, B)
+        P = self.partials(x, prev, new)
+        kb = lambda v: v.reshape(K, B, *v.shape[1:])  # noqa: E731
         names = tuple(self.vec_names(P))
-        ref = P.vec[names[0]] if names else next(iter(P.mat.values()))[0]
+        ref = kb(P.vec[names[0]] if names else next(iter(P.mat.values()))[0])
         _, _, N, k = ref.shape
-        J = None if P.J is None else planar(P.J.flatten(-2)).contiguous()
-        V = torch.stack([planar(P.vec[n]) for n in names]) if names else ref.new_zeros((0, K, B, k, N))
-        c = planar(next(iter(P.mat.values()))[0].expand(K, B, N, k)).contiguous() if P.mat else None
-        return BlockPartials(J, V, names, c, {b: pre for b, (_, pre) in P.mat.items()})
+        J = P.J
+        if J is not None:
+            J = planar((kb(J) if J.shape[0] == K * B else J.unsqueeze(0)).flatten(-2)).contiguous()
+        V = torch.stack([planar(kb(P.vec[n])) for n in names]) if names else ref.new_zeros((0, K, B, k, N))
+        c = planar(kb(next(iter(P.mat.values()))[0]).expand(K, B, N, k)).contiguous() if P.mat else None
+        return BlockPartials(J, V, names, c, {b: kb(pre) for b, (_, pre) in P.mat.items()})
 
     def output(self, x_t, new):
         return self.cell.output(x_t, new)
 
-    def scan_loop(self, x, state):
-        """``(prev, last, new)`` of a block ``x [K, B, ..]`` by a loop of :meth:`step` (``prev`` and
-        ``new`` with ``[K*B]`` rows)."""
+    def scan_loop(self, x, state, outs: list | None = None):
+        """``(prev, last, new)`` of a block ``x [K, B, ..]`` by a loop of :meth:`step` (``prev``, ``new``: ``[K*B]``
+        rows); with ``outs``, by the cell's own step, its outputs appended to ``outs``."""
         prevs = []
         for t in range(x.shape[0]):
             prevs.append(state)
-            state = self.step(x[t], state)
+            if outs is None:
+                state = self.step(x[t], state)
+            else:
+                out, state = self.cell.step(x[t], state)
+                outs.append(out)
         prev = type(state)(*(torch.cat([p[f] for p in prevs]) for f in range(len(state))))
         new = type(state)(*(torch.cat([p[f] for p in prevs[1:]] + [state[f]]) for f in range(len(state))))
         return prev, state, new
@@ -190,10 +188,8 @@ class LayerTrace:
 
 
 class GenericTrace(LayerTrace):
-    """A cell without eligibility traces, advanced with live parameters from the detached previous
-    state: its parameters get the immediate partials (1-step truncation; exact for a stateless
-    readout). Under ``spatial`` only its input parameters (role ``INPUT``, else its
-    ``stability_groups()["depth"]``) keep their gradient."""
+    """A cell without traces, advanced with live parameters from the detached previous state (1-step truncation;
+    exact if stateless); under ``spatial`` only its input parameters (role ``INPUT``, else ``depth``) are trained."""
 
     def __init__(self, cell, rule, stateless: bool):
         self.cell, self.rule, self.params = cell, rule, dict(cell.named_parameters())
@@ -211,21 +207,28 @@ class GenericTrace(LayerTrace):
                 self.frozen = {id(p) for p in cell.parameters() if id(p) not in keep}
 
 
+def advance(tr: LayerTrace, x, prev, fresh: bool = False):
+    """One step of layer ``tr``: ``(output, new)``; ``fresh``: each field of ``new`` a fresh autograd node
+    (its gradient ``d l / d s[f]`` with the other fields held)."""
+    if isinstance(tr, GenericTrace):
+        return tr.cell.step(x, prev)
+    new = tr.step(x, prev)
+    if fresh:
+        new = type(new)(*(f.view_as(f) if f.requires_grad else f.detach().requires_grad_() for f in new))
+    return tr.output(x, new), new
+
+
 class TraceState:
-    """Traces and gradient accumulators of one layer: the per-neuron traces as one planar
-    ``ev [m, B, k, N]`` (rows ``names``), matrix traces ``mat[base] [N, B, k, H]``, accumulators
-    ``G`` (and ``gv [m, 1, N]``: the compiled pass's float64 sums of the per-neuron parameters
-    ``gv_names``), and the readout filter's ``filt``."""
+    """One layer's traces and accumulators: ``ev [m, B, k, N]`` (rows ``names``), ``mat[base] [N, B, k, H]``, ``G``
+    (``gv [m, 1, N]``: the compiled pass's float64 sums of ``gv_names``), the readout filter's ``filt``."""
 
     def __init__(self, tr: LayerTrace):
         self.tr = tr
         self.ev: torch.Tensor | None = None
-        self.names: tuple[str, ...] = ()
-        self.mat: dict[str, torch.Tensor] = {}
-        self.G: dict[str, torch.Tensor] = {}
         self.gv: torch.Tensor | None = None
+        self.names: tuple[str, ...] = ()
         self.gv_names: tuple[str, ...] = ()
-        self.filt: dict[str, torch.Tensor] = {}
+        self.mat, self.G, self.filt = {}, {}, {}  # dict[str, torch.Tensor] each
 
     @property
     def vec(self) -> dict[str, torch.Tensor]:
@@ -240,14 +243,8 @@ class TraceState:
     def add(self, name: str, value) -> None:
         """``G[name] += value`` (the fixed mask ``tr.mask`` is applied when read, :meth:`take`)."""
         p = self.tr.params[name]
-        if value.shape != p.shape:
-            value = value.reshape(p.shape)
-        if value.dtype != p.dtype:
-            value = value.to(p.dtype)
-        if name in self.G:
-            self.G[name] += value
-        else:
-            self.G[name] = value.clone()
+        value = value.reshape(p.shape).to(p.dtype)
+        self.G[name] = self.G[name].add_(value) if name in self.G else value.clone()
 
     def acc(self, name: str) -> torch.Tensor:
         """``G[name]``, made (zeros) where there is none yet."""
@@ -297,8 +294,7 @@ def _read(g, M):
 
 
 def stream_step(ts: TraceState, P: Partials, g: torch.Tensor | None) -> None:
-    """Advance one layer's traces by one step (``P`` of ``[B]`` rows) and add ``g_t . eps_t``
-    (``g [B, N, k]`` or ``None``). Plain torch: the readable form the tests compare with."""
+    """One step of a layer's traces (``P`` of ``[B]`` rows), adding ``g_t . eps_t`` (``g [B, N, k]`` or ``None``)."""
     tr = ts.tr
     J = P.J if tr.use_J() else None
     names = tr.vec_names(P)
@@ -332,26 +328,10 @@ def stream_step(ts: TraceState, P: Partials, g: torch.Tensor | None) -> None:
                 ts.add(r, torch.einsum("bnf,nbfh->nh", _read(g, M), e))
 
 
-def planar_inv(x: torch.Tensor) -> torch.Tensor:
-    """``[.., B, k, N]`` as ``[.., B, N, k]``."""
-    return x.transpose(-1, -2)
-
-
-def stack_partials(P: Partials, K: int, B: int) -> Partials:
-    """The partials of ``[K*B]`` rows viewed as ``[K, B, ..]``."""
-    J = P.J
-    if J is not None:
-        J = J.reshape(K, B, *J.shape[1:]) if J.shape[0] == K * B else J.unsqueeze(0)
-    return Partials(J, {n: v.reshape(K, B, *v.shape[1:]) for n, v in P.vec.items()},
-                    {n: (c.reshape(K, B, *c.shape[1:]), pre.reshape(K, B, *pre.shape[1:]))
-                     for n, (c, pre) in P.mat.items()})
-
-
 def lanes_torch(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = False, fused: bool = False, Cr=None,
                 need_P: bool = False):
-    """The torch form of :func:`spikerec.kernels.trace_numba.block_lanes_numba` (same arguments and
-    results; planar ``[.., k, B, N]`` arrays). ``fused``: the reverse filter and the Jacobian
-    products by one Triton launch (:func:`spikerec.kernels.trace_triton.block_filter`)."""
+    """The torch form of :func:`spikerec.kernels.trace_numba.block_lanes_numba` (same arguments and results);
+    ``fused``: the reverse filter and Jacobian products by :func:`spikerec.kernels.trace_triton.block_filter`."""
     m, K, B, k, N = V.shape
     J = J.expand(K, B, k * k, N)
     Jm = planar_inv(J).unflatten(-1, (k, k))  # [K, B, N, k, k]
@@ -359,13 +339,11 @@ def lanes_torch(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = Fal
     carry = carry and use_J
     GH = PH = phim = None
     if fused and use_J and (G is not None or carry):
-        GH, PH, phim = block_filter(Jm, Gi if use_J else None, carry)
+        GH, PH, phim = block_filter(Jm, Gi, carry)
     if Gi is not None and GH is None:
         GH = Gi.clone()
         for t in range(K - 2, -1, -1) if use_J else ():
             GH[t] += _mtv(Jm[t + 1], GH[t + 1])
-    elif Gi is not None and not use_J:
-        GH = Gi
     out_GH = A = Gv = b0 = P = phi = e_out = None
     if GH is not None:
         out_GH = planar(GH)
@@ -393,10 +371,8 @@ def lanes_torch(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = Fal
 
 
 def _run_lanes(ts: TraceState, bp: BlockPartials, G, carry: bool, per_lane: bool = False, readers=()):
-    """The block's per-lane work: ``(GH, A, Gv, b0, P, phi, e_in, e_out, cpu)`` as
-    :func:`spikerec.kernels.trace_numba.block_lanes_numba` (numpy arrays, compiled, on the CPU; torch
-    tensors elsewhere, with Triton's filter on CUDA); ``A[r] = gh . M c`` the error of reader
-    ``readers[r] = (base, reader, M)`` (``None`` where ``c`` is the unit vector: ``gh[:, 0]`` then)."""
+    """The block's per-lane work: :func:`spikerec.kernels.trace_numba.block_lanes_numba`'s ``(GH, A, Gv, b0, P, phi,
+    e_out)`` and whether compiled (numpy; else torch); ``A[r] = gh . M c`` of ``readers[r] = (base, reader, M)``."""
     tr = ts.tr
     use_J = tr.use_J()
     K, B, k, N = bp.V.shape[1:]
@@ -416,27 +392,15 @@ def _run_lanes(ts: TraceState, bp: BlockPartials, G, carry: bool, per_lane: bool
     return lanes_torch(J, bp.V, Gp, bp.c, e_in, use_J, carry, per_lane, fused, Cr, need_P) + (False,)
 
 
-def _read_planar(b, M):
-    """``M^T b`` for planar ``b [B, k, N]``."""
-    return M.T.to(b.dtype) @ b
-
-
-def _errors_of(GH, A, readers, r):
-    """The error of reader ``r`` at the matrix parameter (``[K, B, N]``)."""
-    return GH[:, :, 0] if A is None else A[r]
-
-
 def weighted_sums(ts: TraceState, bp: BlockPartials, w: torch.Tensor, readers=None):
-    """Per sample, ``sum_t w_t . eps_t`` over a block (``w [K, B, N, k]``) of every trace of a
-    layer, by the adjoint of the trace recursion (the traces before the block read from ``ts``):
-    ``({name: [B, N]}, {reader: [N, B, H]})`` (``readers``: ``(base, reader, M)`` other than the
-    layer's own)."""
+    """Per sample, ``sum_t w_t . eps_t`` over a block (``w [K, B, N, k]``) of every trace of a layer (the traces
+    before it from ``ts``; ``readers``: ``(base, reader, M)``): ``({name: [B, N]}, {reader: [N, B, H]})``."""
     readers = ts.tr.mat_readers(bp.pre) if readers is None else readers
     GH, A, Gv, b0, _, _, _, _ = _run_lanes(ts, bp, w, False, per_lane=True, readers=readers)
     vec = {n: Gv[j].to(w.dtype) for j, n in enumerate(bp.names)}
     mat = {}
     for q, (base, r, M) in enumerate(readers):
-        a = _errors_of(GH, A, readers, q)  # [K, B, N]
+        a = GH[:, :, 0] if A is None else A[q]  # the reader's error at the matrix parameter, [K, B, N]
         v = torch.bmm(a.permute(1, 2, 0), bp.pre[base].transpose(0, 1)).transpose(0, 1)  # [N, B, H]
         e = ts.mat.get(base)
         if e is not None and b0 is not None:
@@ -446,8 +410,7 @@ def weighted_sums(ts: TraceState, bp: BlockPartials, w: torch.Tensor, readers=No
 
 
 def chunk_contract(ts: TraceState, bp: BlockPartials, G: torch.Tensor | None, carry: bool) -> None:
-    """Add ``sum_t g_t . eps_t`` over a block (``G [K, B, N, k]`` or ``None``) and, with ``carry``,
-    advance the stored traces to the block's last step."""
+    """Add ``sum_t g_t . eps_t`` over a block (``G [K, B, N, k]`` or ``None``); ``carry``: traces to its end."""
     tr = ts.tr
     carry = carry and tr.use_J()
     readers = tr.mat_readers(bp.pre)
@@ -468,8 +431,8 @@ def chunk_contract(ts: TraceState, bp: BlockPartials, G: torch.Tensor | None, ca
         e = ts.mat.get(base)
         if GH is not None:  # sum_t (gh_t . M c_t)^T pre_t: one GEMM per reader
             for q, r, _ in mine:
-                ts.acc(r).addmm_(_errors_of(GH, A, readers, q).reshape(K * B, N).t(), pre.reshape(K * B, H))
-        bbs = [] if (e is None or b0 is None) else [(r, b0 if M is None else _read_planar(b0, M)) for _, r, M in mine]
+                ts.acc(r).addmm_((GH[:, :, 0] if A is None else A[q]).reshape(K * B, N).t(), pre.reshape(K * B, H))
+        bbs = [] if (e is None or b0 is None) else [(r, b0 if M is None else M.T.to(b0.dtype) @ b0) for _, r, M in mine]
         Q = None
         if carry and Pc.shape[0] == 1:  # Phi_t c_t the same for every sample: one GEMM, [B, k*N, H]
             Q = (Pc[0].reshape(K, k * N).t() @ pre.reshape(K, B * H)).view(k * N, B, H).transpose(0, 1)

@@ -1,7 +1,6 @@
-"""The online form of an ALIF layer (state ``(v, a)``): e-prop eligibility traces (Bellec et al.
-2020, Methods) of :func:`spikerec.neurons.alif.step`, exact without lateral weights; the 2x2
-Jacobian ``J_t = d(v_t, a_t) / d(v_{t-1}, a_{t-1})`` includes the adaptation and the spike path
-through the surrogate ``psi = sigma'(v_{t-1} - theta_{t-1})``.
+"""The online form of an ALIF layer (state ``(v, a)``): e-prop eligibility traces (Bellec et al. 2020, Methods) of
+:func:`spikerec.neurons.alif.step`, exact without lateral weights; the 2x2 Jacobian ``J_t = d(v_t, a_t) / d(v_{t-1},
+a_{t-1})`` includes the adaptation and the spike path through the surrogate ``psi = sigma'(v_{t-1} - theta_{t-1})``.
 """
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ class ALIFTrace(LayerTrace):
         return _alif.step(detached(self.cell.params()), prev, x, self.cell.options())[1]
 
     def partials(self, x, prev, new):
-        """``J`` and the immediate partials of :func:`spikerec.neurons.alif.step` (float64-tested
-        against ``torch.func`` partials of the step)."""
+        """``J`` and the immediate partials of :func:`spikerec.neurons.alif.step` (tested against ``torch.func``)."""
         c, k = self.cell, self.consts(x.dtype)
         b, beta, alpha, dalpha, rho, drho, omr, Rd = (k[n] for n in ("b", "beta", "alpha", "dalpha", "rho", "drho",
                                                                       "one_m_rho", "Rd"))
@@ -87,8 +85,7 @@ class ALIFTrace(LayerTrace):
         return Partials(J, {n: v for n, v in vec.items() if self.params.get(n) is not None}, mat)
 
     def block_partials(self, x, prev, new, K: int, B: int) -> BlockPartials:
-        """:meth:`partials` of a block's rows in one compiled pass
-        (:func:`spikerec.kernels.alif_online.alif_block_partials`) where it applies."""
+        """:meth:`partials` of a block's rows in one compiled pass (:mod:`spikerec.kernels.alif_online`)."""
         if not (self.compiled and compiled_cpu(x) and alif_online.alif_rows is not None):
             return super().block_partials(x, prev, new, K, B)
         c, k = self.cell, self.consts(x.dtype)
@@ -117,11 +114,11 @@ class ALIFTrace(LayerTrace):
         return g, (gp @ k["Wt"].t() if below else None)
 
     def scan_block(self, x, state):
-        """``(prev, last, new, spikes)`` of a block ``x [K, B, C]`` by the layer's own forward kernel
-        (compiled on the CPU, Triton on CUDA), else the step loop."""
+        """``(prev, last, new, spikes)`` of ``x [K, B, C]`` by the layer's forward kernel, else the step loop."""
         K, B = x.shape[0], x.shape[1]
         dt = x.dtype
-        if not (dt in (torch.float32, torch.float64) and K > 0):
+        nb = compiled_cpu(x) and alif_sequence_numba.available()
+        if not (dt in (torch.float32, torch.float64) and K > 0 and (nb or triton_available(x))):
             prev, last, new = self.scan_loop(x, state)
             return prev, last, new, self.cell.output(None, new)
         k = self.consts(dt)
@@ -129,21 +126,18 @@ class ALIFTrace(LayerTrace):
         N = I.shape[-1]
         S = torch.empty((2, K + 1, B, N), dtype=dt, device=x.device)  # v, a before and after each step
         S[0, 0], S[1, 0] = state.v, state.a
-        if compiled_cpu(x) and alif_sequence_numba.available():
+        if nb:
             fc = k.get("fc")
             if fc is None:
                 fc = k["fc"] = alif_sequence_numba.forward_consts(k["alpha"], k["rho"], k["b"], k["beta"],
                                                                   k["w_rec"], N, dt)
             Z = alif_sequence_numba.alif_forward(I, state.v, state.a, None, None, None, None, None, V=S[0, 1:],
                                                  A=S[1, 1:], consts=fc)[0]
-        elif triton_available(x):
+        else:
             from ...kernels.alif_triton import alif_forward
 
             Z, S[0, 1:], S[1, 1:] = alif_forward(I, state.v, state.a, k["alpha"], k["rho"], k["b"], k["beta"],
                                                  k["w_rec"])
-        else:
-            prev, last, new = self.scan_loop(x, state)
-            return prev, last, new, self.cell.output(None, new)
         rows = lambda R: R.reshape(K * B, N)  # noqa: E731
         return (ALIFState(rows(S[0, :-1]), rows(S[1, :-1])), ALIFState(S[0, -1], S[1, -1]),
                 ALIFState(rows(S[0, 1:]), rows(S[1, 1:])), Z.reshape(K * B, N))

@@ -1,8 +1,7 @@
-"""The online form of a LIF layer, plain (state ``v``) or CUBA (``(i, v)``): e-prop eligibility
-traces (Bellec et al. 2020, Methods) of :func:`spikerec.neurons.lif.step`, exact without lateral
-weights. ``J_t = d s_t / d s_{t-1}`` includes the spike path through the surrogate ``psi =
-sigma'(v_{t-1} - thr)``: the reset (unless detached) and the lateral self-connection; the lateral
-paths between neurons are dropped (the e-prop approximation).
+"""The online form of a LIF layer, plain (state ``v``) or CUBA (``(i, v)``): e-prop eligibility traces (Bellec et al.
+2020, Methods) of :func:`spikerec.neurons.lif.step`, exact without lateral weights. ``J_t = d s_t / d s_{t-1}``
+includes the spike path through the surrogate ``psi = sigma'(v_{t-1} - thr)``: the reset (unless detached) and the
+lateral self-connection; the lateral paths between neurons are dropped (the e-prop approximation).
 """
 from __future__ import annotations
 
@@ -71,8 +70,7 @@ class LIFTrace(LayerTrace):
         return _lif.step(detached(self.cell.params()), prev, x, self.cell.options())[1]
 
     def partials(self, x, prev, new):
-        """``J`` and the immediate partials of :func:`spikerec.neurons.lif.step` (float64-tested
-        against ``torch.func`` partials of the step)."""
+        """``J`` and the immediate partials of :func:`spikerec.neurons.lif.step` (tested against ``torch.func``)."""
         c, k = self.cell, self.consts(x.dtype)
         thr, alpha, dalpha, Rd = k["thr"], k["alpha"], k["dalpha"], k["Rd"]
         v0 = prev.v
@@ -107,8 +105,7 @@ class LIFTrace(LayerTrace):
         return Partials(J, {n: v for n, v in vec.items() if self.params.get(n) is not None}, mat)
 
     def block_partials(self, x, prev, new, K: int, B: int) -> BlockPartials:
-        """:meth:`partials` of a block's rows in one compiled pass (plain LIF;
-        :func:`spikerec.kernels.lif_online.lif_block_partials`) where it applies."""
+        """:meth:`partials` of a block's rows in one compiled pass (plain LIF, :mod:`spikerec.kernels.lif_online`)."""
         c = self.cell
         if c.cuba or not (self.compiled and compiled_cpu(x) and lif_online.lif_rows is not None):
             return super().block_partials(x, prev, new, K, B)
@@ -136,9 +133,8 @@ class LIFTrace(LayerTrace):
         return g, (gp @ self.consts(g_out.dtype)["Wt"].t() if below else None)
 
     def scan_block(self, x, state):
-        """``(prev, last, new, spikes)`` of a block ``x [K, B, C]``: the input currents in one GEMM,
-        the time loop by the layer's own forward kernel where it applies (compiled on the CPU, Triton
-        on CUDA, feed-forward), else its torch loop."""
+        """``(prev, last, new, spikes)`` of a block ``x [K, B, C]``: the currents by one GEMM, the time loop by the
+        layer's forward kernel where it applies (numba on the CPU, Triton on CUDA, feed-forward), else in torch."""
         K, B = x.shape[0], x.shape[1]
         c, k = self.cell, self.consts(x.dtype)
         I = block_current(k, x)
@@ -163,8 +159,7 @@ class LIFTrace(LayerTrace):
         return c.State(rows(V1, state.v)), c.State(V1[-1]), c.State(V1.reshape(K * B, N)), z
 
     def row_kernel(self, dtype, B: int):
-        """The compiled stream step (:func:`spikerec.kernels.lif_online.lif_rows`) and its constants
-        for batch ``B``, or ``None`` (CUBA: the torch step)."""
+        """The compiled stream step (:func:`spikerec.kernels.lif_online.lif_rows`), its constants; CUBA: ``None``."""
         if self.cell.cuba or lif_online.lif_rows is None:
             return None
         k, N = self.consts(dtype), self.cell.hidden_size

@@ -1,13 +1,12 @@
-"""Exact RTRL traces of one LRU layer (Zucchet et al. 2023; thesis Zucchet 2025, Sec. 4.3.1,
-Eq. 4.6-4.7 and App. B.1.2; the LRU of Orvieto et al. 2023, Sec. 3)::
+"""Exact RTRL traces of one LRU layer (Zucchet et al. 2023; thesis Zucchet 2025, Sec. 4.3.1, Eq. 4.6-4.7 and
+App. B.1.2; the LRU of Orvieto et al. 2023, Sec. 3)::
 
     h_t = lam h_{t-1} + gamma B x_t,   lam = exp(-exp(nu_log) + i exp(theta_log)),   gamma = exp(gamma_log)
 
-on the real pair ``s = (Re h, Im h)``, so ``J = [[Re lam, -Im lam], [Im lam, Re lam]]``. The
-immediate partials: ``(d lam / d p) h_{t-1}`` for ``p`` = ``nu_log`` (``d lam / d nu_log = -e^{nu_log}
-lam``), ``theta_log`` (``i e^{theta_log} lam``); ``gamma B x_t = h_t - lam h_{t-1}`` for ``gamma_log``;
-``(gamma_j, 0) x_i`` for ``B_re[j, i]``, whose trace ``B_im`` reads as ``i eps[B_re]``. A real
-parameter gets ``sum_t Re[conj(g_t) eps_t]`` (PyTorch's convention for complex gradients).
+on the real pair ``s = (Re h, Im h)``, so ``J = [[Re lam, -Im lam], [Im lam, Re lam]]``. The immediate partials:
+``(d lam / d p) h_{t-1}`` for ``p`` = ``nu_log`` (``d lam / d nu_log = -e^{nu_log} lam``), ``theta_log`` (``i
+e^{theta_log} lam``); ``gamma B x_t = h_t - lam h_{t-1}`` for ``gamma_log``; ``(gamma_j, 0) x_i`` for ``B_re[j,
+i]``, whose trace ``B_im`` reads as ``i eps[B_re]``. A real parameter gets ``sum_t Re[conj(g_t) eps_t]``.
 """
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class LRUTrace(LayerTrace):
         return Partials(k["J"], vec, {"B_re": (k["cvec"].expand(x.shape[0], -1, -1), x)})
 
     def block_partials(self, x, prev, new, K: int, B: int) -> BlockPartials:
-        """:meth:`partials` of a block's rows: ``J`` constant (given once), the per-neuron partials in
-        one compiled pass (:func:`spikerec.kernels.lru_online.lru_block_partials`) where it applies."""
+        """:meth:`partials` of a block's rows: ``J`` given once, the rest by :mod:`spikerec.kernels.lru_online`."""
         k = self.consts(x.dtype)
         names = tuple(n for n in ("nu_log", "theta_log", "gamma_log") if n in self.traced)
         if not (self.compiled and compiled_cpu(x) and lru_online.lru_rows is not None):
@@ -96,9 +94,8 @@ class LRUTrace(LayerTrace):
         return BlockPartials(Jp, V, names, cc[0], pre, cc[1])
 
     def errors(self, rec, g_out, sp, below: bool):
-        """The spatial backward of ``y = C_re Re h - C_im Im h + D x``: ``g = (g_y C_re, -g_y C_im)``,
-        ``dC_re += g_y^T Re h``, ``dC_im -= g_y^T Im h``, ``dD``, the input's error ``g_y D + (gamma
-        B)^T g``."""
+        """The spatial backward of ``y = C_re Re h - C_im Im h + D x``: ``g = (g_y C_re, -g_y C_im)``, ``dC_re +=
+        g_y^T Re h``, ``dC_im -= g_y^T Im h``, ``dD``, the input's error ``g_y D + (gamma B)^T g``."""
         c, k = self.cell, self.consts(g_out.dtype)
         x, new = rec[0], rec[2]
         g = g_out @ k["Ci"]  # [rows, 2N]: (Re | Im) of the neurons
@@ -115,9 +112,8 @@ class LRUTrace(LayerTrace):
         return g.view(g.shape[0], 2, -1).transpose(1, 2), gin
 
     def scan_block(self, x, state):
-        """``(prev, last, new, y)`` of a block ``x [K, B, H]`` by the complex linear scan of ``h_t =
-        lam h_{t-1} + gamma B x_t`` (compiled on the CPU, Triton on CUDA); the states are (Re, Im)
-        views of one ``[K + 1]`` buffer, the outputs one GEMM on them."""
+        """``(prev, last, new, y)`` of a block ``x [K, B, H]`` by the complex linear scan (numba on the CPU, Triton
+        on CUDA); the states (Re, Im) views of one ``[K + 1]`` buffer, the outputs one GEMM on them."""
         K, B = x.shape[0], x.shape[1]
         k = self.consts(x.dtype)
         N, lam = k["lam"].shape[0], k["lam"]

@@ -12,7 +12,7 @@ from ...kernels import readout_online
 from ...layers.readout import ReadoutState
 from ...scan import linear_scan
 from .traces import GenericTrace, LayerTrace, Partials, acc_add, acc_mm
-from .traces_lif import decay_partials
+from .traces_lif import block_current, decay_partials
 
 __all__ = ["ReadoutTrace", "LinearReadoutTrace"]
 
@@ -64,11 +64,9 @@ class ReadoutTrace(LayerTrace):
         return g_out[..., None], (g_out @ self.consts(g_out.dtype)["Wt"].t() if below else None)
 
     def scan_block(self, x, state):
-        K, B = x.shape[0], x.shape[1]
         k = self.consts(x.dtype)
-        O = k["Wt"].shape[1]
-        u = (torch.addmm(k["bias"], x.reshape(K * B, -1), k["Wt"]) if k["bias"] is not None
-             else x.reshape(K * B, -1) @ k["Wt"]).view(K, B, O)
+        u = block_current(k, x)
+        K, B, O = u.shape
         ys = linear_scan(k["alpha_s"].expand(O), u, state.y)
         new = ReadoutState(ys.reshape(K * B, O))
         return ReadoutState(torch.cat([state.y[None], ys[:-1]]).reshape(K * B, O)), ReadoutState(ys[-1]), new, new.y
@@ -78,8 +76,7 @@ class ReadoutTrace(LayerTrace):
 
 
 class LinearReadoutTrace(GenericTrace):
-    """The linear readout: stateless (exact), its spatial backward written out (``dW += g_y^T h``,
-    ``db += sum g_y``, the input's error ``g_y W``)."""
+    """The linear readout: stateless (exact); its spatial backward ``dW += g_y^T h``, ``db += sum g_y``, ``g_y W``."""
 
     def __init__(self, cell, rule):
         super().__init__(cell, rule, stateless=True)

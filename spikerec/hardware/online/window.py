@@ -1,14 +1,10 @@
 """The step API's window: the last ``W`` steps of every layer as rows, filled one step at a time.
 
-:meth:`.learner.OnlineLearner.step` returns each step's output at once: one call per layer of
-the kind's compiled step (its row kernel, numba on the CPU) or its torch step, writing the
-layer's state after the step, its input and output into the rows of a window; the loss's
-error ``d l_t / d y_t`` is taken at once too (closed form where the loss has one). The gradient
-work then runs on the window's rows as one block (:mod:`.block`) when it is full, or before
-anything reads or changes the traces, accumulators or parameters (``update``, ``reset``,
-``truncate``, ``discard``, the ``traces`` property). The sums are those of the per-step
-recursion (the adjoint form; float rounding aside), and memory is the window's, flat in the
-length of the stream. A checkpoint stores the rows as they are.
+:meth:`.learner.OnlineLearner.step` returns each step's output at once: per layer one call of the kind's compiled step
+(its row kernel, numba on the CPU) or its torch step writes the state after the step, the input and the output into
+the window's rows; the loss's error ``d l_t / d y_t`` is taken at once too. The gradient work runs on the rows as one
+block (:mod:`.block`) when the window is full, or before anything reads or changes the traces, accumulators or
+parameters. The sums are the per-step recursion's (float rounding aside); memory is flat in the stream's length.
 """
 from __future__ import annotations
 
@@ -17,9 +13,9 @@ import torch
 from ... import neurons
 from ...kernels import readout_online
 from ...kernels.trace_numba import compiled_cpu
-from .block import autograd_block, compiled_block
+from .block import autograd_block, compiled_block, step_loss
 from .losses import mse_step_loss
-from .traces import GenericTrace
+from .traces import advance
 
 __all__ = ["StepWindow", "STREAM_WINDOW"]
 
@@ -30,12 +26,10 @@ class StepWindow:
     """The rows of one learner's last steps (:data:`STREAM_WINDOW`, or the chunk) and its step."""
 
     def __init__(self, learner, W: int):
-        self.learner, self.W, self.j, self.gen = learner, int(W), 0, None
-        self.any_loss = False
+        self.learner, self.W, self.j, self.gen, self.any_loss = learner, int(W), 0, None, False
 
     def _bind(self) -> None:
-        """Copy the learner's states into the first rows (the rows made once per batch size and dtype)
-        and take the layers' constants as they are now."""
+        """Copy the learner's states into the first rows (made once per batch size and dtype); take the constants."""
         lr = self.learner
         s0 = lr.states[0][0]
         B, dt, W = s0.shape[0], s0.dtype, self.W
@@ -62,8 +56,7 @@ class StepWindow:
         self._sync_states()
 
     def _args(self) -> None:
-        """The compiled calls' operands (numpy views of the rows, then the kind's constants), and the
-        rows of the last layer's outputs and the losses handed out (new ones for every window)."""
+        """The compiled calls' operands (numpy views of the rows, the kind's constants); new output and loss rows."""
         self.args = [None if rk is None else (x.numpy(), *(r.numpy() for r in S), O.numpy(), *rk[1])
                      for rk, x, S, O in zip(self.calls, self.X, self.S, self.O)]
         self.fast = [(rk[0], a) for rk, a in zip(self.calls, self.args)] if all(self.calls) else None
@@ -72,14 +65,11 @@ class StepWindow:
         self.np = (self.X[0].numpy(), self.O[-1].numpy(), self.GY.numpy(), self.L.numpy()) if self.fast else None
 
     def _sync_states(self) -> None:
-        lr, j = self.learner, self.j
-        for l, rows in enumerate(self.rowstates):
-            lr.states[l] = rows[j]
+        self.learner.states[:] = [rows[self.j] for rows in self.rowstates]
 
     def step(self, x_t, target_t):
-        """One step: ``(y_t, loss_t)`` of the learner's loss at ``target_t`` (or ``None``): the package's
-        MSE in one compiled call where the target allows, else the loss's closed form
-        (``value_and_grad``), else one autograd call on the output."""
+        """One step: ``(y_t, loss_t)`` at ``target_t`` (or ``None``): the package's MSE in one compiled call where the
+        target allows, else :func:`.block.step_loss` (the loss's closed form, else one autograd call)."""
         lr = self.learner
         if self.gen != lr._gen:
             self._bind()
@@ -99,12 +89,7 @@ class StepWindow:
             self.X[0][j].copy_(x_t)
             with torch.no_grad():
                 for l, tr in enumerate(lr.tracers):
-                    x, prev = self.X[l][j], self.rowstates[l][j]
-                    if isinstance(tr, GenericTrace):
-                        out, new = tr.cell.step(x, prev)
-                    else:
-                        new = tr.step(x, prev)
-                        out = tr.output(x, new)
+                    out, new = advance(tr, self.X[l][j], self.rowstates[l][j])
                     for r, f in zip(self.S[l], new):
                         r[j + 1].copy_(f)
                     self.O[l][j].copy_(out)
@@ -121,9 +106,7 @@ class StepWindow:
         if loss is not None:
             self.any_loss = True
         self.j = j + 1
-        lr = self.learner
-        for l, rows in enumerate(self.rowstates):
-            lr.states[l] = rows[j + 1]
+        self._sync_states()
         if self.j == self.W:
             self.flush()
         return y, loss
@@ -131,22 +114,11 @@ class StepWindow:
     def _loss(self, y, target_t):
         lr = self.learner
         vg = getattr(lr.loss, "value_and_grad", None)
-        if vg is not None:
-            lg = vg(y, target_t)
-            return (None, None) if lg is None else lg
-        yl = y.detach().clone().requires_grad_()
-        with torch.enable_grad():
-            loss = lr._closure(target_t, lr.steps)(yl)
-        if loss is None:
-            return None, None
-        if loss.dim() != 0:
-            raise ValueError(f"loss must return a scalar at step {self.learner.steps}, got shape {tuple(loss.shape)}")
-        g = torch.autograd.grad(loss, yl, allow_unused=True)[0] if loss.requires_grad else None
-        return loss.detach(), (torch.zeros_like(y) if g is None else g)
+        return step_loss(lr._closure(target_t, lr.steps), None if vg is None else (lambda yy: vg(yy, target_t)), y,
+                         lr.steps)
 
     def flush(self) -> None:
-        """The gradient work of the window's steps as one block; the rows then start again from the
-        last state (the last layer's output rows are new, so returned outputs stay valid)."""
+        """The window's steps' gradient work as one block; the rows restart from the last state (new output rows)."""
         n = self.j
         if n == 0:
             return
