@@ -73,16 +73,18 @@ def forward_consts(alpha, alpha_s, thr, B: int, N: int, dtype) -> tuple:
     return flat(alpha), (zeros if alpha_s is None else flat(alpha_s)), flat(thr), zeros
 
 
-def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str, consts=None):
+def lif_forward(I, v0, i0, alpha, alpha_s, thr, reset: str, consts=None, V=None):
     """Forward loop: returns ``(Z, V, Iseq|None, v_T, i_T|None)`` (all ``[T, B, N]`` / ``[B, N]``);
-    ``consts``: :func:`forward_consts` of the same parameters and batch (else made here). One block of
-    neurons (:data:`BLOCK`) runs on the calling thread."""
+    ``consts``: :func:`forward_consts` of the same parameters and batch (else made here); ``V``: a C-contiguous
+    ``[T, B*N]`` numpy array the membranes are written to (else a new one). One block of neurons
+    (:data:`BLOCK`) runs on the calling thread."""
     T, B, N = I.shape
     fwd = forward_kernel(serial=B * N <= BLOCK)
     syn = i0 is not None
     a, a_s, th, zeros = consts if consts is not None else forward_consts(alpha, alpha_s, thr, B, N, I.dtype)
     # separate buffers: autograd keeps V (and the synaptic currents) for the backward, not Z
-    V, Zf = (np.empty((T, B * N), dtype=a.dtype) for _ in range(2))
+    V = np.empty((T, B * N), dtype=a.dtype) if V is None else V
+    Zf = np.empty((T, B * N), dtype=a.dtype)
     Iseq = np.empty((T, B * N) if syn else (1, 1), dtype=a.dtype)
     vT, iT = (np.empty(B * N, dtype=a.dtype) for _ in range(2))
     fwd(_np(I.reshape(T, B * N)), _np(v0.reshape(-1)), _np(i0.reshape(-1)) if syn else zeros, a, a_s, th,

@@ -140,11 +140,14 @@ class LIFTrace(LayerTrace):
         I = block_current(k, x)
         N, cuba = I.shape[-1], c.cuba
         args = (I, state.v, state.i if cuba else None, k["alpha"], k.get("alpha_s"), k["thr"])
+        Vx = None  # the membranes before and after each step in one [K + 1] buffer (prev and new: views of it)
         if k["w_rec"] is None and compiled_cpu(I) and lif_sequence_numba.available():
             fc = k.get(("fc", B))
             if fc is None:
                 fc = k[("fc", B)] = lif_sequence_numba.forward_consts(*args[3:], B, N, x.dtype)
-            Z, V1, S1, _, _ = lif_sequence_numba.lif_forward(*args, c.reset, consts=fc)
+            Vx = torch.empty((K + 1, B, N), dtype=I.dtype)
+            Vx[0] = state.v
+            Z, V1, S1, _, _ = lif_sequence_numba.lif_forward(*args, c.reset, consts=fc, V=Vx[1:].view(K, B * N).numpy())
         elif k["w_rec"] is None and K > 0 and triton_available(I):
             from ...kernels.lif_triton import lif_forward
 
@@ -152,11 +155,12 @@ class LIFTrace(LayerTrace):
         else:
             Z, V1, S1, _, _ = lif_sequence._torch_forward(*args, k["w_rec"], c.reset, torch.gt(state.v, k["thr"]))
         rows = lambda R, r0: torch.cat([r0[None], R[:-1]]).view(K * B, N)  # noqa: E731
+        prev_v = rows(V1, state.v) if Vx is None else Vx[:-1].view(K * B, N)
         z = Z.reshape(K * B, N)
         if cuba:
-            return (c.State(rows(S1, state.i), rows(V1, state.v)), c.State(S1[-1], V1[-1]),
+            return (c.State(rows(S1, state.i), prev_v), c.State(S1[-1], V1[-1]),
                     c.State(S1.reshape(K * B, N), V1.reshape(K * B, N)), z)
-        return c.State(rows(V1, state.v)), c.State(V1[-1]), c.State(V1.reshape(K * B, N)), z
+        return c.State(prev_v), c.State(V1[-1]), c.State(V1.reshape(K * B, N)), z
 
     def row_kernel(self, dtype, B: int):
         """The compiled stream step (:func:`spikerec.kernels.lif_online.lif_rows`), its constants; CUBA: ``None``."""

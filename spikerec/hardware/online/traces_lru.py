@@ -120,13 +120,15 @@ class LRUTrace(LayerTrace):
         u = (x.reshape(K * B, -1) @ k["Bg"]).view(K, B, 2 * N)
         b, h0 = torch.complex(u[..., :N], u[..., N:]), torch.complex(state.x_re, state.x_im)
         hs = scan_numba.scan_forward(lam[None], b, h0) if scan_numba.supported(lam[None], b) else linear_scan(lam, b, h0)
-        H = torch.view_as_real(torch.cat([h0[None], hs]))  # [K + 1, B, N, 2]
-        rows = lambda R, f: R[..., f].reshape(K * B, N)  # noqa: E731
+        Hc = torch.cat([h0[None], hs])  # [K + 1, B, N]
+        re, im = Hc.real.contiguous(), Hc.imag.contiguous()  # planar: every row a contiguous [N] (the partials read them)
+        rows = lambda R: R.view(K * B, N)  # noqa: E731
         xr = x.reshape(K * B, -1)
         D = k["D"]
-        y = torch.addmm(xr * D if D.dim() == 1 else xr @ D.t(), H[1:].reshape(K * B, 2 * N), k["Cx"].t())
-        return (type(state)(rows(H[:-1], 0), rows(H[:-1], 1)), type(state)(H[-1, ..., 0], H[-1, ..., 1]),
-                type(state)(rows(H[1:], 0), rows(H[1:], 1)), y)
+        y = torch.addmm(xr * D if D.dim() == 1 else xr @ D.t(), torch.view_as_real(Hc[1:]).reshape(K * B, 2 * N),
+                        k["Cx"].t())
+        return (type(state)(rows(re[:-1]), rows(im[:-1])), type(state)(re[-1], im[-1]),
+                type(state)(rows(re[1:]), rows(im[1:])), y)
 
     def row_kernel(self, dtype, B: int):
         """The compiled stream step (:func:`spikerec.kernels.lru_online.lru_rows`) and its constants."""
