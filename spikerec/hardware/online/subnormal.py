@@ -2,7 +2,7 @@
 
 A silent input's eligibility trace decays geometrically (``e <- alpha e``, as e-prop's do; Bellec et al. 2020) until
 it is subnormal, and on x86 CPUs an operation on a subnormal operand takes a microcode assist of tens to hundreds of
-cycles (the whole-stack stream step ran measurably slower, docs/online.md). The learner runs its steps with
+cycles (docs/online.md, Subnormal floats). The learner runs its steps with
 flush-to-zero and denormals-are-zero on (``torch.set_flush_denormal``; the compiled kernels run on the same thread)
 and restores the caller's setting: a trace entry below the smallest normal float (``1.18e-38`` float32, ``2.2e-308``
 float64) becomes zero. Without such a mode (``set_flush_denormal`` returns False) nothing changes.
