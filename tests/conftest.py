@@ -1,13 +1,21 @@
 import os
 
+if "PYTEST_XDIST_WORKER" in os.environ:  # the cores are shared among the workers: no oversubscribed thread pools
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
 import pytest
 import torch
 
 os.environ.setdefault("SPIKEREC_QUICK", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+if "PYTEST_XDIST_WORKER" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: "slow" not in item.keywords)  # the long checks first: the workers finish together
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

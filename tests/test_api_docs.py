@@ -21,6 +21,7 @@ def _build(src: Path, out: Path, pythonpath: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_api_reference_builds_without_warnings(tmp_path):
     r = _build(API, tmp_path, str(ROOT))
     assert r.returncode == 0, r.stderr

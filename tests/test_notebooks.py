@@ -38,6 +38,7 @@ def test_notebook_is_stored_executed(path):
     assert "site-packages" not in text, f"{path.name}: a third-party warning in the outputs"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_in_quick_mode(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")

@@ -67,3 +67,22 @@ def test_stream_peak_allocator_memory_is_flat_in_T(net):
     long = peak_growth(model, 4096, 8, 32, 2, loss)
     assert short > 100_000  # the traces themselves are measured (not a vacuous zero)
     assert long <= 1.05 * short, (short, long)
+
+
+def test_stream_window_shrinks_where_its_rows_would_be_large():
+    """The stream's window holds ``STREAM_WINDOW`` steps for a small stack, and fewer (halved, 16 at least) where
+    a step's rows times 8 would pass ``WINDOW_BYTES``: the largest such power of two."""
+    from spikerec.hardware.online import window
+
+    torch.manual_seed(0)
+    model = RecurrentStack([LIF(32, 48), LIF(48, 48)], LeakyReadout(48, 3))
+    lr = OnlineLearner(model, loss=mse_step_loss)
+    lr.step(torch.randn(4, 32), torch.randn(4, 3))
+    assert lr._window.W == window.window_steps(lr) == window.STREAM_WINDOW
+    width = 32 + (48 + 48) + (48 + 48) + (3 + 3)  # input; per layer its state and output
+    for B, want in ((4, 128), (64, 64), (128, 32), (4096, 16)):
+        lr.states = [type(s)(*(f[:1].expand(B, *f.shape[1:]) for f in s)) for s in lr.states]  # no memory
+        step = 8 * B * lr.states[0][0].element_size() * width  # (float64 in this module)
+        W = window.window_steps(lr)
+        assert W == want and (W == 16 or W * step <= window.WINDOW_BYTES), (B, W)
+        assert W == window.STREAM_WINDOW or 2 * W * step > window.WINDOW_BYTES, (B, W)

@@ -210,6 +210,7 @@ BLOCK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_block_filter_matches_torch_under_interpreter():
     """The chunked block on the Triton forms (interpreted on the CPU, numba hidden, as on a CUDA
     device), float64: ``block_filter`` (k = 1 and 2; J per step, broadcast over the batch or

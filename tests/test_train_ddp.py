@@ -18,6 +18,7 @@ def _losses(run):
     return steps, epoch
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="torchrun with gloo on POSIX")
 def test_two_processes_match_one(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"

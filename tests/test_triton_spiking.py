@@ -89,6 +89,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_triton_layers_equal_step_loop_under_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", ROOT=str(ROOT), SEED=str(int(torch.randint(0, 10_000, ()))))
     res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)

@@ -26,7 +26,7 @@ from .readout_filter import ReadoutFilter
 from .subnormal import flush_subnormals, with_flushed_subnormals
 from .traces import GenericTrace, TraceState, advance, stack_grads, stream_step
 from .traces_readout import ReadoutTrace
-from .window import STREAM_WINDOW, StepWindow
+from .window import StepWindow, window_steps
 from ...kernels.trace_numba import numba_available
 from ...kernels.trace_triton import triton_available
 
@@ -63,7 +63,7 @@ class OnlineLearner:
         backend: ``auto`` (compiled where the stack and device allow, else the reference), ``reference`` or
             ``compiled`` (an error says why where it cannot run); numba on the CPU, Triton on CUDA
             (:meth:`supported_backends`). The compiled stream works its gradient in blocks of
-            :data:`.window.STREAM_WINDOW` steps.
+            :func:`.window.window_steps` steps.
         readout_filter: readout-filtered traces in the LIF, ALIF or LRU layer directly under a leaky readout
             (:mod:`.readout_filter`), exact where its own traces are. ``None``: wherever they apply (rule
             ``full``/``snap1``, no dropout); ``True``: required; ``False``: off.
@@ -212,7 +212,7 @@ class OnlineLearner:
         else:
             w = self._window
             if w is None:
-                w = self._window = StepWindow(self, self.chunk or STREAM_WINDOW)
+                w = self._window = StepWindow(self, self.chunk or window_steps(self))
             y, l = w.step(x_t, target_t)
         self.steps += 1
         self.since_update += 1
@@ -310,7 +310,7 @@ class OnlineLearner:
         self._start(x.shape[1], x.device, x.dtype)
         drop = self._dropout
         per_step = (drop is not None and drop.training) or (self.mode == "stream" and not self._compiled)
-        K = 1 if per_step else (T if self.mode == "parallel" else (self.chunk or STREAM_WINDOW))
+        K = 1 if per_step else (T if self.mode == "parallel" else (self.chunk or window_steps(self)))
         if not per_step:
             self._check_nan_block(x, 0)
         total = 0.0
@@ -342,8 +342,9 @@ class OnlineLearner:
             block_vg = lambda Y: step_loss(lambda yl: block(yl, target, t0, t1), None, Y)  # noqa: E731
         else:
             block_vg = None
-        steps = [(lambda yy, t=t: loss_fn(yy, target, t), None if vg is None else (lambda yy, t=t: vg(yy, target, t)))
-                 for t in range(t0, t1)]
+        steps = [] if block_vg is not None else [
+            (lambda yy, t=t: loss_fn(yy, target, t), None if vg is None else (lambda yy, t=t: vg(yy, target, t)))
+            for t in range(t0, t1)]
         total, gy = loss_errors(y, steps, block_vg)
         (compiled_block if compiled else autograd_block)(self, recs, gy, carry, K, B)
         return total
@@ -440,7 +441,7 @@ class OnlineLearner:
                 window[rest] = v
         self._gen += 1
         if window:
-            self._window = StepWindow(self, self.chunk or STREAM_WINDOW)
+            self._window = StepWindow(self, self.chunk or window_steps(self))
             self._window.restore(window)
 
     # --- internals ------------------------------------------------------------------------------

@@ -17,13 +17,30 @@ from .block import autograd_block, compiled_block, step_loss
 from .losses import mse_step_loss
 from .traces import advance
 
-__all__ = ["StepWindow", "STREAM_WINDOW"]
+__all__ = ["StepWindow", "STREAM_WINDOW", "window_steps"]
 
-STREAM_WINDOW = 128  # steps per block of the stream mode's gradient work
+STREAM_WINDOW = 128  # the most steps per block of the stream mode's gradient work
+WINDOW_BYTES = 64 << 20  # about the most memory a window's rows and its block's temporaries take
+
+
+def window_steps(learner) -> int:
+    """Steps per block of the stream mode: :data:`STREAM_WINDOW`, halved (to 16 at least) while a step's rows
+    (every layer's input, state and output) times 8 for the block's temporaries pass :data:`WINDOW_BYTES`."""
+    W, s0 = STREAM_WINDOW, learner.states[0][0]
+    width = learner.model.input_size + sum(sum(f[0].numel() for f in st) + _out_width(tr, st)
+                                           for tr, st in zip(learner.tracers, learner.states))
+    step = 8 * s0.shape[0] * s0.element_size() * width
+    while W > 16 and W * step > WINDOW_BYTES:
+        W //= 2
+    return W
+
+
+def _out_width(tr, st) -> int:
+    return getattr(tr.cell, "output_size", None) or st[0].shape[-1]
 
 
 class StepWindow:
-    """The rows of one learner's last steps (:data:`STREAM_WINDOW`, or the chunk) and its step."""
+    """The rows of one learner's last steps (:func:`window_steps`, or the chunk) and its step."""
 
     def __init__(self, learner, W: int):
         self.learner, self.W, self.j, self.gen, self.any_loss = learner, int(W), 0, None, False
@@ -39,8 +56,7 @@ class StepWindow:
             x = torch.empty((W, B, lr.model.input_size), dtype=dt, device=s0.device)
             for tr, st in zip(lr.tracers, lr.states):
                 S = [torch.empty((W + 1, *f.shape), dtype=f.dtype, device=f.device) for f in st]
-                O = torch.empty((W, B, getattr(tr.cell, "output_size", None) or st[0].shape[-1]), dtype=dt,
-                                device=s0.device)
+                O = torch.empty((W, B, _out_width(tr, st)), dtype=dt, device=s0.device)
                 self.X.append(x)
                 self.S.append(S)
                 self.O.append(O)
