@@ -15,7 +15,6 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: "slow" not in item.keywords)  # the long checks first: the workers finish together
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
