@@ -312,7 +312,7 @@ def test_compiled_partials_equal_derived_ones(kind, kw, compiled, monkeypatch):
 @pytest.mark.parametrize("surrogate", [SURR, ATAN, GAUSS, MULTI], ids=lambda s: s["name"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_spike_grad_equals_the_surrogate_autograd(surrogate, dtype, monkeypatch):
-    """``spike_grad(g, u, surrogate)`` (``g sigma'(u)``; on the CPU the surrogate's compiled form,
+    """``spike_grad(g, u, surrogate[, shift])`` (``g sigma'(u - shift)``; on the CPU the surrogate's compiled form,
     :func:`spikerec.kernels.surrogate_numba.scaled_derivative`, where it has one) equals the
     gradient of ``sum(g * surrogate(u))`` by autograd through the surrogate's spike function
     (float64 to 1e-12; float32 to its rounding)."""
@@ -328,12 +328,17 @@ def test_spike_grad_equals_the_surrogate_autograd(surrogate, dtype, monkeypatch)
     want = torch.autograd.grad((g64 * sur(u)).sum(), u)[0]
     assert float(want.abs().sum()) > 0
     got = traces.spike_grad(g64.to(dtype), u64.to(dtype), sur)
-    assert len(calls) == (1 if surrogate["name"] in ("fast_sigmoid", "atan") else 0), "the compiled form ran"
-    assert got.dtype == dtype
+    # a per-neuron shift (the threshold): sigma'(v - thr) with v = u + thr
+    thr = torch.rand(9, dtype=torch.float64) + 0.5
+    shifted = traces.spike_grad(g64.to(dtype), (u64 + thr).to(dtype), sur, thr.to(dtype))
+    assert len(calls) == (2 if surrogate["name"] in ("fast_sigmoid", "atan") else 0), "the compiled form ran"
+    assert got.dtype == dtype and shifted.dtype == dtype
     if dtype == torch.float64:
         assert torch.allclose(got, want, rtol=1e-12, atol=1e-14)
+        assert torch.allclose(shifted, want, rtol=1e-10, atol=1e-12)
     else:
         assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(shifted.double(), want, rtol=1e-4, atol=1e-5)
 
 
 SPATIAL_CASES = ([("lif", dict(learn_threshold=True, surrogate=s)) for s in (SURR, ATAN, GAUSS)]

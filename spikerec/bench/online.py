@@ -35,7 +35,8 @@ run that measures memory makes a learner of its own, so that the learner's state
 scratch arrays count in its peak.
 
 All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
-runs under the same load); the time is the best of ``--repeat`` rounds. With ``--processes N``
+runs under the same load): a warm-up round, a round that measures memory (not timed: its sampler
+runs beside it), then ``--repeat`` timed rounds (5 by default); the time is the best of them. With ``--processes N``
 that subprocess runs N times and each method keeps its best time over them (the range is
 printed): the BPTT reference's time moves by 10-30 % from one process to another. For the
 spiking networks the hidden layers' spike rate is printed (the same network for every method,
@@ -207,8 +208,8 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
             _, _, hidden = model(x, record=True)
         rate = float(torch.stack([h.mean() for h in hidden]).mean())
 
-    def steps():  # the stream: one step at a time from a generator
-        for t in range(T):
+    def steps():  # the stream: one step at a time from a generator (no view of every row made up front: its
+        for t in range(T):  # objects would count in the stream's memory and grow with T)
             yield x[t], tgt[t]
 
     learners = {}  # one learner per method, made once as the model is: each run is one sequence
@@ -247,23 +248,19 @@ def run_one(net: str, methods: list[str], T: int, B: int, H: int, N: int, chunk:
     for m in methods:  # warm-up: first-call allocations, kernel compilation
         run(m, None)
     _sync(device)
-    best = {m: float("inf") for m in methods}
     mem = {}
+    for m in methods:  # the memory pass (its sampler runs beside it: not timed)
+        with (_CudaPeak(device) if device.startswith("cuda") else _Peak()) as pk:
+            run(m, pk)
+            _sync(device)
+        mem[m] = (pk.mib, pk.how)
+    best = {m: float("inf") for m in methods}
     for r in range(repeat):
         for m in methods:
-            if r == 0:
-                with (_CudaPeak(device) if device.startswith("cuda") else _Peak()) as pk:
-                    t0 = time.perf_counter()
-                    run(m, pk)
-                    _sync(device)
-                    dt = time.perf_counter() - t0
-                mem[m] = (pk.mib, pk.how)
-            else:
-                t0 = time.perf_counter()
-                run(m, None)
-                _sync(device)
-                dt = time.perf_counter() - t0
-            best[m] = min(best[m], dt)
+            t0 = time.perf_counter()
+            run(m, None)
+            _sync(device)
+            best[m] = min(best[m], time.perf_counter() - t0)
     rows = []
     for m in methods:
         rows.append({"net": net, "readout": readout, "method": m, "T": T, "peak_mib": mem[m][0], "memory": mem[m][1],
@@ -315,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readout", default="linear", help="comma list of linear, leaky: the readout of every network "
                     "(leaky: tau 20 steps, the layer under it with readout-filtered traces)")
     ap.add_argument("--chunk", type=whole_number(1), default=64)
-    ap.add_argument("--repeat", type=whole_number(1), default=2)
+    ap.add_argument("--repeat", type=whole_number(1), default=5, help="timed rounds (after a warm-up round and the "
+                    "memory round); each method's time is its best round")
     ap.add_argument("--T", default=None, help="comma list of sequence lengths (overrides the preset)")
     ap.add_argument("--processes", type=whole_number(1), default=1,
                     help="fresh processes per (net, T); each method's time is its best over them and the "

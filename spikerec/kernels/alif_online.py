@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import neurons
+from .lif_sequence_numba import surrogate_code
 
 from .trace_numba import _nb  # numba is optional: None without it
 
@@ -126,8 +127,6 @@ else:
 
 def alif_block_partials(v0, a0, surrogate, cn, cols, rd, detach: bool):
     """:func:`_partials` on torch ``v0, a0 [K, B, N]``: ``(J [K, B, 4, N], V [m, K, B, 2, N], zp [K, B, N])``."""
-    from .lif_sequence_numba import surrogate_code
-
     K, B, N = v0.shape
     dt = v0.dtype
     sur, p1, p2 = surrogate_code(surrogate)

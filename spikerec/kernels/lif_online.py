@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .. import neurons
+from .lif_sequence_numba import surrogate_code
 
 from .trace_numba import _nb  # numba is optional: None without it
 if _nb is not None:
@@ -102,8 +103,6 @@ def lif_block_partials(v0, surrogate, k: dict, cols, reset: str, detach_reset: b
     ``Rd``): ``(J [K, B, 1, N], V [m, K, B, 1, N], zp [K, B, N])``; ``co = (alpha m1, r - thr nd m0, -alpha nd m1,
     thr nd m0 - r, alpha nd m1)`` with the reset's flags ``m0`` (subtract), ``m1`` (zero), ``nd = 1`` where its
     spike path is not detached, ``r`` the lateral self-weight (a surrogate without a compiled form: by torch)."""
-    from .lif_sequence_numba import surrogate_code
-
     K, B, N = v0.shape
     sur, p1, p2 = surrogate_code(surrogate)
     psi = surrogate.derivative(v0 - k["thr"]).contiguous() if sur == 0 else torch.empty_like(v0)

@@ -36,10 +36,14 @@ def forward_kernel(serial: bool = False):
     ``serial``: the same loop on the calling thread, for arrays of one block of neurons
     (:data:`BLOCK`)."""
     if serial:  # no thread pool: numba's thread count is left as it is
-        from .lif_sequence_numba_kernels import fwd_serial
-
-        return fwd_serial
+        global _FWD_SERIAL
+        if _FWD_SERIAL is None:
+            from .lif_sequence_numba_kernels import fwd_serial as _FWD_SERIAL
+        return _FWD_SERIAL
     return _kernels()[0]
+
+
+_FWD_SERIAL = None
 
 
 def available() -> bool:

@@ -48,15 +48,16 @@ def sd_typed(x, code, c1, c2, one):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def scaled_derivative(g, u, code, c1, c2, out):  # pragma: no cover - compiled
-    """``out = g * sigma'(u)`` over ``[rows, N]`` (the error through a spike map), one loop per formula
-    so that it vectorises; ``c1, c2`` from :func:`sd_consts`, of the arrays' type."""
+def scaled_derivative(g, u, shift, code, c1, c2, out):  # pragma: no cover - compiled
+    """``out = g * sigma'(u - shift)`` over ``[rows, N]`` (the error through a spike map ``z = H(u - shift)``,
+    ``shift [N]`` per neuron), one loop per formula so that it vectorises; ``c1, c2`` from :func:`sd_consts`,
+    of the arrays' type."""
     one = out.dtype.type(1)
     if code == 1:
         for r in range(u.shape[0]):
             for n in range(u.shape[1]):
-                out[r, n] = g[r, n] * fast_sigmoid_d(u[r, n], c1, c2, one)
+                out[r, n] = g[r, n] * fast_sigmoid_d(u[r, n] - shift[n], c1, c2, one)
     else:
         for r in range(u.shape[0]):
             for n in range(u.shape[1]):
-                out[r, n] = g[r, n] * atan_d(u[r, n], c1, c2, one)
+                out[r, n] = g[r, n] * atan_d(u[r, n] - shift[n], c1, c2, one)

@@ -152,6 +152,17 @@ if _HAVE_NUMBA:
                             E[n, b, 1, h] = q[b, N + n, h] + p10 * e0 + p11 * e1
 
 
+_PADS: dict = {}
+
+
+def _pad(dt) -> np.ndarray:
+    """A ``[1, 1, 1, 1, 1]`` array of ``dt`` for the operands a call does not use (never written: the flags skip them)."""
+    p = _PADS.get(dt)
+    if p is None:
+        p = _PADS[dt] = np.zeros((1, 1, 1, 1, 1), dtype=dt)
+    return p
+
+
 def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool = False, Cr=None,
                       need_P: bool = False, acc=None):
     """The block's per-lane work on planar CPU tensors of one float dtype (module docstring): ``J [K or 1, B or 1,
@@ -175,7 +186,7 @@ def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool
     phi = e(Bj, kk, N) if carry else None
     e_out = e(m, B, k, N) if carry else None
     A = e(Cr.shape[0], K, B, N) if (use_g and Cr is not None) else None
-    pd = np.zeros((1, 1, 1, 1, 1), dtype=dt)
+    pd = _pad(dt)
     a = lambda t, d: (t.numpy() if isinstance(t, torch.Tensor) else t) if t is not None else pd[(0,) * (5 - d)]  # noqa: E731
     _lanes(J.numpy(), V.numpy(), a(G, 4), a(c, 4), c is None, a(Cr if A is not None else None, 5), a(e_in, 4), use_g,
            use_J, e_in is not None, carry, need_P, per_lane, a(GH, 4), A if A is not None else pd[:0, 0],
@@ -187,7 +198,7 @@ def block_lanes_numba(J, V, G, c, e_in, use_J: bool, carry: bool, per_lane: bool
 def mat_carry_numba(E, q, phi, bb, Gm) -> None:
     """:func:`_mat_carry` on CPU tensors, ``E`` advanced in place: the boundary term added to ``Gm`` where ``bb
     [B, k, N]`` is given, the carry where ``q [B, k*N, H]`` and ``phi [B or 1, k*k, N]`` are."""
-    pd = np.zeros((1, 1, 1), dtype=E.numpy().dtype)
+    pd = _pad(E.numpy().dtype)[0, 0]
     _mat_carry(E.numpy(), q.numpy() if q is not None else pd, phi.numpy() if q is not None else pd,
                bb.contiguous().numpy() if bb is not None else pd, bb is not None,
                Gm.numpy() if bb is not None else pd[0], q is not None)

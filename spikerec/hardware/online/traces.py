@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ... import neurons
+from ...kernels.lif_sequence_numba import surrogate_code
 from ...kernels.trace_numba import block_lanes_numba, compiled_cpu, mat_carry_numba
 from ...kernels.trace_triton import block_filter, triton_available
 from ...neurons.roles import Role, parameters_by_role
@@ -27,21 +29,35 @@ __all__ = ["Partials", "BlockPartials", "TraceState", "LayerTrace", "GenericTrac
            "stream_step", "chunk_contract", "lanes_torch", "planar", "acc_add", "acc_mm", "spike_grad"]
 
 
-def spike_grad(g: torch.Tensor, u: torch.Tensor, surrogate) -> torch.Tensor:
-    """``g * sigma'(u)``: the error through a spike map ``z = H(u)``, compiled on the CPU where it can be."""
-    if compiled_cpu(u) and u.dim() == 2 and g.dtype == u.dtype:
-        from ...kernels.lif_sequence_numba import surrogate_code
+def _surrogate_numba():
+    """:mod:`spikerec.kernels.surrogate_numba` (imports numba: on first use only)."""
+    global _SN
+    if _SN is None:
+        from ...kernels import surrogate_numba as _SN
+    return _SN
 
+
+_SN = None
+_SD_CONSTS: dict = {}  # (code, slope, scale, numpy dtype) -> the compiled form's constants (c1, c2) in that dtype
+
+
+def spike_grad(g: torch.Tensor, u: torch.Tensor, surrogate, shift: torch.Tensor | None = None) -> torch.Tensor:
+    """``g * sigma'(u - shift)``: the error through a spike map ``z = H(u - shift)`` (``shift [N]``, per neuron, or
+    ``None``), compiled on the CPU where the surrogate has a compiled form."""
+    if compiled_cpu(u) and u.dim() == 2 and g.dtype == u.dtype:
         code, p1, p2 = surrogate_code(surrogate)
         if code:
-            from ...kernels.surrogate_numba import scaled_derivative, sd_consts
-
-            c1, c2 = sd_consts(code, p1, p2)
+            surrogate_numba = _surrogate_numba()
             out = torch.empty_like(u)
-            dt = out.numpy().dtype.type
-            scaled_derivative(g.contiguous().numpy(), u.contiguous().numpy(), code, dt(c1), dt(c2), out.numpy())
+            o = out.numpy()
+            key = (code, p1, p2, o.dtype)
+            c = _SD_CONSTS.get(key)
+            if c is None:
+                c = _SD_CONSTS[key] = tuple(o.dtype.type(v) for v in surrogate_numba.sd_consts(code, p1, p2))
+            s = (np.zeros(u.shape[1], dtype=o.dtype) if shift is None else shift.detach().to(u.dtype).contiguous().numpy())
+            surrogate_numba.scaled_derivative(g.contiguous().numpy(), u.contiguous().numpy(), s, code, c[0], c[1], o)
             return out
-    return g * surrogate.derivative(u)
+    return g * surrogate.derivative(u if shift is None else u - shift)
 
 
 def acc_add(sp: dict | None, p, g, alpha: float = 1.0) -> None:

@@ -125,12 +125,12 @@ class LIFTrace(LayerTrace):
     def errors(self, rec, g_out, sp, below: bool):
         """The spatial backward of the spikes ``z = H(v - thr)``: ``g_v = g_z psi``, ``dthr -= sum
         g_v``, the input's error ``g_v W``; returns ``(g [rows, N, k], input error or None)``."""
-        c = self.cell
-        gp = spike_grad(g_out, rec[2].v - self.consts(g_out.dtype)["thr"], c.surrogate)
+        c, k = self.cell, self.consts(g_out.dtype)
+        gp = spike_grad(g_out, rec[2].v, c.surrogate, k["thr"])
         if sp is not None and c.threshold.requires_grad:
             acc_add(sp, c.threshold, gp.sum(0), -1.0)
         g = gp[..., None] if not c.cuba else torch.stack([torch.zeros_like(gp), gp], 1).transpose(1, 2)
-        return g, (gp @ self.consts(g_out.dtype)["Wt"].t() if below else None)
+        return g, (gp @ k["Wt"].t() if below else None)
 
     def scan_block(self, x, state):
         """``(prev, last, new, spikes)`` of a block ``x [K, B, C]``: the currents by one GEMM, the time loop by the
@@ -146,8 +146,9 @@ class LIFTrace(LayerTrace):
             if fc is None:
                 fc = k[("fc", B)] = lif_sequence_numba.forward_consts(*args[3:], B, N, x.dtype)
             Vx = torch.empty((K + 1, B, N), dtype=I.dtype)
-            Vx[0] = state.v
-            Z, V1, S1, _, _ = lif_sequence_numba.lif_forward(*args, c.reset, consts=fc, V=Vx[1:].view(K, B * N).numpy())
+            vx = Vx.view(K + 1, B * N).numpy()
+            vx[0] = state.v.numpy().reshape(-1)
+            Z, V1, S1, _, _ = lif_sequence_numba.lif_forward(*args, c.reset, consts=fc, V=vx[1:])
         elif k["w_rec"] is None and K > 0 and triton_available(I):
             from ...kernels.lif_triton import lif_forward
 
