@@ -54,9 +54,12 @@ def heaviside(x: torch.Tensor) -> torch.Tensor:
 
 
 class _SpikeFn(torch.autograd.Function):
-    """Heaviside forward, ``surrogate.derivative`` backward; works under torch.func."""
+    """Heaviside forward, ``surrogate.derivative`` backward; works under torch.func (its vmap rule: the
+    function is elementwise, so it runs on the batched tensor as it is and keeps its batch dimension)."""
 
-    generate_vmap_rule = True
+    @staticmethod
+    def vmap(info, in_dims, x, surrogate):
+        return _SpikeFn.apply(x, surrogate), in_dims[0]
 
     @staticmethod
     def forward(x, surrogate):

@@ -95,6 +95,30 @@ def test_works_under_torch_func():
     torch.testing.assert_close(jv, t * sur.derivative(x))
 
 
+def test_vmap_rule_keeps_batch_dimensions_and_second_derivatives():
+    """The spike function's vmap rule (elementwise: run on the batched tensor as it is) gives what a loop over
+    the samples gives: nested, with the batch dimension not first, with an input that is not batched, and the
+    second derivative through a vmapped Jacobian (what LSC's loss differentiates) equal to a per-sample double
+    backward (float64)."""
+    torch.manual_seed(int(torch.randint(0, 10_000, ())))
+    sur = get_surrogate("fast_sigmoid")
+    x = torch.randn(5, 4, 3, dtype=torch.float64)
+    assert torch.equal(torch.func.vmap(torch.func.vmap(sur, in_dims=1), in_dims=2)(x), heaviside(x).permute(2, 1, 0))
+    x0, y = torch.randn(3, dtype=torch.float64) + 0.5, torch.randn(7, dtype=torch.float64)
+    assert torch.equal(torch.func.vmap(lambda yy: sur(x0) * yy)(y), heaviside(x0)[None, :] * y[:, None])
+    xs = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    J = torch.func.vmap(torch.func.jacrev(lambda v: sur(2.0 * v) * v))(xs)
+    (got,) = torch.autograd.grad((J * torch.arange(1.0, 10.0, dtype=torch.float64).view(3, 3)).sum(), xs)
+    want = []
+    for i in range(4):
+        xi = xs[i].detach().clone().requires_grad_()
+        rows = [torch.autograd.grad((sur(2.0 * xi) * xi)[j], xi, create_graph=True)[0] for j in range(3)]
+        Ji = torch.stack(rows)
+        want.append(torch.autograd.grad((Ji * torch.arange(1.0, 10.0, dtype=torch.float64).view(3, 3)).sum(), xi)[0])
+    assert float(got.abs().sum()) > 0
+    torch.testing.assert_close(got, torch.stack(want), rtol=1e-12, atol=1e-14)
+
+
 def test_lookup_and_errors():
     assert get_surrogate("SuperSpike").name == "fast_sigmoid"
     assert get_surrogate({"name": "gaussian", "width": 0.3}).width == 0.3
