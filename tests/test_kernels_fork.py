@@ -65,3 +65,23 @@ def test_a_forked_child_of_a_multithreaded_parent_does_not_hang():
         assert _in_child(child) == 0
     finally:
         torch.set_num_threads(old)
+
+
+def test_starting_numbas_pool_leaves_torchs_thread_count_alone():
+    """numba's OpenMP layer sets the OpenMP thread count torch shares when its pool starts; a user's
+    ``torch.set_num_threads(1)`` must survive the first parallel kernel (a fresh process: one pool start)."""
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.set_num_threads(1)\n"
+            "from spikerec.scan import linear_scan\n"
+            "from spikerec.kernels import scan_numba\n"
+            "a = torch.full((1, 64), 0.5, dtype=torch.float64); b = torch.randn(50, 4, 64, dtype=torch.float64)\n"
+            "assert scan_numba.supported(a, b)\n"
+            "linear_scan(a, b)\n"
+            "print(torch.get_num_threads())\n")
+    env = dict(os.environ, NUMBA_NUM_THREADS="2")
+    env.pop("OMP_NUM_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "1", out.stdout

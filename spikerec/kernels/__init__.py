@@ -68,9 +68,14 @@ def numba_for_kernels():
     import torch
 
     global _POOL_PID
+    threads = torch.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     if _POOL_PID is None:
         _POOL_PID = os.getpid()
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+        # starting the pool under numba's OpenMP layer sets the OpenMP thread count that torch shares
+        # (NUMBA_NUM_THREADS, one per core): give torch back the count it had
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
     return numba
 
 @functools.lru_cache(maxsize=1)
