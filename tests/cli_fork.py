@@ -41,7 +41,7 @@ def wait_child(pid: int, deadline_s: float = DEADLINE_S, what: str = "") -> int:
             os.waitpid(pid, 0)
             raise AssertionError(f"forked child {what or pid} still ran after {deadline_s:.0f} s; killed")
         time.sleep(delay)
-        delay = min(delay * 2, 0.5)
+        delay = min(delay * 2, 0.1)
 
 
 def fork_cli(argv: list[str], out_dir: str | None = None) -> tuple[int, Path, Path]:

@@ -1,6 +1,7 @@
 """One error style: every case of docs/errors.md, run as a user runs it (the ``spikerec``
-command in a subprocess), gives one line on stderr naming the file/option and the exit code
-of the table; ``--debug`` gives the traceback instead."""
+command's ``main`` in a forked child; in a fresh interpreter where the case needs one, and once to
+show that the installed command says the same), gives one line on stderr naming the file/option and
+the exit code of the table; ``--debug`` gives the traceback instead."""
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from spikerec.errors import EXIT_CODES, CheckpointError, ConfigError, DataError,
 from spikerec.models import build_model
 from spikerec.train.config import load_config, resolve_sizes
 from spikerec.train.runs import build_from_config, save_model, write_config
+import spikerec.train.trainer  # noqa: F401  (the commands' import, once here rather than in every forked child)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
@@ -35,7 +37,13 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def spikerec(*args, wrapper=None, timeout=600):
+def spikerec(*args, wrapper=None, timeout=600, fresh=False):
+    """``spikerec <args>`` as a completed process: in a fresh interpreter (``python -m spikerec``, or the
+    ``wrapper`` script) where the test needs one (``fresh``: a traceback, a signal, a patched write), else in a
+    forked child of this process (the same ``main``, its exit code and streams, without importing torch again)."""
+    if wrapper is None and not fresh:
+        code, out, err = run_cli(list(args))
+        return subprocess.CompletedProcess(["spikerec", *args], code, out, err)
     cmd = [sys.executable, "-m", "spikerec", *args] if wrapper is None else [sys.executable, "-c", wrapper, *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=timeout)
 
@@ -201,8 +209,15 @@ def test_operating_system_refuses_a_write(tmp_path, errno_name, words):
 
 
 def test_debug_shows_the_traceback():
-    r = spikerec("--debug", "train", "quickstart", "--set", "train.lr=inf")
+    r = spikerec("--debug", "train", "quickstart", "--set", "train.lr=inf", fresh=True)
     assert r.returncode != 0 and "Traceback" in r.stderr and "ConfigError" in r.stderr
+
+
+def test_the_installed_command_gives_the_same_one_line():
+    """The forked children above run the command's ``main``; the command itself, in a fresh interpreter."""
+    for args, code in ((["train", "quickstrat"], 2), (["evaluate", "/nonexistent/run"], 2)):
+        r, forked = spikerec(*args, fresh=True), spikerec(*args)
+        assert (r.returncode, one_line(r)) == (forked.returncode, one_line(forked)) == (code, one_line(forked))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
