@@ -15,12 +15,33 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 
 def pytest_collection_modifyitems(config, items):
+    _slow_first_on_every_worker(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _slow_first_on_every_worker(items) -> None:
+    """Under pytest-xdist (``--dist worksteal`` hands each of the ``n`` workers one contiguous block of the
+    collection, then moves queued tests from a busy worker's end to an idle one): each block starts with its
+    share of the ``slow`` checks, dealt in turn, so that the run ends on short tests that can be moved."""
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = [it for it in items if "slow" in it.keywords]
+    if n < 2 or not slow:
+        return
+    quick = [it for it in items if "slow" not in it.keywords]
+    shares = [slow[w::n] for w in range(n)]
+    sizes = [len(items) // n + (1 if w < len(items) % n else 0) for w in range(n)]  # the scheduler's blocks
+    out, q = [], 0
+    for share, size in zip(shares, sizes):
+        take = max(0, size - len(share))
+        out += share + quick[q:q + take]
+        q += take
+    out += quick[q:]
+    items[:] = out
 
 
 @pytest.fixture(autouse=True)

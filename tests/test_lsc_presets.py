@@ -70,6 +70,7 @@ def test_five_layer_lru_presets_converge_on_a_reduced_width():
 # checks 0.05-1.4 off at 5 x 16 and 5 x 32 (docs/lsc.md). The batch is the SHD preset's (32);
 # 40 input channels keep more inputs than state rows (2 x 16), as SHD and sl-MNIST do at full width.
 # Measured with these seeds on one thread: shd 260 steps, slmnist 160 (other seeds: 160-620).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["shd-alif5-lsc", "slmnist-alif5-lsc"])
 def test_five_layer_alif_presets_converge_on_a_reduced_width(name):
     model, lsc = _reduced(name, channels=40)
