@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._dynamo  # noqa: F401  (torch's optimizers import it on first use, about 2 s: once here, not in every child)
 
 from spikerec.cli import main
 

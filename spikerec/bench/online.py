@@ -36,7 +36,7 @@ scratch arrays count in its peak.
 
 All methods of one (network, T) run interleaved in one fresh subprocess (so the ratios compare
 runs under the same load): a warm-up round, a round that measures memory (not timed: its sampler
-runs beside it), then ``--repeat`` timed rounds (5 by default); the time is the best of them. With ``--processes N``
+runs beside it), then ``--repeat`` timed rounds (20 by default); the time is the best of them. With ``--processes N``
 that subprocess runs N times and each method keeps its best time over them (the range is
 printed): the BPTT reference's time moves by 10-30 % from one process to another. For the
 spiking networks the hidden layers' spike rate is printed (the same network for every method,
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readout", default="linear", help="comma list of linear, leaky: the readout of every network "
                     "(leaky: tau 20 steps, the layer under it with readout-filtered traces)")
     ap.add_argument("--chunk", type=whole_number(1), default=64)
-    ap.add_argument("--repeat", type=whole_number(1), default=5, help="timed rounds (after a warm-up round and the "
+    ap.add_argument("--repeat", type=whole_number(1), default=20, help="timed rounds (after a warm-up round and the "
                     "memory round); each method's time is its best round")
     ap.add_argument("--T", default=None, help="comma list of sequence lengths (overrides the preset)")
     ap.add_argument("--processes", type=whole_number(1), default=1,
