@@ -2,6 +2,8 @@
 servers, the CLI test harness) takes the torch twins, since numba's thread pool does not survive
 the fork (GNU OpenMP kills the child, numba's own pool hangs it), and gets the same values."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,9 +72,6 @@ def test_a_forked_child_of_a_multithreaded_parent_does_not_hang():
 def test_starting_numbas_pool_leaves_torchs_thread_count_alone():
     """numba's OpenMP layer sets the OpenMP thread count torch shares when its pool starts; a user's
     ``torch.set_num_threads(1)`` must survive the first parallel kernel (a fresh process: one pool start)."""
-    import subprocess
-    import sys
-
     code = ("import torch; torch.set_num_threads(1)\n"
             "from spikerec.scan import linear_scan\n"
             "from spikerec.kernels import scan_numba\n"
