@@ -223,6 +223,17 @@ def test_compiled_lanes_reverse_filter_equals_the_complex_scans(dtype):
     assert torch.equal(torch.from_numpy(GH)[-1], G[-1])
 
 
+def test_compiled_lanes_refuse_more_than_two_states_per_neuron():
+    """The compiled per-lane pass runs with ``k`` (states per neuron) a compile-time constant, 1 or 2 (every kind
+    has one of these); a ``k = 3`` block is refused with an error rather than worked as if ``k`` were 2."""
+    from spikerec.kernels.trace_numba import block_lanes_numba
+
+    K, B, k, N = 4, 2, 3, 5
+    with pytest.raises(ValueError, match="one or two states per neuron"):
+        block_lanes_numba(torch.rand(K, B, k * k, N), torch.rand(1, K, B, k, N), torch.rand(K, B, k, N), None, None,
+                          True, False)
+
+
 @pytest.mark.parametrize("detach,surrogate", [(True, SURR), (False, "atan"), (True, "sigmoid")])
 def test_alif_compiled_block_equals_autograd_block_and_stream(detach, surrogate, monkeypatch):
     """Recurrent ALIF layers in chunked mode: the compiled block (``alif_online.alif_block_partials``,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["triton_available", "numba_available", "numba_usable_here", "numba_for_kernels", "numpy_dtype"]
+__all__ = ["triton_available", "numba_available", "numba_usable_here", "numba_for_kernels", "numpy_dtype", "as_numpy"]
 
 _POOL_PID: int | None = None  # the process that started numba's thread pool
 LIF_BLOCK = 512  # neurons per parallel work item of the compiled LIF loops (contiguous in memory)
@@ -36,6 +36,14 @@ def numpy_dtype(dtype):
     import torch
 
     return torch.empty(0, dtype=dtype).numpy().dtype
+
+
+def as_numpy(t):
+    """The numpy view of a CPU tensor for a compiled kernel: detached and made contiguous only where it is not
+    already (each torch call on the way costs more than the check)."""
+    if t.requires_grad or not t.is_contiguous():
+        t = t.detach().contiguous()
+    return t.numpy()
 
 
 def numba_usable_here() -> bool:

@@ -66,7 +66,7 @@ if _nb is not None:
         """
         K, B, N = v0.shape
         dt = v0.dtype.type
-        zero, one = dt(0), dt(1)
+        zero, one, nd = dt(0), dt(1), dt(nd)  # in the arrays' type (float32 stays float32)
         s1, s2 = sd_consts(sur, p1, p2)
         c1, c2 = dt(s1), dt(s2)
         al, dal, rho, drho, w, bb, be = cn[0], cn[1], cn[2], cn[3], cn[4], cn[5], cn[6]

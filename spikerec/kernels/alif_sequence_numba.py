@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import numba_available
+from . import as_numpy as _np, numba_available
 from .lif_sequence_numba import surrogate_code
 
 __all__ = ["available", "forward_consts", "alif_forward", "alif_backward"]
@@ -36,9 +36,6 @@ def available() -> bool:
     """True when numba imports and this process may use it (:func:`spikerec.kernels.numba_available`)."""
     return numba_available()
 
-
-def _np(t: torch.Tensor):
-    return t.detach().contiguous().numpy()
 
 
 def _vec(p: torch.Tensor, N: int, dtype):

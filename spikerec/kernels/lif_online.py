@@ -65,7 +65,7 @@ if _nb is not None:
             d v / d log_tau_mem = dalpha v (1 - m1 zp)"""
         K, B, N = v0.shape
         dt = v0.dtype.type
-        zero, one = dt(0), dt(1)
+        zero, one, m0, m1 = dt(0), dt(1), dt(m0), dt(m1)  # in the arrays' type (float32 stays float32)
         s1, s2 = sd_consts(sur, p1, p2)
         c1, c2 = dt(s1), dt(s2)
         if sur == 1:  # one loop per formula (a branch inside the loop keeps it scalar)

@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import torch
 
-from . import LIF_BLOCK as BLOCK, numba_available, numpy_dtype
+from . import LIF_BLOCK as BLOCK, as_numpy as _np, numba_available, numpy_dtype
 
 __all__ = ["BLOCK", "RESET_CODES", "available", "forward_consts", "forward_kernel", "lif_forward", "lif_backward"]
 
@@ -51,9 +51,6 @@ def available() -> bool:
     (:func:`spikerec.kernels.numba_available`)."""
     return numba_available()
 
-
-def _np(t: torch.Tensor):
-    return t.detach().contiguous().numpy()
 
 
 def _flat(p: torch.Tensor, B: int, N: int) -> torch.Tensor:

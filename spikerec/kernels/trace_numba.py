@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .. import neurons
+from . import as_numpy
 
 try:  # numba is optional (the other online kernels take ``_nb`` from here)
     import numba as _nb
@@ -44,13 +45,26 @@ if _HAVE_NUMBA:
     @_nb.njit(cache=True, nogil=True, error_model="numpy")
     def _lanes(J, V, G, c, unit, Cr, e_in, use_g, use_J, has_e, carry, need_P, per_lane, GH, A, Gv, b0, P, phi,
                e_out):  # pragma: no cover - compiled
+        """:func:`_lanes_k` with ``k = V.shape[3]`` (1 or 2) a compile-time constant (its loops unroll)."""
+        if V.shape[3] == 1:
+            _lanes_k(1, J, V, G, c, unit, Cr, e_in, use_g, use_J, has_e, carry, need_P, per_lane, GH, A, Gv, b0, P,
+                     phi, e_out)
+        elif V.shape[3] == 2:
+            _lanes_k(2, J, V, G, c, unit, Cr, e_in, use_g, use_J, has_e, carry, need_P, per_lane, GH, A, Gv, b0, P,
+                     phi, e_out)
+        else:
+            raise ValueError("the compiled block pass takes one or two states per neuron")
+
+    @_nb.njit(cache=True, nogil=True, error_model="numpy")
+    def _lanes_k(k, J, V, G, c, unit, Cr, e_in, use_g, use_J, has_e, carry, need_P, per_lane, GH, A, Gv, b0, P, phi,
+                 e_out):  # pragma: no cover - compiled
         """The block's per-lane work (module docstring) in one sweep back over the steps: ``J [K or 1, B or 1,
         k*k, N]`` (row-major ``k x k``; constant in time or over the batch given once), ``V [m, K, B, k, N]``,
         ``G, GH [K, B, k, N]``, ``c [K or 1, B or 1, k, N]`` (the unit vector ``e_0`` where ``unit``), ``e_in,
         e_out [m, B, k, N]``, ``b0 [B, k, N]``, ``phi [B or 1, k*k, N]`` (one where ``J`` is the same for every
         sample), ``P [B or 1, K, k, N]`` (one where ``c`` is too); ``Gv [m, N]`` (``[m, B, N]`` with
         ``per_lane``) in float64; ``A[r] = gh . Cr[r]`` ``[R, K, B, N]`` (``Cr`` shaped as ``c``)."""
-        m, K, B, k, N = V.shape
+        m, K, B, _, N = V.shape
         Bj = phi.shape[0]
         tmp = np.empty((k * k, N), dtype=J.dtype)
         if carry:
@@ -200,7 +214,7 @@ def mat_carry_numba(E, q, phi, bb, Gm) -> None:
     [B, k, N]`` is given, the carry where ``q [B, k*N, H]`` and ``phi [B or 1, k*k, N]`` are."""
     pd = _pad(E.numpy().dtype)[0, 0]
     _mat_carry(E.numpy(), q.numpy() if q is not None else pd, phi.numpy() if q is not None else pd,
-               bb.contiguous().numpy() if bb is not None else pd, bb is not None,
+               as_numpy(bb) if bb is not None else pd, bb is not None,
                Gm.numpy() if bb is not None else pd[0], q is not None)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ... import neurons
+from ...kernels import as_numpy
 from ...kernels.lif_sequence_numba import surrogate_code
 from ...kernels.trace_numba import block_lanes_numba, compiled_cpu, mat_carry_numba
 from ...kernels.trace_triton import block_filter, triton_available
@@ -54,8 +55,8 @@ def spike_grad(g: torch.Tensor, u: torch.Tensor, surrogate, shift: torch.Tensor 
             c = _SD_CONSTS.get(key)
             if c is None:
                 c = _SD_CONSTS[key] = tuple(o.dtype.type(v) for v in surrogate_numba.sd_consts(code, p1, p2))
-            s = (np.zeros(u.shape[1], dtype=o.dtype) if shift is None else shift.detach().to(u.dtype).contiguous().numpy())
-            surrogate_numba.scaled_derivative(g.contiguous().numpy(), u.contiguous().numpy(), s, code, c[0], c[1], o)
+            s = np.zeros(u.shape[1], dtype=o.dtype) if shift is None else as_numpy(shift.to(u.dtype))
+            surrogate_numba.scaled_derivative(as_numpy(g), as_numpy(u), s, code, c[0], c[1], o)
             return out
     return g * surrogate.derivative(u if shift is None else u - shift)
 
@@ -393,7 +394,7 @@ def _run_lanes(ts: TraceState, bp: BlockPartials, G, carry: bool, per_lane: bool
     use_J = tr.use_J()
     K, B, k, N = bp.V.shape[1:]
     J = bp.J if bp.J is not None else bp.V.new_zeros((1, 1, k * k, N))
-    Gp = None if G is None else planar(G).to(bp.V.dtype).contiguous()
+    Gp = None if G is None else planar(G if G.dtype == bp.V.dtype else G.to(bp.V.dtype)).contiguous()
     e_in = ts.ev if (ts.ev is not None and ts.names == bp.names) else None
     Cr = None
     if readers and G is not None and bp.c is not None:  # M c for each reader, planar
