@@ -193,3 +193,28 @@ def test_arnoldi_without_graph_equals_differentiable_arnoldi():
     d = A.clone().requires_grad_(True)
     spectral_radius(d, "arnoldi", n_iter=n, generator=torch.Generator().manual_seed(1)).sum().backward()
     torch.testing.assert_close(d.grad, ref.grad, rtol=1e-7, atol=1e-8)
+
+
+@pytest.mark.parametrize("method", ["arnoldi", "gelfand"])
+def test_dense_products_gather_the_same_gradient_as_autograd(method):
+    """On a dense block the Krylov products give the block its gradient once (``sum_j g_j v_j^T``, one batched
+    product) instead of one outer product per product added up by autograd: the same radius and gradient as plain
+    autograd products, float64, fresh random blocks; a second backward of a retained graph gives it again."""
+    from spikerec.stability.radius import _batched_matvec, arnoldi_radius, gelfand_radius
+
+    seed = int(torch.randint(0, 10_000, ()))
+    A = torch.randn(4, 30, 30, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) / 30 ** 0.5
+    w = torch.rand(4, dtype=torch.float64) + 0.5
+    fast = A.clone().requires_grad_(True)
+    r = spectral_radius(fast, method, n_iter=9, generator=torch.Generator().manual_seed(seed))
+    (r * w).sum().backward(retain_graph=True)
+    first = fast.grad.clone()
+    (r * w).sum().backward()
+    plain = A.clone().requires_grad_(True)
+    fn = arnoldi_radius if method == "arnoldi" else gelfand_radius
+    r_ref = fn(lambda v: _batched_matvec(plain, v), 4, 30, 9, dtype=torch.float64,
+               generator=torch.Generator().manual_seed(seed))
+    (r_ref * w).sum().backward()
+    torch.testing.assert_close(r.detach(), r_ref.detach(), rtol=0, atol=1e-14)
+    torch.testing.assert_close(first, plain.grad, rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(fast.grad, 2 * plain.grad, rtol=1e-10, atol=1e-13)

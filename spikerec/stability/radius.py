@@ -86,7 +86,7 @@ class _SquareOp:
 def _check(M: torch.Tensor, name: str) -> None:
     if M.dim() < 2:
         raise ValueError(f"{name}: expected a matrix [..., n, m], got shape {tuple(M.shape)}")
-    if not torch.isfinite(M).all():
+    if not torch.isfinite(M.sum()) and not torch.isfinite(M).all():  # any NaN or inf makes the sum one
         raise FloatingPointError(f"{name}: the matrix contains NaN or inf entries")
 
 
@@ -106,9 +106,58 @@ def _batched_matvec(S: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.bmm(v.unsqueeze(1), S.mT).squeeze(1)
 
 
+class _Gather(torch.autograd.Function):
+    """Identity on ``S`` whose backward, run once every product of :class:`_DenseProducts` has run its own, gives
+    ``dS = sum_j g_j v_j^T`` as one batched product of the gathered ``g_j`` and ``v_j``."""
+
+    @staticmethod
+    def forward(ctx, S, box):
+        ctx.box = box
+        return S.view_as(S)
+
+    @staticmethod
+    def backward(ctx, _zero):
+        box = ctx.box
+        dS = torch.bmm(torch.stack(box.g, 2), torch.stack(box.v, 1)) if box.g else None
+        box.g, box.v, box.placed = [], [], False
+        return dS, None
+
+
+class _Product(torch.autograd.Function):
+    """``S_b v_b`` whose backward gives ``v`` its gradient ``S^T g`` and hands ``(g, v)`` to :class:`_Gather`."""
+
+    @staticmethod
+    def forward(ctx, S, v, box):
+        ctx.box = box
+        ctx.save_for_backward(S, v)
+        return _batched_matvec(S, v)
+
+    @staticmethod
+    def backward(ctx, g):
+        S, v = ctx.saved_tensors
+        box = ctx.box
+        box.g.append(g)
+        box.v.append(v)
+        zero = None if box.placed else S.new_zeros(()).expand(S.shape)  # one (free) placeholder reaches _Gather
+        box.placed = True
+        return zero, torch.bmm(g.unsqueeze(1), S).squeeze(1), None
+
+
+class _DenseProducts:
+    """``v -> S_b v_b`` for the Krylov products on a dense block ``S [B, n, n]``, the exact gradient of ``S`` taken
+    once (:class:`_Gather`) rather than as one ``[B, n, n]`` outer product per product, added up by autograd."""
+
+    def __init__(self, S: torch.Tensor):
+        self.g, self.v, self.placed = [], [], False
+        self.S = _Gather.apply(S, self)
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        return _Product.apply(self.S, v, self)
+
+
 def _coefficients(Q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``h_bj = sum_n Q_bjn w_bn`` (projections of ``w`` on the basis rows)."""
-    return (Q * w.unsqueeze(1)).sum(-1)
+    """``h_bj = sum_n Q_bjn w_bn`` (projections of ``w`` on the basis rows, as ``w^T Q^T``)."""
+    return torch.bmm(w.unsqueeze(1), Q.mT).squeeze(1)
 
 
 def _combination(Q: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -235,7 +284,7 @@ def spectral_radius(M: Matrix, method: str = "exact", *, square_mode: str = "sub
         if method == "exact":
             r = _max_modulus(S)
         else:
-            mv = lambda v: _batched_matvec(S, v)  # noqa: E731
+            mv = _DenseProducts(S) if S.requires_grad and torch.is_grad_enabled() else (lambda v: _batched_matvec(S, v))
             fn = arnoldi_radius if method in ("arnoldi", "iterative") else gelfand_radius
             r = fn(mv, S.shape[0], S.shape[-1], n_iter, dtype=S.dtype, device=S.device, generator=generator)
     return r[0] if single else r.reshape(M.shape[:-2])
