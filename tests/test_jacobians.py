@@ -198,3 +198,21 @@ def test_clear_errors():
     with pytest.raises(ValueError):
         parse_key("sideways/1")
     assert parse_key("depth/3") == ("depth", 3)
+
+
+def test_all_finite_reads_the_sum_first_and_every_entry_where_it_must():
+    """``all_finite``: a NaN, inf or -inf entry anywhere is found (it makes the sum one); finite entries whose
+    float32 sum overflows are still finite; a tensor that requires a gradient is read without a graph."""
+    from spikerec.stability.jacobians import all_finite
+
+    g = torch.Generator().manual_seed(int(torch.randint(0, 10_000, ())))
+    x = torch.randn(7, 33, 33, generator=g)
+    assert all_finite(x) and all_finite(torch.empty(0))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y.view(-1)[int(torch.randint(0, y.numel(), (), generator=g))] = bad
+        assert not all_finite(y), bad
+    big = torch.full((4,), 3e38, dtype=torch.float32)
+    assert not torch.isfinite(big.sum()) and all_finite(big)
+    w = x.clone().requires_grad_(True)
+    assert all_finite(w) and w.grad_fn is None and w.grad is None

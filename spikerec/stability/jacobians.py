@@ -33,6 +33,7 @@ from ..layers.base import PROTOCOL_METHODS, protocol_missing
 
 __all__ = [
     "KINDS",
+    "all_finite",
     "PROTOCOL",
     "check_cell",
     "model_layers",
@@ -174,8 +175,15 @@ def _forward_points(model, x_t, states, which):
     return points, tuple(new_states)
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every entry of ``t`` is finite: its sum first (a NaN or inf entry makes the sum one), every entry only
+    where the sum is not finite (also where finite entries overflow it)."""
+    t = t.detach()
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
 def _check_finite(key: str, J: torch.Tensor) -> torch.Tensor:
-    if not torch.isfinite(J).all():
+    if not all_finite(J):
         raise FloatingPointError(f"Jacobian {key!r} contains NaN or inf entries (check the model's parameters and the input)")
     return J
 

@@ -79,6 +79,7 @@ from ..errors import ConfigError
 from ..neurons.roles import Transform, param_specs_of
 from ..schema import Range
 from .jacobians import (
+    all_finite,
     model_layers,
     parse_key,
     transition_jacobians,
@@ -499,7 +500,7 @@ def _snapshot(model) -> dict:
 
 
 def _finite_params(model) -> bool:
-    return all(torch.isfinite(p).all() for p in model.parameters())
+    return all(all_finite(p) for p in model.parameters())
 
 
 def _verify(model, x, cfg, targets, keys, seed):
@@ -640,7 +641,7 @@ def lsc_pretrain(model, data, config: LSCConfig | dict | None = None, *, progres
                     optimizer.zero_grad(set_to_none=True)
                     try:
                         loss.backward()
-                        grads_ok = all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+                        grads_ok = all(p.grad is None or all_finite(p.grad) for p in model.parameters())
                     except torch.linalg.LinAlgError:
                         grads_ok = False
                     if grads_ok:

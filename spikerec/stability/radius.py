@@ -36,7 +36,7 @@ from typing import Union
 
 import torch
 
-from .jacobians import LinearOp
+from .jacobians import LinearOp, all_finite
 
 __all__ = ["spectral_radius", "square", "arnoldi_radius", "gelfand_radius", "METHODS", "SQUARE_MODES"]
 
@@ -86,7 +86,7 @@ class _SquareOp:
 def _check(M: torch.Tensor, name: str) -> None:
     if M.dim() < 2:
         raise ValueError(f"{name}: expected a matrix [..., n, m], got shape {tuple(M.shape)}")
-    if not torch.isfinite(M.sum()) and not torch.isfinite(M).all():  # any NaN or inf makes the sum one
+    if not all_finite(M):
         raise FloatingPointError(f"{name}: the matrix contains NaN or inf entries")
 
 
