@@ -37,7 +37,6 @@ def available() -> bool:
     return numba_available()
 
 
-
 def _vec(p: torch.Tensor, N: int, dtype):
     """A per-neuron parameter ``[N]`` (or a scalar) as a contiguous ``[N]`` array."""
     return p.detach().to(dtype).expand(N).contiguous().numpy()
@@ -102,8 +101,8 @@ def alif_backward(gZ, sur, V, A, Zb, v0, a0, z0, alpha, rho, b, beta, w_rec, det
     dt = V.dtype
     code, p1, p2 = surrogate_code(sur)
     if code == 0:  # derivatives at every step and at the initial state, by torch
-        SD = sur.derivative(V - torch.addcmul(b, beta, A)).detach().contiguous().numpy()
-        SD0 = sur.derivative(v0 - (b + beta * a0)).detach().contiguous().numpy()
+        SD = _np(sur.derivative(V - torch.addcmul(b, beta, A)))
+        SD0 = _np(sur.derivative(v0 - (b + beta * a0)))
     else:
         SD = torch.zeros(1, 1, 1, dtype=dt).numpy()
         SD0 = torch.zeros(1, 1, dtype=dt).numpy()

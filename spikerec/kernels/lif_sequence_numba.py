@@ -52,7 +52,6 @@ def available() -> bool:
     return numba_available()
 
 
-
 def _flat(p: torch.Tensor, B: int, N: int) -> torch.Tensor:
     """A per-neuron parameter ``[N]`` (or scalar) broadcast to the flattened ``[B*N]``."""
     return p.detach().expand(B, N).reshape(-1).contiguous()

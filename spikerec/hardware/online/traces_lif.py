@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import neurons
-from ...kernels import lif_sequence, lif_sequence_numba, lif_online
+from ...kernels import as_numpy, lif_sequence, lif_sequence_numba, lif_online
 from ...kernels.trace_numba import compiled_cpu
 from ...kernels.trace_triton import triton_available
 from ...neurons import lif as _lif
@@ -147,7 +147,7 @@ class LIFTrace(LayerTrace):
                 fc = k[("fc", B)] = lif_sequence_numba.forward_consts(*args[3:], B, N, x.dtype)
             Vx = torch.empty((K + 1, B, N), dtype=I.dtype)
             vx = Vx.view(K + 1, B * N).numpy()
-            vx[0] = state.v.detach().numpy().reshape(-1)
+            vx[0] = as_numpy(state.v).reshape(-1)
             Z, V1, S1, _, _ = lif_sequence_numba.lif_forward(*args, c.reset, consts=fc, V=vx[1:])
         elif k["w_rec"] is None and K > 0 and triton_available(I):
             from ...kernels.lif_triton import lif_forward

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ... import neurons
-from ...kernels import readout_online
+from ...kernels import as_numpy, readout_online
 from ...kernels.trace_numba import compiled_cpu
 from .block import autograd_block, compiled_block, step_loss
 from .losses import mse_step_loss
@@ -92,7 +92,7 @@ class StepWindow:
         j = self.j
         if self.fast is not None:  # every layer compiled: numpy views of the rows, no torch op
             X0, Y, GY, L = self.np
-            if readout_online.copy_row(j, (x_t.detach() if x_t.requires_grad else x_t).numpy(), X0):
+            if readout_online.copy_row(j, as_numpy(x_t), X0):
                 raise ValueError(f"OnlineLearner.step (step {lr.steps}) x_t: contains NaN values")
             for fn, args in self.fast:
                 fn(j, *args)
